@@ -1,0 +1,8 @@
+//! Pure, synchronous logic of lvms-rs. Nothing here touches the machine: the `host` crate observes it and
+//! executes the actions planned here.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod model;
+pub mod names;
+pub mod size;

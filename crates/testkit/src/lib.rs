@@ -1,0 +1,2 @@
+//! Dev-only helpers for lvms-rs tests.
+#![forbid(unsafe_code)]
