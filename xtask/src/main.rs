@@ -1,1 +1,297 @@
-fn main() {}
+//! Developer tasks: `cargo xtask deps | vm-run | vm-test | demo`.
+
+mod vm;
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+use crate::vm::{Disk, VmSpec};
+
+#[derive(Parser)]
+#[command(about = "lvms-rs developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install the Debian packages the VM suite and the demo need (as root; skipped when present).
+    Deps,
+    /// Boot the test VM and run a shell command inside it, from the repository root.
+    VmRun {
+        /// A disk as SERIAL=SIZE_IN_MIB (repeatable); appears as /dev/disk/by-id/virtio-SERIAL.
+        #[arg(long = "disk")]
+        disks: Vec<String>,
+        /// User-mode networking (the host's loopback is 10.0.2.2 inside).
+        #[arg(long)]
+        net: bool,
+        #[arg(long, default_value_t = 600)]
+        timeout_secs: u64,
+        /// The command (a shell command line).
+        #[arg(trailing_var_arg = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Build the real-LVM integration tests (`tests/vm_*.rs`) and run them inside the VM.
+    VmTest {
+        /// Only tests whose name contains this.
+        filter: Option<String>,
+    },
+    /// The demo: the node engine builds a VG and thin pool from examples/node-engine.yaml in the VM.
+    Demo,
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn run() -> Result<ExitCode> {
+    let cli = Cli::parse();
+    let repo = repo_root();
+    match cli.task {
+        Task::Deps => deps().map(|()| ExitCode::SUCCESS),
+        Task::VmRun {
+            disks,
+            net,
+            timeout_secs,
+            command,
+        } => {
+            let disks = disks
+                .iter()
+                .map(|d| parse_disk(&repo, d))
+                .collect::<Result<Vec<_>>>()?;
+            let spec = VmSpec {
+                name: "run".into(),
+                disks,
+                memory_mib: 2048,
+                cpus: 2,
+                net,
+                command: command.join(" "),
+                cwd: repo.clone(),
+                env: vec![],
+                timeout: Duration::from_secs(timeout_secs),
+            };
+            let out = vm::run_all(&repo, vec![spec])?.remove(0);
+            exit_from(out.exit_code)
+        }
+        Task::VmTest { filter } => vm_test(&repo, filter.as_deref()),
+        Task::Demo => demo(&repo),
+    }
+}
+
+fn exit_from(code: Option<i32>) -> Result<ExitCode> {
+    match code {
+        Some(c) => Ok(ExitCode::from(u8::try_from(c).unwrap_or(1))),
+        None => bail!("the VM did not report an exit status (it crashed or timed out)"),
+    }
+}
+
+fn parse_disk(repo: &Path, s: &str) -> Result<Disk> {
+    let (serial, mib) = s
+        .split_once('=')
+        .context("--disk takes SERIAL=SIZE_IN_MIB, e.g. --disk data0=2048")?;
+    let size = mib.parse::<u64>().context("disk size in MiB")? * 1024 * 1024;
+    let image = vm::vm_dir(repo).join("disks").join(format!("{serial}.img"));
+    vm::make_disk(&image, size)?;
+    Ok(Disk {
+        serial: serial.into(),
+        image,
+        shared: false,
+        readonly: false,
+    })
+}
+
+/// Commands the VM suite needs, and the Debian package that brings each.
+const DEPS: &[(&str, &str)] = &[
+    ("/usr/bin/qemu-system-x86_64", "qemu-system-x86"),
+    ("/bin/busybox", "busybox-static"),
+    ("/sbin/lvm", "lvm2"),
+    ("/usr/sbin/thin_check", "thin-provisioning-tools"),
+    ("/sbin/mkfs.xfs", "xfsprogs"),
+    ("/sbin/mkfs.ext4", "e2fsprogs"),
+    ("/usr/bin/cpio", "cpio"),
+    ("/lib/systemd/systemd-udevd", "udev"),
+    ("/sbin/sfdisk", "fdisk"),
+    ("/sbin/modprobe", "kmod"),
+];
+
+fn deps() -> Result<()> {
+    let mut missing: Vec<&str> = DEPS
+        .iter()
+        .filter(|(path, _)| !Path::new(path).exists())
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    if vm::kernel_version().is_err() {
+        missing.push("linux-image-amd64");
+    }
+    if missing.is_empty() {
+        println!("deps: all present");
+        return Ok(());
+    }
+    println!("deps: installing {}", missing.join(" "));
+    let status = Command::new("apt-get").arg("update").status()?;
+    if !status.success() {
+        bail!("apt-get update failed (run as root)");
+    }
+    let status = Command::new("apt-get")
+        .args(["install", "-y", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()?;
+    if !status.success() {
+        bail!("apt-get install {} failed", missing.join(" "));
+    }
+    Ok(())
+}
+
+/// The disks every VM-suite run attaches: clean disks to claim and decoys that must never be touched.
+fn suite_disks(repo: &Path) -> Result<Vec<Disk>> {
+    let mut disks = Vec::new();
+    for (serial, mib, readonly) in [
+        ("clean0", 2048, false),
+        ("clean1", 2048, false),
+        ("clean2", 2048, false),
+        ("decoy-ext4", 512, false),
+        ("decoy-part", 512, false),
+        ("decoy-mounted", 512, false),
+        ("decoy-foreign", 512, false),
+        ("decoy-ro", 512, true),
+    ] {
+        let mut d = parse_disk(repo, &format!("{serial}={mib}"))?;
+        d.readonly = readonly;
+        disks.push(d);
+    }
+    Ok(disks)
+}
+
+/// Test executables of the `vm_*` integration-test targets, built on the host.
+/// Returns (executable, its crate's directory) pairs.
+fn build_vm_tests(repo: &Path) -> Result<Vec<(PathBuf, PathBuf)>> {
+    let out = Command::new(env!("CARGO"))
+        .args(["test", "--workspace", "--no-run", "--message-format=json"])
+        .current_dir(repo)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the tests failed");
+    }
+    let mut exes = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let is_vm_test = msg["reason"] == "compiler-artifact"
+            && msg["target"]["kind"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|k| k == "test"))
+            && msg["target"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("vm_"));
+        if let (true, Some(exe), Some(manifest)) = (
+            is_vm_test,
+            msg["executable"].as_str(),
+            msg["manifest_path"].as_str(),
+        ) {
+            let dir = Path::new(manifest).parent().unwrap_or(repo).to_path_buf();
+            exes.push((PathBuf::from(exe), dir));
+        }
+    }
+    if exes.is_empty() {
+        bail!("no vm_* test targets found");
+    }
+    Ok(exes)
+}
+
+fn vm_test(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
+    let exes = build_vm_tests(repo)?;
+    let mut command = String::from("status=0\n");
+    // Each test binary runs from its crate's directory, as cargo runs it.
+    for (exe, crate_dir) in &exes {
+        command.push_str(&format!(
+            "cd {} && {} --ignored --test-threads=1 {} || status=1\n",
+            vm::shell_quote(&crate_dir.to_string_lossy()),
+            vm::shell_quote(&exe.to_string_lossy()),
+            filter.map(vm::shell_quote).unwrap_or_default(),
+        ));
+    }
+    command.push_str("exit $status");
+    let spec = VmSpec {
+        name: "vm-test".into(),
+        disks: suite_disks(repo)?,
+        memory_mib: 2048,
+        cpus: 2,
+        net: false,
+        command,
+        cwd: repo.to_path_buf(),
+        env: vec![("RUST_BACKTRACE".into(), "1".into())],
+        timeout: Duration::from_secs(40 * 60),
+    };
+    let out = vm::run_all(repo, vec![spec])?.remove(0);
+    println!(
+        "vm-test: guest finished in {:.0} s with status {:?}",
+        out.elapsed.as_secs_f64(),
+        out.exit_code
+    );
+    exit_from(out.exit_code)
+}
+
+fn demo(repo: &Path) -> Result<ExitCode> {
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--release", "--package", "lvms"])
+        .current_dir(repo)
+        .status()?;
+    if !status.success() {
+        bail!("building lvms failed");
+    }
+    let lvms = repo.join("target/release/lvms");
+    let config = repo.join("examples/node-engine.yaml");
+    let mut disks = Vec::new();
+    for serial in ["data0", "data1"] {
+        disks.push(parse_disk(repo, &format!("{serial}=2048"))?);
+    }
+    disks.push(parse_disk(repo, "bootlike=512")?);
+    let lvms = vm::shell_quote(&lvms.to_string_lossy());
+    let config = vm::shell_quote(&config.to_string_lossy());
+    let command = format!(
+        "mkfs.ext4 -q -L not-ours /dev/disk/by-id/virtio-bootlike || exit 1\n\
+         echo '== first run: the engine builds the device classes'\n\
+         {lvms} converge --config {config} || exit 1\n\
+         echo\necho '== second run: nothing left to do'\n\
+         {lvms} converge --config {config} || exit 1\n\
+         echo\necho '== the decoy disk still carries its ext4 filesystem:'\n\
+         blkid -o value -s TYPE /dev/disk/by-id/virtio-bootlike"
+    );
+    let spec = VmSpec {
+        name: "demo".into(),
+        disks,
+        memory_mib: 1024,
+        cpus: 2,
+        net: false,
+        command,
+        cwd: repo.to_path_buf(),
+        env: vec![],
+        timeout: Duration::from_secs(15 * 60),
+    };
+    let out = vm::run_all(repo, vec![spec])?.remove(0);
+    exit_from(out.exit_code)
+}

@@ -2,7 +2,11 @@
 //! executes the actions planned here.
 #![forbid(unsafe_code)]
 
+pub mod capacity;
 pub mod config;
+pub mod filter;
+pub mod lvattr;
 pub mod model;
 pub mod names;
+pub mod plan;
 pub mod size;

@@ -10,16 +10,23 @@ pub enum NameError {
     Empty,
     #[error("LVM name {name:?} is {len} characters long: LVM allows at most {MAX_LVM_NAME_LEN}")]
     TooLong { name: String, len: usize },
-    #[error("LVM name {name:?} starts with '-': LVM would read it as an option; start with a letter or digit")]
+    #[error(
+        "LVM name {name:?} starts with '-': LVM would read it as an option; start with a letter or digit"
+    )]
     LeadingDash { name: String },
-    #[error("LVM name {name:?} is reserved: '.' and '..' cannot name a volume group or logical volume")]
+    #[error(
+        "LVM name {name:?} is reserved: '.' and '..' cannot name a volume group or logical volume"
+    )]
     Dots { name: String },
     #[error(
         "LVM name {name:?} contains {ch:?}: only letters, digits and + _ . - are allowed in LVM names"
     )]
     BadChar { name: String, ch: char },
     #[error("LVM name {name:?} uses LVM's reserved {reserved:?}: choose a name without it")]
-    Reserved { name: String, reserved: &'static str },
+    Reserved {
+        name: String,
+        reserved: &'static str,
+    },
 }
 
 /// Checks a volume group or logical volume name against LVM's rules (lvm2 `validate_name` and the reserved
@@ -89,13 +96,37 @@ mod tests {
     #[test]
     fn rejects_names_lvm_would_misread() {
         assert_eq!(validate_lvm_name(""), Err(NameError::Empty));
-        assert!(matches!(validate_lvm_name("-ffy"), Err(NameError::LeadingDash { .. })));
-        assert!(matches!(validate_lvm_name(".."), Err(NameError::Dots { .. })));
-        assert!(matches!(validate_lvm_name("a/b"), Err(NameError::BadChar { ch: '/', .. })));
-        assert!(matches!(validate_lvm_name("a b"), Err(NameError::BadChar { ch: ' ', .. })));
-        assert!(matches!(validate_lvm_name("vé"), Err(NameError::BadChar { .. })));
-        assert!(matches!(validate_lvm_name(&"x".repeat(128)), Err(NameError::TooLong { .. })));
-        assert!(matches!(validate_lvm_name("snapshot1"), Err(NameError::Reserved { .. })));
-        assert!(matches!(validate_lvm_name("pool_tmeta"), Err(NameError::Reserved { .. })));
+        assert!(matches!(
+            validate_lvm_name("-ffy"),
+            Err(NameError::LeadingDash { .. })
+        ));
+        assert!(matches!(
+            validate_lvm_name(".."),
+            Err(NameError::Dots { .. })
+        ));
+        assert!(matches!(
+            validate_lvm_name("a/b"),
+            Err(NameError::BadChar { ch: '/', .. })
+        ));
+        assert!(matches!(
+            validate_lvm_name("a b"),
+            Err(NameError::BadChar { ch: ' ', .. })
+        ));
+        assert!(matches!(
+            validate_lvm_name("vé"),
+            Err(NameError::BadChar { .. })
+        ));
+        assert!(matches!(
+            validate_lvm_name(&"x".repeat(128)),
+            Err(NameError::TooLong { .. })
+        ));
+        assert!(matches!(
+            validate_lvm_name("snapshot1"),
+            Err(NameError::Reserved { .. })
+        ));
+        assert!(matches!(
+            validate_lvm_name("pool_tmeta"),
+            Err(NameError::Reserved { .. })
+        ));
     }
 }

@@ -25,7 +25,9 @@ impl FromStr for ByteSize {
     type Err = ParseSizeError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || ParseSizeError { input: s.to_owned() };
+        let err = || ParseSizeError {
+            input: s.to_owned(),
+        };
         let t = s.trim();
         let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (digits, suffix) = t.split_at(split);

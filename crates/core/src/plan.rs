@@ -1,0 +1,653 @@
+//! The plan for one device class on one node: which devices to prepare and which volume group and thin
+//! pool to create or grow, computed from an observation of the host.
+//!
+//! The engine loops observe → plan → execute → observe until a plan has no actions. Each plan emits only
+//! what the current observation determines: the volume group first, the thin pool (whose size depends on
+//! the group's size) in the next round. A plan never shrinks anything and never touches a volume group
+//! that does not carry our tag. When a required device is unusable the plan fails with no actions at all,
+//! so a class is never half-built.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    config::{
+        CalculationPolicy, DeviceClassConfig, RaidConfig, RaidType, ThinPoolConfig, VG_OWNER_TAG,
+    },
+    filter::{self, ExclusionReason, FilterContext, Verdict, find_device, physical_volume_of},
+    lvattr::{LvAttr, VgAttr},
+    model::{BlockDevice, LogicalVolume, PhysicalVolume, VolumeGroup},
+    names::validate_lvm_name,
+    size::{ByteSize, GIB, KIB, MIB, round_down_to_extent, round_up_to_extent},
+};
+
+/// Size of the metadata area written on each new LVM physical volume (`pvcreate --metadatasize`).
+/// LVM's default area (1020 KiB) caps a volume group near 1,700 logical volumes at ~290 bytes of volume
+/// group metadata each; a node must hold at least 2,000 thin volumes per class, and 4 MiB leaves room for
+/// several times that.
+pub const PV_METADATA_SIZE: u64 = 4 * MIB;
+
+/// Thin pool chunk size under the Static policy when none is configured.
+pub const DEFAULT_CHUNK_SIZE: u64 = 128 * KIB;
+
+/// Thin pool metadata size under the Static policy when none is configured. At ~4 KiB of pool metadata
+/// per thin volume this holds far more volumes than the volume group metadata allows.
+pub const DEFAULT_METADATA_SIZE: u64 = GIB;
+
+/// lvm2's smallest thin pool chunk size; every chunk size is a multiple of it.
+pub const MIN_CHUNK_SIZE: u64 = 64 * KIB;
+/// lvm2's largest thin pool chunk size.
+pub const MAX_CHUNK_SIZE: u64 = GIB;
+
+/// What the host looks like, as the engine observed it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Observed {
+    /// lsblk's tree, top-level devices first.
+    pub devices: Vec<BlockDevice>,
+    pub pvs: Vec<PhysicalVolume>,
+    pub vgs: Vec<VolumeGroup>,
+    pub lvs: Vec<LogicalVolume>,
+    /// Each configured path (symlinks included) mapped to its canonical device path, or `None` when it
+    /// does not exist. A configured path absent from this map counts as missing.
+    pub resolved: BTreeMap<String, Option<String>>,
+}
+
+/// What became of one configured path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "verdict", rename_all = "camelCase")]
+pub enum DeviceVerdict {
+    /// Already an LVM physical volume of this class's volume group.
+    Member,
+    /// Will be added; when `waived` is not empty, after a wipe.
+    Usable {
+        waived: Vec<ExclusionReason>,
+    },
+    Excluded {
+        reasons: Vec<ExclusionReason>,
+    },
+    /// The path does not exist or names no block device.
+    Missing,
+}
+
+impl From<Verdict> for DeviceVerdict {
+    fn from(v: Verdict) -> Self {
+        match v {
+            Verdict::Member { .. } => Self::Member,
+            Verdict::Usable { waived } => Self::Usable { waived },
+            Verdict::Excluded { reasons } => Self::Excluded { reasons },
+        }
+    }
+}
+
+impl DeviceVerdict {
+    /// Member or usable.
+    pub fn is_selected(&self) -> bool {
+        matches!(self, Self::Member | Self::Usable { .. })
+    }
+}
+
+/// One configured path and its verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceReport {
+    /// The path as configured.
+    pub path: String,
+    pub canonical_path: Option<String>,
+    /// From `optionalPaths` (and not also in `paths`).
+    pub optional: bool,
+    pub verdict: DeviceVerdict,
+}
+
+impl DeviceReport {
+    /// `path`, or `path (canonical)` when they differ.
+    pub fn display_name(&self) -> String {
+        match &self.canonical_path {
+            Some(c) if *c != self.path => format!("{} ({c})", self.path),
+            _ => self.path.clone(),
+        }
+    }
+
+    /// Every problem of the device in one line; empty for a member or a usable device.
+    pub fn problems(&self) -> String {
+        let name = self.display_name();
+        match &self.verdict {
+            DeviceVerdict::Excluded { reasons } => reasons
+                .iter()
+                .map(|r| r.message(&name))
+                .collect::<Vec<_>>()
+                .join("; "),
+            DeviceVerdict::Missing => format!(
+                "{name} does not exist on this node: attach the device or correct the path \
+                 (by-id links differ between nodes)"
+            ),
+            DeviceVerdict::Member | DeviceVerdict::Usable { .. } => String::new(),
+        }
+    }
+}
+
+/// One step for the executor. Paths are canonical device paths; sizes are bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(
+    tag = "action",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
+pub enum Action {
+    /// Remove every signature from the device and its partitions (`wipefs --all`), destroying its data.
+    WipeDevice {
+        path: String,
+    },
+    CreatePhysicalVolume {
+        path: String,
+        metadata_size: u64,
+    },
+    CreateVolumeGroup {
+        name: String,
+        pvs: Vec<String>,
+        tags: Vec<String>,
+    },
+    ExtendVolumeGroup {
+        name: String,
+        pvs: Vec<String>,
+    },
+    /// `None` sizes are left to LVM. `zero`: zero newly provisioned blocks.
+    CreateThinPool {
+        vg: String,
+        name: String,
+        data_size: u64,
+        chunk_size: Option<u64>,
+        metadata_size: Option<u64>,
+        zero: bool,
+    },
+    /// Grow the pool's data to `data_size` bytes in total.
+    ExtendThinPool {
+        vg: String,
+        name: String,
+        data_size: u64,
+    },
+}
+
+/// Where the class stands after this plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "camelCase")]
+pub enum ClassState {
+    /// Nothing left to do.
+    Ready,
+    /// The plan has actions.
+    Progressing,
+    /// Nothing can be done until the configuration or the host changes.
+    Failed { reason: String },
+}
+
+/// The outcome of [`plan_device_class`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassPlan {
+    /// One report per configured path, `paths` first, in configuration order.
+    pub devices: Vec<DeviceReport>,
+    pub actions: Vec<Action>,
+    pub state: ClassState,
+}
+
+/// The fewest devices a RAID layout needs: raid1 `mirrors + 1` (mirrors default 1); raid4/5
+/// `stripes + 1` (default 2); raid6 `stripes + 2` (default 3); raid10 `stripes × (mirrors + 1)`
+/// (stripes default and minimum 2, mirrors default 1).
+pub fn raid_min_devices(raid: &RaidConfig) -> u64 {
+    let mirrors = u64::from(raid.mirrors.unwrap_or(1));
+    let stripes = raid.stripes.map(u64::from);
+    match raid.raid_type {
+        RaidType::Raid1 => mirrors + 1,
+        RaidType::Raid4 | RaidType::Raid5 => stripes.unwrap_or(2) + 1,
+        RaidType::Raid6 => stripes.unwrap_or(3) + 2,
+        RaidType::Raid10 => stripes.unwrap_or(2).max(2) * (mirrors + 1),
+    }
+}
+
+/// An upper estimate of the metadata size LVM picks for a thin pool of `data_size` bytes when none is
+/// given: 64 bytes per chunk, at least 2 MiB. With an LVM-chosen chunk size (`None`) LVM doubles the
+/// chunk until the metadata fits 128 MiB; with a fixed chunk it is capped at LVM's 16 GiB maximum.
+pub fn thin_pool_metadata_estimate(data_size: u64, chunk_size: Option<u64>) -> u64 {
+    let (chunk, max) = match chunk_size {
+        None => (MIN_CHUNK_SIZE, 128 * MIB),
+        Some(c) => (c.max(1), 16 * GIB),
+    };
+    (data_size / chunk).saturating_mul(64).clamp(2 * MIB, max)
+}
+
+fn is_thin_pool(lv: &LogicalVolume) -> bool {
+    lv.segtype == "thin-pool" || LvAttr::parse(&lv.attr).is_ok_and(|a| a.is_thin_pool())
+}
+
+fn size(bytes: u64) -> ByteSize {
+    ByteSize(bytes)
+}
+
+/// A selected device: a report that is member or usable, deduplicated by canonical path.
+struct Selected<'a> {
+    canonical: String,
+    device: &'a BlockDevice,
+    member: bool,
+    waived: bool,
+    has_pv: bool,
+}
+
+/// Plans device class `class` against `observed`. Pure: the same inputs give the same plan.
+pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> ClassPlan {
+    let vg = observed.vgs.iter().find(|v| v.name == class.name);
+    let ours = vg.is_some_and(|v| v.tags.iter().any(|t| t == VG_OWNER_TAG));
+    let ctx = FilterContext {
+        pvs: &observed.pvs,
+        vgs: &observed.vgs,
+        lvs: &observed.lvs,
+        own_vgs: if ours {
+            BTreeSet::from([class.name.as_str()])
+        } else {
+            BTreeSet::new()
+        },
+        force_wipe: class
+            .device_selector
+            .force_wipe_devices_and_destroy_all_data,
+    };
+    let devices = report_devices(class, observed, &ctx);
+    let failed = |devices: Vec<DeviceReport>, reason: String| ClassPlan {
+        devices,
+        actions: Vec::new(),
+        state: ClassState::Failed { reason },
+    };
+
+    if let Err(reason) = check_config(class) {
+        return failed(devices, reason);
+    }
+    if let Some(vg) = vg.filter(|_| !ours) {
+        return failed(
+            devices,
+            format!(
+                "volume group {} exists and is not ours: it lacks the {VG_OWNER_TAG:?} tag, so lvms-rs \
+                 never touches it; rename the device class, or adopt the group with \
+                 vgchange --addtag {VG_OWNER_TAG} {}",
+                vg.name, vg.name
+            ),
+        );
+    }
+
+    let unusable_required: Vec<String> = devices
+        .iter()
+        .filter(|d| !d.optional && !d.verdict.is_selected())
+        .map(DeviceReport::problems)
+        .collect();
+    if !unusable_required.is_empty() {
+        return failed(
+            devices,
+            format!(
+                "device class {} cannot use its required devices (deviceSelector.paths): {}",
+                class.name,
+                unusable_required.join("; ")
+            ),
+        );
+    }
+
+    let selected = select(&devices, observed, &ctx);
+    if selected.is_empty() {
+        let problems: Vec<String> = devices.iter().map(DeviceReport::problems).collect();
+        return failed(
+            devices,
+            format!(
+                "device class {} has no usable device: none of deviceSelector.optionalPaths can be used: {}",
+                class.name,
+                problems.join("; ")
+            ),
+        );
+    }
+    if let Err(reason) = check_overlap(&selected) {
+        return failed(devices, reason);
+    }
+    if let Some(raid) = &class.raid_config {
+        let need = raid_min_devices(raid);
+        let have = selected.len() as u64;
+        if have < need {
+            return failed(
+                devices,
+                format!(
+                    "device class {} uses {} with {need} devices at least, but only {have} usable: \
+                     add devices or lower raidConfig.mirrors / raidConfig.stripes",
+                    class.name,
+                    raid.raid_type.as_lvm()
+                ),
+            );
+        }
+    }
+    if let Some(vg) = vg {
+        if VgAttr::parse(&vg.attr).is_ok_and(|a| a.is_partial()) {
+            return failed(
+                devices,
+                format!(
+                    "volume group {} is missing LVM physical volumes (partial): reattach or replace the \
+                     device, then run vgreduce --removemissing {}",
+                    vg.name, vg.name
+                ),
+            );
+        }
+    }
+
+    if let (Some(vg), Some(tp)) = (vg, &class.thin_pool_config) {
+        // Checked before growing the group, so a name conflict stops the class before any change.
+        if let Err(reason) = existing_pool(vg, tp, &observed.lvs) {
+            return failed(devices, reason);
+        }
+    }
+
+    let mut actions = Vec::new();
+    let to_add: Vec<&Selected<'_>> = selected.iter().filter(|s| !s.member).collect();
+    for s in to_add.iter().filter(|s| s.waived) {
+        actions.push(Action::WipeDevice {
+            path: s.canonical.clone(),
+        });
+    }
+    for s in to_add.iter().filter(|s| s.waived || !s.has_pv) {
+        actions.push(Action::CreatePhysicalVolume {
+            path: s.canonical.clone(),
+            metadata_size: PV_METADATA_SIZE,
+        });
+    }
+    let new_pvs: Vec<String> = to_add.iter().map(|s| s.canonical.clone()).collect();
+    match vg {
+        None => actions.push(Action::CreateVolumeGroup {
+            name: class.name.clone(),
+            pvs: new_pvs,
+            tags: vec![VG_OWNER_TAG.to_owned()],
+        }),
+        Some(_) if !new_pvs.is_empty() => actions.push(Action::ExtendVolumeGroup {
+            name: class.name.clone(),
+            pvs: new_pvs,
+        }),
+        Some(vg) => {
+            if let Some(tp) = &class.thin_pool_config {
+                match plan_thin_pool(vg, tp, &observed.lvs) {
+                    Ok(Some(action)) => actions.push(action),
+                    Ok(None) => {}
+                    Err(reason) => return failed(devices, reason),
+                }
+            }
+        }
+    }
+
+    let state = if actions.is_empty() {
+        ClassState::Ready
+    } else {
+        ClassState::Progressing
+    };
+    ClassPlan {
+        devices,
+        actions,
+        state,
+    }
+}
+
+fn report_devices(
+    class: &DeviceClassConfig,
+    observed: &Observed,
+    ctx: &FilterContext<'_>,
+) -> Vec<DeviceReport> {
+    let sel = &class.device_selector;
+    let mut seen = BTreeSet::new();
+    sel.paths
+        .iter()
+        .map(|p| (p, false))
+        .chain(sel.optional_paths.iter().map(|p| (p, true)))
+        .filter(|(p, _)| seen.insert(p.as_str()))
+        .map(|(path, optional)| {
+            let canonical_path = observed.resolved.get(path).cloned().flatten();
+            let verdict = match canonical_path
+                .as_deref()
+                .and_then(|c| find_device(&observed.devices, c))
+            {
+                Some(device) => filter::evaluate(device, ctx).into(),
+                None => DeviceVerdict::Missing,
+            };
+            DeviceReport {
+                path: path.clone(),
+                canonical_path,
+                optional,
+                verdict,
+            }
+        })
+        .collect()
+}
+
+fn select<'a>(
+    devices: &[DeviceReport],
+    observed: &'a Observed,
+    ctx: &FilterContext<'_>,
+) -> Vec<Selected<'a>> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for report in devices {
+        let Some(canonical) = report.canonical_path.as_deref() else {
+            continue;
+        };
+        let Some(device) = find_device(&observed.devices, canonical) else {
+            continue;
+        };
+        let (member, waived) = match &report.verdict {
+            DeviceVerdict::Member => (true, false),
+            DeviceVerdict::Usable { waived } => (false, !waived.is_empty()),
+            DeviceVerdict::Excluded { .. } | DeviceVerdict::Missing => continue,
+        };
+        if !seen.insert(canonical) {
+            continue;
+        }
+        out.push(Selected {
+            canonical: canonical.to_owned(),
+            device,
+            member,
+            waived,
+            has_pv: physical_volume_of(device, ctx.pvs).is_some(),
+        });
+    }
+    out
+}
+
+fn check_overlap(selected: &[Selected<'_>]) -> Result<(), String> {
+    for a in selected {
+        for b in selected {
+            if a.canonical != b.canonical
+                && find_device(std::slice::from_ref(a.device), &b.canonical).is_some()
+            {
+                return Err(format!(
+                    "{} and {} are both configured, but {} is part of {}: configure one of them",
+                    a.canonical, b.canonical, b.canonical, a.canonical
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_config(class: &DeviceClassConfig) -> Result<(), String> {
+    validate_lvm_name(&class.name)
+        .map_err(|e| format!("device class name is not a valid volume group name: {e}"))?;
+    let sel = &class.device_selector;
+    if sel.paths.is_empty() && sel.optional_paths.is_empty() {
+        return Err(format!(
+            "device class {} selects no devices: list them in deviceSelector.paths or \
+             deviceSelector.optionalPaths",
+            class.name
+        ));
+    }
+    if class.raid_config.is_some() && class.thin_pool_config.is_some() {
+        return Err(format!(
+            "device class {} sets both raidConfig and thinPoolConfig: choose one",
+            class.name
+        ));
+    }
+    if let Some(tp) = &class.thin_pool_config {
+        validate_lvm_name(&tp.name)
+            .map_err(|e| format!("thinPoolConfig.name is not a valid LVM name: {e}"))?;
+        if !(10..=100).contains(&tp.size_percent) {
+            return Err(format!(
+                "thinPoolConfig.sizePercent is {}: give a percentage from 10 to 100",
+                tp.size_percent
+            ));
+        }
+        match (tp.chunk_size_calculation_policy, tp.chunk_size) {
+            (CalculationPolicy::Host, Some(_)) => {
+                return Err(
+                    "thinPoolConfig.chunkSize is set but chunkSizeCalculationPolicy is Host: \
+                            remove chunkSize or set the policy to Static"
+                        .to_owned(),
+                );
+            }
+            (CalculationPolicy::Static, Some(ByteSize(c)))
+                if !(MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&c) || c % MIN_CHUNK_SIZE != 0 =>
+            {
+                return Err(format!(
+                    "thinPoolConfig.chunkSize {} is invalid: LVM needs a multiple of {} from {} to {}",
+                    size(c),
+                    size(MIN_CHUNK_SIZE),
+                    size(MIN_CHUNK_SIZE),
+                    size(MAX_CHUNK_SIZE)
+                ));
+            }
+            _ => {}
+        }
+        if tp.metadata_size_calculation_policy == CalculationPolicy::Host
+            && tp.metadata_size.is_some()
+        {
+            return Err(
+                "thinPoolConfig.metadataSize is set but metadataSizeCalculationPolicy is Host: \
+                        remove metadataSize or set the policy to Static"
+                    .to_owned(),
+            );
+        }
+        if tp.metadata_size == Some(ByteSize(0)) {
+            return Err("thinPoolConfig.metadataSize is 0: give a size such as 1Gi".to_owned());
+        }
+    }
+    Ok(())
+}
+
+/// The pool's target data size: `sizePercent` of the volume group's size, in whole extents.
+fn pool_target(vg: &VolumeGroup, tp: &ThinPoolConfig) -> u64 {
+    let pct = u128::from(tp.size_percent.min(100));
+    let bytes = u64::try_from(u128::from(vg.size) * pct / 100).unwrap_or(vg.size);
+    round_down_to_extent(bytes, vg.extent_size).unwrap_or(0)
+}
+
+/// The class's thin pool if it exists; an error when a logical volume of that name is not a thin pool.
+fn existing_pool<'a>(
+    vg: &VolumeGroup,
+    tp: &ThinPoolConfig,
+    lvs: &'a [LogicalVolume],
+) -> Result<Option<&'a LogicalVolume>, String> {
+    match lvs
+        .iter()
+        .find(|lv| lv.vg_name == vg.name && lv.name == tp.name)
+    {
+        Some(lv) if !is_thin_pool(lv) => Err(format!(
+            "logical volume {}/{} exists and is not a thin pool (segment type {}): choose another \
+             thinPoolConfig.name or remove the volume",
+            vg.name, tp.name, lv.segtype
+        )),
+        found => Ok(found),
+    }
+}
+
+fn plan_thin_pool(
+    vg: &VolumeGroup,
+    tp: &ThinPoolConfig,
+    lvs: &[LogicalVolume],
+) -> Result<Option<Action>, String> {
+    let extent = vg.extent_size;
+    if extent == 0 {
+        return Err(format!(
+            "volume group {} reports an extent size of 0: the LVM report is inconsistent",
+            vg.name
+        ));
+    }
+    let free = vg.free_count.saturating_mul(extent);
+    let target = pool_target(vg, tp);
+
+    if let Some(lv) = existing_pool(vg, tp, lvs)? {
+        // Grow towards the target as far as free space allows; never shrink.
+        let reachable = target.min(lv.size.saturating_add(free));
+        let reachable = round_down_to_extent(reachable, extent).unwrap_or(0);
+        if reachable >= lv.size.saturating_add(extent) {
+            return Ok(Some(Action::ExtendThinPool {
+                vg: vg.name.clone(),
+                name: tp.name.clone(),
+                data_size: reachable,
+            }));
+        }
+        return Ok(None);
+    }
+
+    if target < extent {
+        return Err(format!(
+            "thinPoolConfig.sizePercent {}% of volume group {} ({}) is less than one extent ({}): raise \
+             sizePercent or add devices",
+            tp.size_percent,
+            vg.name,
+            size(vg.size),
+            size(extent)
+        ));
+    }
+    let chunk_size = match tp.chunk_size_calculation_policy {
+        CalculationPolicy::Static => Some(tp.chunk_size.map_or(DEFAULT_CHUNK_SIZE, |c| c.0)),
+        CalculationPolicy::Host => None,
+    };
+    let metadata_size = match tp.metadata_size_calculation_policy {
+        CalculationPolicy::Static => Some(tp.metadata_size.map_or(DEFAULT_METADATA_SIZE, |m| m.0)),
+        CalculationPolicy::Host => None,
+    };
+    let metadata = metadata_size.unwrap_or_else(|| thin_pool_metadata_estimate(target, chunk_size));
+    let metadata = round_up_to_extent(metadata, extent).unwrap_or(u64::MAX);
+    // The pool's metadata volume plus LVM's pool-metadata spare of equal size.
+    let reserved = metadata.saturating_mul(2);
+    if free < reserved.saturating_add(extent) {
+        return Err(match metadata_size {
+            Some(_) => format!(
+                "volume group {} has {} free, but thin pool {} needs 2 × thinPoolConfig.metadataSize \
+                 ({} for the metadata volume and LVM's metadata spare) plus at least one extent ({}) of \
+                 data: lower thinPoolConfig.metadataSize or add devices",
+                vg.name,
+                size(free),
+                tp.name,
+                size(reserved),
+                size(extent)
+            ),
+            None => format!(
+                "volume group {} has {} free, too little for thin pool {}: its metadata and LVM's metadata \
+                 spare need about {} plus at least one extent ({}) of data; add devices",
+                vg.name,
+                size(free),
+                tp.name,
+                size(reserved),
+                size(extent)
+            ),
+        });
+    }
+    let room = round_down_to_extent(free - reserved, extent).unwrap_or(0);
+    let data_size = target.min(room);
+    if let Some(chunk) = chunk_size.filter(|c| data_size < *c) {
+        return Err(format!(
+            "thin pool {} would get {} of data, less than one thinPoolConfig.chunkSize ({}): lower \
+             chunkSize or add devices",
+            tp.name,
+            size(data_size),
+            size(chunk)
+        ));
+    }
+    Ok(Some(Action::CreateThinPool {
+        vg: vg.name.clone(),
+        name: tp.name.clone(),
+        data_size,
+        chunk_size,
+        metadata_size,
+        zero: true,
+    }))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,1569 @@
+use std::slice::from_ref;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::{
+    config::{DeviceSelector, Fstype},
+    filter::{LVM_SIGNATURE, tests::disk, tests::part},
+    model::DeviceKind,
+};
+
+const EXTENT: u64 = 4 * MIB;
+const FOREIGN_VG: &str = "data";
+
+// ---------------------------------------------------------------------------------------------------------
+// Fixtures
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Clean,
+    OrphanPv,
+    Ext4,
+    Partitioned,
+    ForeignPv,
+    Mounted,
+    ReadOnly,
+    KubeletLoop,
+    Dm,
+    Small,
+}
+
+impl Kind {
+    const ALL: [Kind; 10] = [
+        Kind::Clean,
+        Kind::OrphanPv,
+        Kind::Ext4,
+        Kind::Partitioned,
+        Kind::ForeignPv,
+        Kind::Mounted,
+        Kind::ReadOnly,
+        Kind::KubeletLoop,
+        Kind::Dm,
+        Kind::Small,
+    ];
+
+    /// Whether the filter should accept a device of this kind.
+    fn usable(self, force: bool) -> bool {
+        match self {
+            Kind::Clean | Kind::OrphanPv => true,
+            Kind::Ext4 | Kind::Partitioned | Kind::ForeignPv => force,
+            Kind::Mounted | Kind::ReadOnly | Kind::KubeletLoop | Kind::Dm | Kind::Small => false,
+        }
+    }
+}
+
+/// Builds an observed host device by device.
+#[derive(Default)]
+struct Host {
+    obs: Observed,
+    n: usize,
+}
+
+impl Host {
+    /// Adds a device and returns the path to configure (a by-id link when `by_id`).
+    fn add(&mut self, kind: Kind, size: u64, by_id: bool) -> String {
+        self.n += 1;
+        let i = self.n;
+        let name = format!("vd{i}");
+        let mut d = disk(&name, size);
+        match kind {
+            Kind::Clean => {}
+            Kind::OrphanPv => {
+                d.fstype = Some(LVM_SIGNATURE.into());
+                self.obs.pvs.push(new_pv(&d.path, size, None));
+            }
+            Kind::Ext4 => d.fstype = Some("ext4".into()),
+            Kind::Partitioned => {
+                d.fstype = Some("gpt".into());
+                let mut p1 = part(&format!("{name}p1"), size / 2);
+                p1.fstype = Some("xfs".into());
+                d.children = vec![p1, part(&format!("{name}p2"), size / 2)];
+            }
+            Kind::ForeignPv => {
+                d.fstype = Some(LVM_SIGNATURE.into());
+                self.obs.pvs.push(new_pv(&d.path, size, Some(FOREIGN_VG)));
+                if !self.obs.vgs.iter().any(|v| v.name == FOREIGN_VG) {
+                    let mut g = crate::filter::tests::vg(FOREIGN_VG, &[]);
+                    g.attr = "wz--n-".into();
+                    self.obs.vgs.push(g);
+                }
+            }
+            Kind::Mounted => {
+                d.fstype = Some("xfs".into());
+                d.mountpoints = vec![format!("/mnt/{name}")];
+            }
+            Kind::ReadOnly => d.read_only = true,
+            Kind::KubeletLoop => {
+                d = BlockDevice {
+                    kind: DeviceKind::Loop,
+                    loop_backing_file: Some(format!(
+                        "/var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices/pvc-{i}/dev/x"
+                    )),
+                    ..disk(&format!("loop{i}"), size)
+                };
+            }
+            Kind::Dm => {
+                d = BlockDevice {
+                    name: format!("other-lv{i}"),
+                    kname: format!("dm-{i}"),
+                    path: format!("/dev/mapper/other-lv{i}"),
+                    kind: DeviceKind::Lvm,
+                    ..disk("x", size)
+                };
+                // /dev/mapper/* links resolve to /dev/dm-N.
+                self.obs
+                    .resolved
+                    .insert(d.path.clone(), Some(format!("/dev/dm-{i}")));
+                self.obs.devices.push(d.clone());
+                return d.path;
+            }
+            Kind::Small => d.size = 512 * MIB,
+        }
+        let canonical = d.path.clone();
+        let configured = if by_id {
+            let link = format!("/dev/disk/by-id/virtio-serial{i}");
+            d.by_id.push(link.clone());
+            link
+        } else {
+            canonical.clone()
+        };
+        self.obs
+            .resolved
+            .insert(configured.clone(), Some(canonical.clone()));
+        self.obs.resolved.insert(canonical, Some(d.path.clone()));
+        self.obs.devices.push(d);
+        configured
+    }
+
+    fn clean(&mut self, size: u64) -> String {
+        self.add(Kind::Clean, size, false)
+    }
+}
+
+fn new_pv(path: &str, dev_size: u64, vg: Option<&str>) -> PhysicalVolume {
+    let size =
+        round_down_to_extent(dev_size.saturating_sub(PV_METADATA_SIZE + MIB), EXTENT).unwrap();
+    PhysicalVolume {
+        name: path.into(),
+        vg_name: vg.map(Into::into),
+        uuid: format!("pv-{path}"),
+        size,
+        free: size,
+        attr: if vg.is_some() { "a--" } else { "---" }.into(),
+    }
+}
+
+fn class(name: &str, paths: &[String]) -> DeviceClassConfig {
+    DeviceClassConfig {
+        name: name.into(),
+        device_selector: DeviceSelector {
+            paths: paths.to_vec(),
+            optional_paths: vec![],
+            force_wipe_devices_and_destroy_all_data: false,
+        },
+        thin_pool_config: None,
+        raid_config: None,
+        default: false,
+        fstype: Fstype::Xfs,
+    }
+}
+
+fn thin_config() -> ThinPoolConfig {
+    ThinPoolConfig {
+        name: "thin-pool-1".into(),
+        size_percent: 90,
+        overprovision_ratio: 10,
+        chunk_size_calculation_policy: CalculationPolicy::Static,
+        chunk_size: None,
+        metadata_size_calculation_policy: CalculationPolicy::Static,
+        metadata_size: None,
+    }
+}
+
+fn thin_class(name: &str, paths: &[String]) -> DeviceClassConfig {
+    DeviceClassConfig {
+        thin_pool_config: Some(thin_config()),
+        ..class(name, paths)
+    }
+}
+
+fn raid_class(name: &str, paths: &[String], raid_type: RaidType) -> DeviceClassConfig {
+    DeviceClassConfig {
+        raid_config: Some(RaidConfig {
+            raid_type,
+            mirrors: None,
+            stripes: None,
+            stripe_size: None,
+        }),
+        ..class(name, paths)
+    }
+}
+
+fn failed_reason(plan: &ClassPlan) -> &str {
+    match &plan.state {
+        ClassState::Failed { reason } => reason,
+        other => panic!(
+            "expected Failed, got {other:?} with actions {:?}",
+            plan.actions
+        ),
+    }
+}
+
+fn vg_of<'a>(obs: &'a Observed, name: &str) -> &'a VolumeGroup {
+    obs.vgs
+        .iter()
+        .find(|v| v.name == name)
+        .expect("volume group exists")
+}
+
+fn lv_of<'a>(obs: &'a Observed, vg: &str, name: &str) -> Option<&'a LogicalVolume> {
+    obs.lvs.iter().find(|l| l.vg_name == vg && l.name == name)
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// A pure simulation of the executor: applies actions to an observation as LVM would, and panics on any
+// action LVM would refuse or that would destroy something it must not.
+
+fn device_mut<'a>(devices: &'a mut [BlockDevice], path: &str) -> Option<&'a mut BlockDevice> {
+    for d in devices {
+        if d.path == path || format!("/dev/{}", d.kname) == path {
+            return Some(d);
+        }
+        if let Some(found) = device_mut(&mut d.children, path) {
+            return Some(found);
+        }
+    }
+    None
+}
+
+fn new_lv(vg: &str, name: &str, size: u64, attr: &str, segtype: &str) -> LogicalVolume {
+    LogicalVolume {
+        name: name.into(),
+        vg_name: vg.into(),
+        uuid: format!("lv-{vg}-{name}"),
+        size,
+        attr: attr.into(),
+        segtype: segtype.into(),
+        pool_lv: None,
+        origin: None,
+        data_percent: None,
+        metadata_percent: None,
+        metadata_size: None,
+        sync_percent: None,
+        tags: vec![],
+        path: None,
+        dm_path: None,
+        stripes: None,
+        stripe_size: None,
+    }
+}
+
+fn add_pvs_to_vg(obs: &mut Observed, vg_name: &str, pvs: &[String]) -> u64 {
+    let mut extents = 0;
+    for path in pvs {
+        let pv = obs
+            .pvs
+            .iter_mut()
+            .find(|p| p.name == *path)
+            .unwrap_or_else(|| panic!("vg{vg_name}: {path} is not an LVM physical volume"));
+        assert!(
+            pv.vg_name.is_none(),
+            "{path} already belongs to {:?}",
+            pv.vg_name
+        );
+        pv.vg_name = Some(vg_name.into());
+        pv.attr = "a--".into();
+        extents += pv.size / EXTENT;
+    }
+    extents
+}
+
+fn allocate(obs: &mut Observed, vg_name: &str, bytes: u64) {
+    let g = obs.vgs.iter_mut().find(|v| v.name == vg_name).unwrap();
+    let extents = bytes / EXTENT;
+    assert_eq!(
+        bytes % EXTENT,
+        0,
+        "allocation of {bytes} is not whole extents"
+    );
+    assert!(
+        g.free_count >= extents,
+        "{vg_name}: needs {extents} extents, has {}",
+        g.free_count
+    );
+    g.free_count -= extents;
+    g.free = g.free_count * EXTENT;
+    g.lv_count += 1;
+}
+
+fn apply(obs: &mut Observed, actions: &[Action]) {
+    for action in actions {
+        match action {
+            Action::WipeDevice { path } => {
+                if let Some(pv) = obs.pvs.iter().find(|p| p.name == *path) {
+                    let vg = pv.vg_name.clone().unwrap_or_default();
+                    let owned = obs
+                        .vgs
+                        .iter()
+                        .any(|g| g.name == vg && g.tags.iter().any(|t| t == VG_OWNER_TAG));
+                    assert!(
+                        !owned,
+                        "wiped {path}, a physical volume of our volume group {vg}"
+                    );
+                }
+                obs.pvs.retain(|p| p.name != *path);
+                let d = device_mut(&mut obs.devices, path).expect("wiped device exists");
+                assert!(!d.read_only && d.mountpoints.is_empty(), "wiped {path}");
+                assert!(
+                    d.children
+                        .iter()
+                        .all(|c| c.mountpoints.is_empty() && c.children.is_empty())
+                );
+                d.fstype = None;
+                d.children.clear();
+            }
+            Action::CreatePhysicalVolume {
+                path,
+                metadata_size,
+            } => {
+                assert_eq!(*metadata_size, PV_METADATA_SIZE);
+                assert!(
+                    obs.pvs.iter().all(|p| p.name != *path),
+                    "pvcreate on existing PV {path}"
+                );
+                let d = device_mut(&mut obs.devices, path).expect("pvcreate device exists");
+                assert!(
+                    d.fstype.is_none(),
+                    "pvcreate on {path} with signature {:?}",
+                    d.fstype
+                );
+                assert!(d.children.is_empty() && d.mountpoints.is_empty() && !d.read_only);
+                d.fstype = Some(LVM_SIGNATURE.into());
+                let size = d.size;
+                obs.pvs.push(new_pv(path, size, None));
+            }
+            Action::CreateVolumeGroup { name, pvs, tags } => {
+                assert!(
+                    obs.vgs.iter().all(|v| v.name != *name),
+                    "vgcreate of existing {name}"
+                );
+                assert!(!pvs.is_empty());
+                assert_eq!(tags, &vec![VG_OWNER_TAG.to_owned()]);
+                let extents = add_pvs_to_vg(obs, name, pvs);
+                obs.vgs.push(VolumeGroup {
+                    name: name.clone(),
+                    uuid: format!("vg-{name}"),
+                    size: extents * EXTENT,
+                    free: extents * EXTENT,
+                    extent_size: EXTENT,
+                    extent_count: extents,
+                    free_count: extents,
+                    pv_count: pvs.len() as u64,
+                    lv_count: 0,
+                    tags: tags.clone(),
+                    attr: "wz--n-".into(),
+                    mda_free: PV_METADATA_SIZE / 2,
+                    mda_size: PV_METADATA_SIZE,
+                });
+            }
+            Action::ExtendVolumeGroup { name, pvs } => {
+                let extents = add_pvs_to_vg(obs, name, pvs);
+                let g = obs
+                    .vgs
+                    .iter_mut()
+                    .find(|v| v.name == *name)
+                    .expect("vgextend of missing vg");
+                assert!(g.tags.iter().any(|t| t == VG_OWNER_TAG));
+                g.extent_count += extents;
+                g.free_count += extents;
+                g.size = g.extent_count * EXTENT;
+                g.free = g.free_count * EXTENT;
+                g.pv_count += pvs.len() as u64;
+            }
+            Action::CreateThinPool {
+                vg,
+                name,
+                data_size,
+                chunk_size,
+                metadata_size,
+                zero,
+            } => {
+                assert!(*zero);
+                assert!(lv_of(obs, vg, name).is_none(), "pool {name} created twice");
+                let meta = metadata_size
+                    .unwrap_or_else(|| thin_pool_metadata_estimate(*data_size, *chunk_size));
+                let meta = round_up_to_extent(meta, EXTENT).unwrap();
+                let spare = lv_of(obs, vg, "[lvol0_pmspare]").map_or(0, |l| l.size);
+                allocate(obs, vg, *data_size);
+                allocate(obs, vg, meta);
+                if spare < meta {
+                    assert_eq!(spare, 0, "simulation does not grow spares");
+                    allocate(obs, vg, meta);
+                    obs.lvs
+                        .push(new_lv(vg, "[lvol0_pmspare]", meta, "ewi-------", "linear"));
+                }
+                let mut pool = new_lv(vg, name, *data_size, "twi-a-tz--", "thin-pool");
+                pool.metadata_size = Some(meta);
+                pool.data_percent = Some(0.0);
+                obs.lvs.push(pool);
+                obs.lvs.push(new_lv(
+                    vg,
+                    &format!("[{name}_tdata]"),
+                    *data_size,
+                    "Twi-ao----",
+                    "linear",
+                ));
+                obs.lvs.push(new_lv(
+                    vg,
+                    &format!("[{name}_tmeta]"),
+                    meta,
+                    "ewi-ao----",
+                    "linear",
+                ));
+            }
+            Action::ExtendThinPool {
+                vg,
+                name,
+                data_size,
+            } => {
+                let current = lv_of(obs, vg, name).expect("extended pool exists").size;
+                assert!(
+                    *data_size > current,
+                    "extend {name} from {current} to {data_size}"
+                );
+                allocate(obs, vg, data_size - current);
+                for lv in obs.lvs.iter_mut() {
+                    if lv.vg_name == *vg
+                        && (lv.name == *name || lv.name == format!("[{name}_tdata]"))
+                    {
+                        lv.size = *data_size;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One observe → plan → apply round.
+fn step(class: &DeviceClassConfig, obs: &mut Observed) {
+    let plan = plan_device_class(class, obs);
+    apply(obs, &plan.actions);
+}
+
+/// Runs observe → plan → apply until a plan has no actions; returns every plan made. Panics when that
+/// takes more than three rounds with actions.
+fn converge(class: &DeviceClassConfig, obs: &mut Observed) -> Vec<ClassPlan> {
+    let mut plans = Vec::new();
+    for _ in 0..4 {
+        let plan = plan_device_class(class, obs);
+        let done = plan.actions.is_empty();
+        apply(obs, &plan.actions);
+        plans.push(plan);
+        if done {
+            return plans;
+        }
+    }
+    panic!("no fixpoint within 3 rounds: {plans:#?}");
+}
+
+fn action_paths(action: &Action) -> Vec<&str> {
+    match action {
+        Action::WipeDevice { path } | Action::CreatePhysicalVolume { path, .. } => vec![path],
+        Action::CreateVolumeGroup { pvs, .. } | Action::ExtendVolumeGroup { pvs, .. } => {
+            pvs.iter().map(String::as_str).collect()
+        }
+        Action::CreateThinPool { .. } | Action::ExtendThinPool { .. } => vec![],
+    }
+}
+
+fn assert_wipes_only_waived(plan: &ClassPlan) {
+    for action in &plan.actions {
+        if let Action::WipeDevice { path } = action {
+            let report = plan
+                .devices
+                .iter()
+                .find(|d| d.canonical_path.as_deref() == Some(path.as_str()))
+                .expect("wiped device is configured");
+            match &report.verdict {
+                DeviceVerdict::Usable { waived } => {
+                    assert!(!waived.is_empty(), "{path} wiped without need");
+                    assert!(waived.iter().all(ExclusionReason::waivable_by_force_wipe));
+                }
+                other => panic!("{path} wiped with verdict {other:?}"),
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Building a class from scratch
+
+#[test]
+fn fresh_disks_get_physical_volumes_and_a_tagged_vg_but_no_pool_yet() {
+    let mut host = Host::default();
+    let a = host.clean(10 * GIB);
+    let b = host.add(Kind::Clean, 20 * GIB, true);
+    let plan = plan_device_class(&thin_class("vg1", &[a.clone(), b]), &host.obs);
+    assert_eq!(plan.state, ClassState::Progressing);
+    assert_eq!(
+        plan.actions,
+        vec![
+            Action::CreatePhysicalVolume {
+                path: a.clone(),
+                metadata_size: PV_METADATA_SIZE
+            },
+            Action::CreatePhysicalVolume {
+                path: "/dev/vd2".into(),
+                metadata_size: PV_METADATA_SIZE
+            },
+            Action::CreateVolumeGroup {
+                name: "vg1".into(),
+                pvs: vec![a, "/dev/vd2".into()],
+                tags: vec!["lvms".into()]
+            },
+        ]
+    );
+    assert_eq!(plan.devices[1].path, "/dev/disk/by-id/virtio-serial2");
+    assert_eq!(plan.devices[1].canonical_path.as_deref(), Some("/dev/vd2"));
+    assert!(
+        plan.devices
+            .iter()
+            .all(|d| d.verdict == DeviceVerdict::Usable { waived: vec![] })
+    );
+}
+
+#[test]
+fn pv_metadata_area_holds_more_than_two_thousand_volumes() {
+    // ~290 bytes of VG metadata per LV; LVM keeps two copies of the metadata in the area (old + new).
+    const { assert!(PV_METADATA_SIZE / 2 / 290 >= 2_000) };
+}
+
+#[test]
+fn existing_vg_gets_a_thin_pool_of_size_percent_with_static_defaults() {
+    let mut host = Host::default();
+    let a = host.clean(100 * GIB);
+    let class = thin_class("vg1", &[a]);
+    step(&class, &mut host.obs);
+    let vg = vg_of(&host.obs, "vg1").clone();
+    let plan = plan_device_class(&class, &host.obs);
+    assert_eq!(plan.state, ClassState::Progressing);
+    assert_eq!(plan.devices[0].verdict, DeviceVerdict::Member);
+    let expected = round_down_to_extent(vg.size * 90 / 100, EXTENT).unwrap();
+    assert_eq!(
+        plan.actions,
+        vec![Action::CreateThinPool {
+            vg: "vg1".into(),
+            name: "thin-pool-1".into(),
+            data_size: expected,
+            chunk_size: Some(DEFAULT_CHUNK_SIZE),
+            metadata_size: Some(DEFAULT_METADATA_SIZE),
+            zero: true,
+        }]
+    );
+}
+
+#[test]
+fn thin_pool_is_capped_to_leave_room_for_metadata_and_its_spare() {
+    let mut host = Host::default();
+    let a = host.clean(10 * GIB);
+    let mut class = thin_class("vg1", &[a]);
+    class.thin_pool_config.as_mut().unwrap().size_percent = 100;
+    step(&class, &mut host.obs);
+    let free = vg_of(&host.obs, "vg1").free;
+    let plan = plan_device_class(&class, &host.obs);
+    let Action::CreateThinPool { data_size, .. } = plan.actions[0] else {
+        panic!("{plan:?}")
+    };
+    assert_eq!(data_size, free - 2 * GIB);
+    apply(&mut host.obs, &plan.actions);
+    assert_eq!(vg_of(&host.obs, "vg1").free, 0);
+    let again = plan_device_class(&class, &host.obs);
+    assert_eq!(again.state, ClassState::Ready);
+    assert!(again.actions.is_empty());
+}
+
+#[test]
+fn configured_chunk_and_metadata_sizes_are_used() {
+    let mut host = Host::default();
+    let a = host.clean(50 * GIB);
+    let mut class = thin_class("vg1", &[a]);
+    let tp = class.thin_pool_config.as_mut().unwrap();
+    tp.chunk_size = Some(ByteSize(256 * KIB));
+    tp.metadata_size = Some(ByteSize(512 * MIB));
+    let plans = converge(&class, &mut host.obs);
+    let Action::CreateThinPool {
+        chunk_size,
+        metadata_size,
+        ..
+    } = plans[1].actions[0]
+    else {
+        panic!("{plans:?}")
+    };
+    assert_eq!(chunk_size, Some(256 * KIB));
+    assert_eq!(metadata_size, Some(512 * MIB));
+}
+
+#[test]
+fn host_policies_leave_chunk_and_metadata_to_lvm_but_still_reserve_room() {
+    let mut host = Host::default();
+    let a = host.clean(10 * GIB);
+    let mut class = thin_class("vg1", &[a]);
+    let tp = class.thin_pool_config.as_mut().unwrap();
+    tp.size_percent = 100;
+    tp.chunk_size_calculation_policy = CalculationPolicy::Host;
+    tp.metadata_size_calculation_policy = CalculationPolicy::Host;
+    let plans = converge(&class, &mut host.obs);
+    let Action::CreateThinPool {
+        data_size,
+        chunk_size,
+        metadata_size,
+        ..
+    } = plans[1].actions[0]
+    else {
+        panic!("{plans:?}")
+    };
+    assert_eq!((chunk_size, metadata_size), (None, None));
+    let vg_size = vg_of(&host.obs, "vg1").size;
+    // 10 GiB of data at 64 KiB chunks needs 10 MiB of metadata (rounded to 12 MiB), twice.
+    assert_eq!(data_size, vg_size - 2 * 12 * MIB);
+    assert_eq!(plans.last().unwrap().state, ClassState::Ready);
+}
+
+#[test]
+fn metadata_estimate_follows_lvm_bounds() {
+    assert_eq!(thin_pool_metadata_estimate(0, None), 2 * MIB);
+    assert_eq!(thin_pool_metadata_estimate(100 * GIB, None), 100 * MIB);
+    assert_eq!(
+        thin_pool_metadata_estimate(100 * crate::size::TIB, None),
+        128 * MIB
+    );
+    assert_eq!(thin_pool_metadata_estimate(GIB, Some(128 * KIB)), 2 * MIB);
+    assert_eq!(
+        thin_pool_metadata_estimate(1024 * crate::size::TIB, Some(64 * KIB)),
+        16 * GIB
+    );
+    assert_eq!(thin_pool_metadata_estimate(u64::MAX, Some(0)), 16 * GIB);
+}
+
+#[test]
+fn vg_too_small_for_twice_the_metadata_fails_naming_metadata_size() {
+    let mut host = Host::default();
+    let a = host.clean(2 * GIB);
+    let class = thin_class("vg1", &[a]);
+    let plans = converge(&class, &mut host.obs);
+    let last = plans.last().unwrap();
+    let reason = failed_reason(last);
+    assert!(reason.contains("thinPoolConfig.metadataSize"), "{reason}");
+    assert!(reason.contains("2 ×"), "{reason}");
+    assert!(reason.contains("add devices"), "{reason}");
+    assert!(last.actions.is_empty());
+}
+
+#[test]
+fn size_percent_below_one_extent_fails() {
+    let mut g = crate::filter::tests::vg("vg1", &[VG_OWNER_TAG]);
+    g.size = 8 * MIB;
+    g.extent_count = 2;
+    g.free_count = 2;
+    let mut host = Host::default();
+    let a = host.clean(10 * GIB);
+    host.obs.pvs.push(new_pv(&a, 10 * GIB, Some("vg1")));
+    host.obs.vgs.push(g);
+    let mut class = thin_class("vg1", &[a]);
+    class.thin_pool_config.as_mut().unwrap().size_percent = 10;
+    let plan = plan_device_class(&class, &host.obs);
+    assert!(failed_reason(&plan).contains("less than one extent"));
+    assert!(plan.actions.is_empty());
+}
+
+#[test]
+fn converged_class_is_ready_and_plans_nothing_again() {
+    let mut host = Host::default();
+    let paths = vec![host.clean(10 * GIB), host.clean(10 * GIB)];
+    let class = thin_class("vg1", &paths);
+    let plans = converge(&class, &mut host.obs);
+    assert_eq!(plans.len(), 3, "vg, then pool, then nothing");
+    assert_eq!(plans[2].state, ClassState::Ready);
+    for _ in 0..3 {
+        let p = plan_device_class(&class, &host.obs);
+        assert!(p.actions.is_empty());
+        assert_eq!(p.state, ClassState::Ready);
+        assert!(p.devices.iter().all(|d| d.verdict == DeviceVerdict::Member));
+    }
+    assert!(lv_of(&host.obs, "vg1", "thin-pool-1").is_some());
+}
+
+#[test]
+fn thick_class_is_ready_once_the_vg_exists() {
+    let mut host = Host::default();
+    let class = class("vg1", &[host.clean(10 * GIB)]);
+    let plans = converge(&class, &mut host.obs);
+    assert_eq!(plans.len(), 2);
+    assert_eq!(plans[1].state, ClassState::Ready);
+    assert!(host.obs.lvs.is_empty(), "no pool for a thick class");
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Growing
+
+#[test]
+fn new_device_extends_our_vg_then_the_pool_grows() {
+    let mut host = Host::default();
+    let a = host.clean(10 * GIB);
+    let mut class = thin_class("vg1", &[a]);
+    converge(&class, &mut host.obs);
+    let before = lv_of(&host.obs, "vg1", "thin-pool-1").unwrap().size;
+
+    let b = host.clean(10 * GIB);
+    class.device_selector.paths.push(b.clone());
+    let plan = plan_device_class(&class, &host.obs);
+    assert_eq!(plan.state, ClassState::Progressing);
+    assert_eq!(
+        plan.actions,
+        vec![
+            Action::CreatePhysicalVolume {
+                path: b.clone(),
+                metadata_size: PV_METADATA_SIZE
+            },
+            Action::ExtendVolumeGroup {
+                name: "vg1".into(),
+                pvs: vec![b]
+            },
+        ],
+        "the pool waits for the next observation"
+    );
+    apply(&mut host.obs, &plan.actions);
+
+    let plan = plan_device_class(&class, &host.obs);
+    let vg = vg_of(&host.obs, "vg1");
+    let target = round_down_to_extent(vg.size * 90 / 100, EXTENT).unwrap();
+    assert_eq!(
+        plan.actions,
+        vec![Action::ExtendThinPool {
+            vg: "vg1".into(),
+            name: "thin-pool-1".into(),
+            data_size: target
+        }]
+    );
+    assert!(target > before);
+    apply(&mut host.obs, &plan.actions);
+    assert_eq!(
+        plan_device_class(&class, &host.obs).state,
+        ClassState::Ready
+    );
+}
+
+#[test]
+fn pool_extension_is_capped_by_free_space() {
+    let mut host = Host::default();
+    let a = host.clean(10 * GIB);
+    let mut class = thin_class("vg1", from_ref(&a));
+    class.thin_pool_config.as_mut().unwrap().size_percent = 100;
+    converge(&class, &mut host.obs);
+    // At 100 % the pool's target includes the space its metadata took: growth is bounded by free space.
+    class.device_selector.paths.push(host.clean(10 * GIB));
+    step(&class, &mut host.obs);
+    let pool = lv_of(&host.obs, "vg1", "thin-pool-1").unwrap().size;
+    let vg = vg_of(&host.obs, "vg1").clone();
+    let plan = plan_device_class(&class, &host.obs);
+    let Action::ExtendThinPool { data_size, .. } = plan.actions[0] else {
+        panic!("{plan:?}")
+    };
+    assert!(data_size < vg.size, "below the 100 % target");
+    assert_eq!(data_size, pool + vg.free);
+    apply(&mut host.obs, &plan.actions);
+    let plan = plan_device_class(&class, &host.obs);
+    assert!(plan.actions.is_empty());
+    assert_eq!(plan.state, ClassState::Ready);
+}
+
+#[test]
+fn pool_one_extent_below_target_is_extended_and_at_target_is_ready() {
+    let mut host = Host::default();
+    let class = thin_class("vg1", &[host.clean(100 * GIB)]);
+    converge(&class, &mut host.obs);
+    let target = lv_of(&host.obs, "vg1", "thin-pool-1").unwrap().size;
+    assert_eq!(
+        plan_device_class(&class, &host.obs).state,
+        ClassState::Ready
+    );
+    // Observe the pool one extent smaller (and that extent free).
+    for lv in host.obs.lvs.iter_mut().filter(|l| l.name == "thin-pool-1") {
+        lv.size -= EXTENT;
+    }
+    let g = host.obs.vgs.iter_mut().find(|v| v.name == "vg1").unwrap();
+    g.free_count += 1;
+    g.free += EXTENT;
+    let plan = plan_device_class(&class, &host.obs);
+    assert_eq!(
+        plan.actions,
+        vec![Action::ExtendThinPool {
+            vg: "vg1".into(),
+            name: "thin-pool-1".into(),
+            data_size: target
+        }]
+    );
+}
+
+#[test]
+fn pool_larger_than_target_is_never_shrunk() {
+    let mut host = Host::default();
+    let mut class = thin_class("vg1", &[host.clean(10 * GIB)]);
+    converge(&class, &mut host.obs);
+    class.thin_pool_config.as_mut().unwrap().size_percent = 10;
+    let plan = plan_device_class(&class, &host.obs);
+    assert!(plan.actions.is_empty());
+    assert_eq!(plan.state, ClassState::Ready);
+}
+
+#[test]
+fn orphan_physical_volume_is_reused_without_pvcreate() {
+    let mut host = Host::default();
+    let a = host.add(Kind::OrphanPv, 10 * GIB, false);
+    let plan = plan_device_class(&class("vg1", from_ref(&a)), &host.obs);
+    assert_eq!(
+        plan.actions,
+        vec![Action::CreateVolumeGroup {
+            name: "vg1".into(),
+            pvs: vec![a],
+            tags: vec![VG_OWNER_TAG.into()]
+        }]
+    );
+}
+
+#[test]
+fn interrupted_run_resumes_from_what_was_done() {
+    let mut host = Host::default();
+    let a = host.add(Kind::Ext4, 10 * GIB, false);
+    let mut class = thin_class("vg1", from_ref(&a));
+    class
+        .device_selector
+        .force_wipe_devices_and_destroy_all_data = true;
+    let plan = plan_device_class(&class, &host.obs);
+    // Only the wipe and the pvcreate ran before a crash.
+    apply(&mut host.obs, &plan.actions[..2]);
+    let plan = plan_device_class(&class, &host.obs);
+    assert_eq!(
+        plan.actions,
+        vec![Action::CreateVolumeGroup {
+            name: "vg1".into(),
+            pvs: vec![a],
+            tags: vec![VG_OWNER_TAG.into()]
+        }]
+    );
+    let plans = converge(&class, &mut host.obs);
+    assert_eq!(plans.last().unwrap().state, ClassState::Ready);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Refusals
+
+#[test]
+fn vg_with_our_name_but_without_our_tag_is_failed_and_untouched() {
+    let mut host = Host::default();
+    let a = host.add(Kind::ForeignPv, 10 * GIB, false);
+    let b = host.clean(10 * GIB);
+    let mut class = thin_class(FOREIGN_VG, &[a, b]);
+    class
+        .device_selector
+        .force_wipe_devices_and_destroy_all_data = true;
+    let plan = plan_device_class(&class, &host.obs);
+    let reason = failed_reason(&plan);
+    assert!(
+        reason.contains("volume group data exists and is not ours"),
+        "{reason}"
+    );
+    assert!(reason.contains("vgchange --addtag lvms data"), "{reason}");
+    assert!(plan.actions.is_empty());
+}
+
+#[test]
+fn existing_lv_with_the_pool_name_that_is_not_a_thin_pool_fails() {
+    let mut host = Host::default();
+    let class = thin_class("vg1", &[host.clean(10 * GIB)]);
+    step(&class, &mut host.obs);
+    host.obs
+        .lvs
+        .push(new_lv("vg1", "thin-pool-1", GIB, "-wi-a-----", "linear"));
+    let plan = plan_device_class(&class, &host.obs);
+    let reason = failed_reason(&plan);
+    assert!(
+        reason.contains("vg1/thin-pool-1 exists and is not a thin pool"),
+        "{reason}"
+    );
+    assert!(plan.actions.is_empty());
+}
+
+#[test]
+fn pool_name_conflict_stops_the_class_before_the_vg_grows() {
+    let mut host = Host::default();
+    let mut class = thin_class("vg1", &[host.clean(10 * GIB)]);
+    step(&class, &mut host.obs);
+    host.obs
+        .lvs
+        .push(new_lv("vg1", "thin-pool-1", GIB, "-wi-a-----", "linear"));
+    class.device_selector.paths.push(host.clean(10 * GIB));
+    let plan = plan_device_class(&class, &host.obs);
+    assert!(failed_reason(&plan).contains("is not a thin pool"));
+    assert!(plan.actions.is_empty());
+}
+
+#[test]
+fn thin_pool_named_like_ours_in_another_vg_does_not_count() {
+    let mut host = Host::default();
+    let class = thin_class("vg1", &[host.clean(10 * GIB)]);
+    step(&class, &mut host.obs);
+    host.obs.lvs.push(new_lv(
+        "other",
+        "thin-pool-1",
+        GIB,
+        "twi-a-tz--",
+        "thin-pool",
+    ));
+    let plan = plan_device_class(&class, &host.obs);
+    assert!(matches!(plan.actions[..], [Action::CreateThinPool { .. }]));
+}
+
+#[test]
+fn each_decoy_as_a_required_path_fails_the_class_with_no_actions() {
+    for kind in Kind::ALL {
+        for force in [false, true] {
+            if kind.usable(force) {
+                continue;
+            }
+            let mut host = Host::default();
+            let good = host.clean(10 * GIB);
+            let bad = host.add(kind, 10 * GIB, false);
+            let mut class = thin_class("vg1", &[good, bad.clone()]);
+            class
+                .device_selector
+                .force_wipe_devices_and_destroy_all_data = force;
+            let plan = plan_device_class(&class, &host.obs);
+            let reason = failed_reason(&plan);
+            assert!(plan.actions.is_empty(), "{kind:?}: {plan:?}");
+            assert!(reason.contains(&bad), "{kind:?}: {reason}");
+            assert!(reason.contains("deviceSelector.paths"), "{reason}");
+            assert!(
+                matches!(plan.devices[1].verdict, DeviceVerdict::Excluded { .. }),
+                "{kind:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn failure_names_every_bad_device_and_every_reason() {
+    let mut host = Host::default();
+    let mut d = disk("sdx", 10 * GIB);
+    d.read_only = true;
+    d.fstype = Some("ext4".into());
+    d.mountpoints = vec!["/data".into()];
+    host.obs
+        .resolved
+        .insert(d.path.clone(), Some(d.path.clone()));
+    host.obs.devices.push(d);
+    host.obs
+        .resolved
+        .insert("/dev/disk/by-id/gone".into(), None);
+    let class = class("vg1", &["/dev/sdx".into(), "/dev/disk/by-id/gone".into()]);
+    let plan = plan_device_class(&class, &host.obs);
+    let reason = failed_reason(&plan);
+    for needle in [
+        "/dev/sdx is read-only",
+        "ext4 signature",
+        "mounted (/dev/sdx on /data)",
+        "gone does not exist",
+    ] {
+        assert!(reason.contains(needle), "missing {needle:?} in {reason}");
+    }
+    assert_eq!(plan.devices[1].verdict, DeviceVerdict::Missing);
+    assert_eq!(plan.devices[1].canonical_path, None);
+}
+
+#[test]
+fn path_missing_from_the_resolution_map_is_missing() {
+    let host = Host::default();
+    let plan = plan_device_class(&class("vg1", &["/dev/nope".into()]), &host.obs);
+    assert_eq!(plan.devices[0].verdict, DeviceVerdict::Missing);
+    assert!(failed_reason(&plan).contains("/dev/nope does not exist"));
+}
+
+#[test]
+fn decoys_as_optional_paths_are_reported_and_never_touched() {
+    for force in [false, true] {
+        let mut host = Host::default();
+        let good = host.clean(10 * GIB);
+        let decoys: Vec<(Kind, String)> = Kind::ALL
+            .iter()
+            .filter(|k| **k != Kind::Clean && **k != Kind::OrphanPv)
+            .map(|k| (*k, host.add(*k, 10 * GIB, false)))
+            .collect();
+        let mut class = thin_class("vg1", from_ref(&good));
+        class.device_selector.optional_paths = decoys.iter().map(|(_, p)| p.clone()).collect();
+        class
+            .device_selector
+            .force_wipe_devices_and_destroy_all_data = force;
+        let initial = plan_device_class(&class, &host.obs);
+        let plans = converge(&class, &mut host.obs);
+        assert_eq!(plans.last().unwrap().state, ClassState::Ready);
+        let touched: BTreeSet<String> = plans
+            .iter()
+            .flat_map(|p| p.actions.iter().flat_map(action_paths))
+            .map(str::to_owned)
+            .collect();
+        for (kind, path) in &decoys {
+            let report = initial.devices.iter().find(|d| d.path == *path).unwrap();
+            let canonical = report.canonical_path.clone().unwrap();
+            assert_eq!(
+                touched.contains(&canonical),
+                kind.usable(force),
+                "{kind:?} force={force}"
+            );
+            if !kind.usable(force) {
+                assert!(
+                    matches!(report.verdict, DeviceVerdict::Excluded { .. }),
+                    "{kind:?}"
+                );
+            }
+        }
+        assert!(touched.contains(&good));
+        plans.iter().for_each(assert_wipes_only_waived);
+    }
+}
+
+#[test]
+fn force_wipe_wipes_exactly_the_waivable_devices_then_pvcreates_them() {
+    let mut host = Host::default();
+    let ext4 = host.add(Kind::Ext4, 10 * GIB, false);
+    let parted = host.add(Kind::Partitioned, 10 * GIB, false);
+    let foreign = host.add(Kind::ForeignPv, 10 * GIB, false);
+    let clean = host.clean(10 * GIB);
+    let mut class = class(
+        "vg1",
+        &[ext4.clone(), parted.clone(), foreign.clone(), clean.clone()],
+    );
+    class
+        .device_selector
+        .force_wipe_devices_and_destroy_all_data = true;
+    let plan = plan_device_class(&class, &host.obs);
+    let pvcreate = |p: &String| Action::CreatePhysicalVolume {
+        path: p.clone(),
+        metadata_size: PV_METADATA_SIZE,
+    };
+    assert_eq!(
+        plan.actions,
+        vec![
+            Action::WipeDevice { path: ext4.clone() },
+            Action::WipeDevice {
+                path: parted.clone()
+            },
+            Action::WipeDevice {
+                path: foreign.clone()
+            },
+            pvcreate(&ext4),
+            pvcreate(&parted),
+            pvcreate(&foreign),
+            pvcreate(&clean),
+            Action::CreateVolumeGroup {
+                name: "vg1".into(),
+                pvs: vec![ext4, parted, foreign, clean],
+                tags: vec![VG_OWNER_TAG.into()]
+            },
+        ]
+    );
+    assert_wipes_only_waived(&plan);
+    let plans = converge(&class, &mut host.obs);
+    assert_eq!(plans.last().unwrap().state, ClassState::Ready);
+}
+
+#[test]
+fn force_wipe_never_wipes_members_of_our_vg() {
+    let mut host = Host::default();
+    let a = host.clean(10 * GIB);
+    let mut class = thin_class("vg1", &[a]);
+    class
+        .device_selector
+        .force_wipe_devices_and_destroy_all_data = true;
+    let plans = converge(&class, &mut host.obs);
+    assert!(
+        plans
+            .iter()
+            .flat_map(|p| &p.actions)
+            .all(|a| !matches!(a, Action::WipeDevice { .. }))
+    );
+    // Our pool's LVs now sit on the disk, mounted by pods: still a member, never wiped.
+    let d = device_mut(&mut host.obs.devices, "/dev/vd1").unwrap();
+    d.children.push(BlockDevice {
+        kname: "dm-9".into(),
+        path: "/dev/mapper/vg1-pvc".into(),
+        kind: DeviceKind::Lvm,
+        mountpoints: vec!["/var/lib/kubelet/pods/p/volumes/x".into()],
+        ..disk("vg1-pvc", GIB)
+    });
+    let plan = plan_device_class(&class, &host.obs);
+    assert!(plan.actions.is_empty());
+    assert_eq!(plan.devices[0].verdict, DeviceVerdict::Member);
+    assert_eq!(plan.state, ClassState::Ready);
+}
+
+#[test]
+fn optional_only_class_needs_one_usable_device() {
+    let mut host = Host::default();
+    let bad = host.add(Kind::Mounted, 10 * GIB, false);
+    let gone = "/dev/disk/by-id/absent".to_owned();
+    let mut class = class("vg1", &[]);
+    class.device_selector.optional_paths = vec![bad.clone(), gone.clone()];
+    let plan = plan_device_class(&class, &host.obs);
+    let reason = failed_reason(&plan);
+    assert!(reason.contains("optionalPaths"), "{reason}");
+    assert!(reason.contains(&bad) && reason.contains(&gone), "{reason}");
+
+    let good = host.clean(10 * GIB);
+    class.device_selector.optional_paths.push(good.clone());
+    let plans = converge(&class, &mut host.obs);
+    let last = plans.last().unwrap();
+    assert_eq!(last.state, ClassState::Ready);
+    assert!(last.devices.iter().all(|d| d.optional));
+    assert!(matches!(
+        last.devices[0].verdict,
+        DeviceVerdict::Excluded { .. }
+    ));
+    assert_eq!(last.devices[1].verdict, DeviceVerdict::Missing);
+    assert_eq!(last.devices[2].verdict, DeviceVerdict::Member);
+}
+
+#[test]
+fn same_device_through_two_paths_is_used_once() {
+    let mut host = Host::default();
+    let link = host.add(Kind::Clean, 10 * GIB, true);
+    let class_ = class("vg1", &[link.clone(), "/dev/vd1".into()]);
+    let mut class_b = class_.clone();
+    class_b.device_selector.optional_paths = vec![link];
+    let plan = plan_device_class(&class_b, &host.obs);
+    assert_eq!(
+        plan.devices.len(),
+        2,
+        "a path listed twice is reported once"
+    );
+    assert_eq!(
+        plan.actions,
+        vec![
+            Action::CreatePhysicalVolume {
+                path: "/dev/vd1".into(),
+                metadata_size: PV_METADATA_SIZE
+            },
+            Action::CreateVolumeGroup {
+                name: "vg1".into(),
+                pvs: vec!["/dev/vd1".into()],
+                tags: vec![VG_OWNER_TAG.into()]
+            },
+        ]
+    );
+    assert!(!plan.devices[0].optional);
+}
+
+#[test]
+fn disk_and_its_own_partition_both_configured_fail() {
+    let mut host = Host::default();
+    let parted = host.add(Kind::Partitioned, 10 * GIB, false);
+    host.obs
+        .resolved
+        .insert("/dev/vd1p2".into(), Some("/dev/vd1p2".into()));
+    let mut class = class("vg1", &[parted, "/dev/vd1p2".into()]);
+    class
+        .device_selector
+        .force_wipe_devices_and_destroy_all_data = true;
+    let plan = plan_device_class(&class, &host.obs);
+    assert!(failed_reason(&plan).contains("/dev/vd1p2 is part of /dev/vd1"));
+    assert!(plan.actions.is_empty());
+}
+
+#[test]
+fn partition_of_a_disk_is_usable_on_its_own() {
+    let mut host = Host::default();
+    host.add(Kind::Partitioned, 20 * GIB, false);
+    host.obs
+        .resolved
+        .insert("/dev/vd1p2".into(), Some("/dev/vd1p2".into()));
+    let class = class("vg1", &["/dev/vd1p2".into()]);
+    let plans = converge(&class, &mut host.obs);
+    assert_eq!(plans.last().unwrap().state, ClassState::Ready);
+    assert_eq!(plans[0].actions.len(), 2);
+}
+
+#[test]
+fn partial_vg_fails() {
+    let mut host = Host::default();
+    let class = class("vg1", &[host.clean(10 * GIB)]);
+    converge(&class, &mut host.obs);
+    host.obs.vgs[0].attr = "wz-pn-".into();
+    let plan = plan_device_class(&class, &host.obs);
+    assert!(failed_reason(&plan).contains("vgreduce --removemissing vg1"));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Configuration errors
+
+#[test]
+fn invalid_names_and_settings_fail_without_actions() {
+    let mut host = Host::default();
+    let a = host.clean(10 * GIB);
+    let mut cases: Vec<(DeviceClassConfig, &str)> = Vec::new();
+    cases.push((class("-bad", from_ref(&a)), "device class name"));
+    cases.push((class("vg1", &[]), "selects no devices"));
+    let mut c = thin_class("vg1", from_ref(&a));
+    c.thin_pool_config.as_mut().unwrap().name = "pool_tmeta".into();
+    cases.push((c, "thinPoolConfig.name"));
+    let mut c = thin_class("vg1", from_ref(&a));
+    c.thin_pool_config.as_mut().unwrap().size_percent = 5;
+    cases.push((c, "thinPoolConfig.sizePercent"));
+    let mut c = thin_class("vg1", from_ref(&a));
+    c.thin_pool_config.as_mut().unwrap().size_percent = 101;
+    cases.push((c, "thinPoolConfig.sizePercent"));
+    let mut c = thin_class("vg1", from_ref(&a));
+    c.thin_pool_config.as_mut().unwrap().chunk_size = Some(ByteSize(100 * KIB));
+    cases.push((c, "thinPoolConfig.chunkSize"));
+    let mut c = thin_class("vg1", from_ref(&a));
+    c.thin_pool_config.as_mut().unwrap().chunk_size = Some(ByteSize(2 * GIB));
+    cases.push((c, "thinPoolConfig.chunkSize"));
+    let mut c = thin_class("vg1", from_ref(&a));
+    let tp = c.thin_pool_config.as_mut().unwrap();
+    tp.chunk_size_calculation_policy = CalculationPolicy::Host;
+    tp.chunk_size = Some(ByteSize(128 * KIB));
+    cases.push((c, "chunkSizeCalculationPolicy is Host"));
+    let mut c = thin_class("vg1", from_ref(&a));
+    let tp = c.thin_pool_config.as_mut().unwrap();
+    tp.metadata_size_calculation_policy = CalculationPolicy::Host;
+    tp.metadata_size = Some(ByteSize(GIB));
+    cases.push((c, "metadataSizeCalculationPolicy is Host"));
+    let mut c = thin_class("vg1", from_ref(&a));
+    c.thin_pool_config.as_mut().unwrap().metadata_size = Some(ByteSize(0));
+    cases.push((c, "thinPoolConfig.metadataSize is 0"));
+    let mut c = raid_class("vg1", from_ref(&a), RaidType::Raid1);
+    c.thin_pool_config = Some(thin_config());
+    cases.push((c, "both raidConfig and thinPoolConfig"));
+
+    for (class, needle) in cases {
+        let plan = plan_device_class(&class, &host.obs);
+        let reason = failed_reason(&plan);
+        assert!(reason.contains(needle), "{needle:?} not in {reason:?}");
+        assert!(plan.actions.is_empty());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// RAID
+
+#[test]
+fn raid_minimum_device_counts() {
+    let r = |raid_type, mirrors, stripes| RaidConfig {
+        raid_type,
+        mirrors,
+        stripes,
+        stripe_size: None,
+    };
+    assert_eq!(raid_min_devices(&r(RaidType::Raid1, None, None)), 2);
+    assert_eq!(raid_min_devices(&r(RaidType::Raid1, Some(2), None)), 3);
+    assert_eq!(raid_min_devices(&r(RaidType::Raid4, None, None)), 3);
+    assert_eq!(raid_min_devices(&r(RaidType::Raid5, None, Some(4))), 5);
+    assert_eq!(raid_min_devices(&r(RaidType::Raid6, None, None)), 5);
+    assert_eq!(raid_min_devices(&r(RaidType::Raid6, None, Some(4))), 6);
+    assert_eq!(raid_min_devices(&r(RaidType::Raid10, None, None)), 4);
+    assert_eq!(raid_min_devices(&r(RaidType::Raid10, Some(2), None)), 6);
+    assert_eq!(raid_min_devices(&r(RaidType::Raid10, None, Some(3))), 6);
+    assert_eq!(
+        raid_min_devices(&r(RaidType::Raid1, Some(u32::MAX), None)),
+        u64::from(u32::MAX) + 1
+    );
+}
+
+#[test]
+fn raid_class_with_too_few_usable_devices_fails() {
+    let mut host = Host::default();
+    let a = host.clean(10 * GIB);
+    let b = host.add(Kind::Mounted, 10 * GIB, false);
+    let mut class = raid_class("vg1", &[a], RaidType::Raid1);
+    class.device_selector.optional_paths = vec![b];
+    let plan = plan_device_class(&class, &host.obs);
+    let reason = failed_reason(&plan);
+    assert!(
+        reason.contains("raid1 with 2 devices at least, but only 1 usable"),
+        "{reason}"
+    );
+    assert!(plan.actions.is_empty());
+}
+
+#[test]
+fn raid_class_gets_only_the_volume_group() {
+    let mut host = Host::default();
+    let paths: Vec<String> = (0..5).map(|_| host.clean(10 * GIB)).collect();
+    for raid_type in [
+        RaidType::Raid1,
+        RaidType::Raid5,
+        RaidType::Raid6,
+        RaidType::Raid10,
+    ] {
+        let mut obs = host.obs.clone();
+        let class = raid_class("vg1", &paths, raid_type);
+        let plans = converge(&class, &mut obs);
+        assert_eq!(
+            plans.last().unwrap().state,
+            ClassState::Ready,
+            "{raid_type:?}"
+        );
+        assert!(obs.lvs.is_empty());
+        assert!(
+            plans
+                .iter()
+                .flat_map(|p| &p.actions)
+                .all(|a| !matches!(a, Action::CreateThinPool { .. }))
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Serialisation
+
+#[test]
+fn actions_and_reports_serialise_in_camel_case() {
+    let a = Action::CreateThinPool {
+        vg: "vg1".into(),
+        name: "p".into(),
+        data_size: GIB,
+        chunk_size: None,
+        metadata_size: Some(GIB),
+        zero: true,
+    };
+    let v = serde_json::to_value(&a).unwrap();
+    assert_eq!(v["action"], "createThinPool");
+    assert_eq!(v["dataSize"], GIB);
+    assert_eq!(v["metadataSize"], GIB);
+    assert!(v["chunkSize"].is_null());
+    let v = serde_json::to_value(Action::CreatePhysicalVolume {
+        path: "/dev/x".into(),
+        metadata_size: PV_METADATA_SIZE,
+    })
+    .unwrap();
+    assert_eq!(v["action"], "createPhysicalVolume");
+    assert_eq!(v["metadataSize"], PV_METADATA_SIZE);
+
+    let mut host = Host::default();
+    let bad = host.add(Kind::Ext4, 10 * GIB, false);
+    let plan = plan_device_class(&class("vg1", &[bad]), &host.obs);
+    let v = serde_json::to_value(&plan).unwrap();
+    assert_eq!(v["state"]["state"], "failed");
+    assert_eq!(v["devices"][0]["verdict"]["verdict"], "excluded");
+    assert_eq!(
+        v["devices"][0]["verdict"]["reasons"][0]["code"],
+        "filesystemSignature"
+    );
+    assert_eq!(v["devices"][0]["canonicalPath"], "/dev/vd1");
+    let back: ClassPlan = serde_json::from_value(v).unwrap();
+    assert_eq!(back, plan);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Property: any host converges in at most three rounds, never touches a decoy, and then stays put.
+
+#[derive(Debug, Clone)]
+struct DeviceSpec {
+    kind: Kind,
+    size_gib: u64,
+    optional: bool,
+    by_id: bool,
+}
+
+fn device_spec() -> impl Strategy<Value = DeviceSpec> {
+    (
+        // Clean disks weighted up so that about half the hosts can be built.
+        prop_oneof![2 => Just(Kind::Clean), 3 => prop::sample::select(Kind::ALL.to_vec())],
+        4u64..64,
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(kind, size_gib, optional, by_id)| DeviceSpec {
+            kind,
+            size_gib,
+            optional,
+            by_id,
+        })
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Layout {
+    Thick,
+    Thin {
+        size_percent: u8,
+        host_chunk: bool,
+        host_metadata: bool,
+    },
+    Raid1,
+}
+
+fn layout() -> impl Strategy<Value = Layout> {
+    prop_oneof![
+        Just(Layout::Thick),
+        (10u8..=100, any::<bool>(), any::<bool>()).prop_map(
+            |(size_percent, host_chunk, host_metadata)| {
+                Layout::Thin {
+                    size_percent,
+                    host_chunk,
+                    host_metadata,
+                }
+            }
+        ),
+        Just(Layout::Raid1),
+    ]
+}
+
+fn build_class(
+    layout: Layout,
+    paths: Vec<String>,
+    optional: Vec<String>,
+    force: bool,
+) -> DeviceClassConfig {
+    let mut c = class("vg1", &paths);
+    c.device_selector.optional_paths = optional;
+    c.device_selector.force_wipe_devices_and_destroy_all_data = force;
+    match layout {
+        Layout::Thick => {}
+        Layout::Thin {
+            size_percent,
+            host_chunk,
+            host_metadata,
+        } => {
+            let mut tp = thin_config();
+            tp.size_percent = size_percent;
+            if host_chunk {
+                tp.chunk_size_calculation_policy = CalculationPolicy::Host;
+            }
+            if host_metadata {
+                tp.metadata_size_calculation_policy = CalculationPolicy::Host;
+            }
+            c.thin_pool_config = Some(tp);
+        }
+        Layout::Raid1 => {
+            c.raid_config = Some(RaidConfig {
+                raid_type: RaidType::Raid1,
+                mirrors: None,
+                stripes: None,
+                stripe_size: None,
+            });
+        }
+    }
+    c
+}
+
+/// Checks one converge run: decoys untouched, wipes waived, a failed plan has no actions, the fixpoint
+/// is stable, and the final state is as expected.
+fn check_run(
+    class: &DeviceClassConfig,
+    obs: &mut Observed,
+    usable_canonical: &BTreeSet<String>,
+    expect_ready: bool,
+) -> Result<Vec<ClassPlan>, TestCaseError> {
+    let plans = converge(class, obs);
+    prop_assert!(plans.len() <= 4);
+    for plan in &plans {
+        if matches!(plan.state, ClassState::Failed { .. }) {
+            prop_assert!(plan.actions.is_empty());
+        }
+        for action in &plan.actions {
+            for path in action_paths(action) {
+                prop_assert!(
+                    usable_canonical.contains(path),
+                    "{path} touched by {action:?}"
+                );
+            }
+        }
+        assert_wipes_only_waived(plan);
+    }
+    let last = plans.last().unwrap().clone();
+    for _ in 0..2 {
+        let again = plan_device_class(class, obs);
+        prop_assert!(again.actions.is_empty());
+        prop_assert_eq!(&again, &last);
+    }
+    if expect_ready {
+        prop_assert_eq!(&last.state, &ClassState::Ready, "{:#?}", plans);
+        for d in last.devices.iter().filter(|d| !d.optional) {
+            prop_assert_eq!(&d.verdict, &DeviceVerdict::Member);
+        }
+        if let Some(tp) = &class.thin_pool_config {
+            let pool = lv_of(obs, "vg1", &tp.name).expect("pool exists when ready");
+            let vg = vg_of(obs, "vg1");
+            prop_assert!(pool.size >= EXTENT);
+            prop_assert!(pool.size <= vg.size * u64::from(tp.size_percent) / 100);
+        }
+    } else {
+        prop_assert!(
+            matches!(last.state, ClassState::Failed { .. }),
+            "{:#?}",
+            last
+        );
+        prop_assert_eq!(plans.len(), 1, "a failing class never acts");
+    }
+    Ok(plans)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn any_host_converges_within_three_rounds_and_never_touches_decoys(
+        specs in prop::collection::vec(device_spec(), 1..7),
+        layout in layout(),
+        force in any::<bool>(),
+        extra_gib in 4u64..64,
+    ) {
+        let mut host = Host::default();
+        let mut paths = Vec::new();
+        let mut optional = Vec::new();
+        let mut usable = BTreeSet::new();
+        let mut mandatory_ok = true;
+        let mut selected = 0u64;
+        for spec in &specs {
+            let path = host.add(spec.kind, spec.size_gib * GIB, spec.by_id);
+            let canonical = host.obs.resolved[&path].clone().unwrap();
+            let ok = spec.kind.usable(force);
+            if ok {
+                usable.insert(canonical);
+                selected += 1;
+            }
+            if spec.optional {
+                optional.push(path);
+            } else {
+                mandatory_ok &= ok;
+                paths.push(path);
+            }
+        }
+        let raid_ok = !matches!(layout, Layout::Raid1) || selected >= 2;
+        let expect_ready = mandatory_ok && selected > 0 && raid_ok;
+        let class = build_class(layout, paths.clone(), optional.clone(), force);
+        let mut obs = host.obs.clone();
+        check_run(&class, &mut obs, &usable, expect_ready)?;
+
+        if expect_ready {
+            // A disk added later: extend the VG, then the pool, and settle again.
+            let pool_before = class
+                .thin_pool_config
+                .as_ref()
+                .and_then(|tp| lv_of(&obs, "vg1", &tp.name))
+                .map(|l| l.size);
+            host.obs = obs;
+            let new = host.clean(extra_gib * GIB);
+            usable.insert(new.clone());
+            let mut paths = paths;
+            paths.push(new);
+            let class = build_class(layout, paths, optional, force);
+            let mut obs = host.obs.clone();
+            let plans = check_run(&class, &mut obs, &usable, true)?;
+            let extends = matches!(plans[0].actions.last(), Some(Action::ExtendVolumeGroup { .. }));
+            prop_assert!(extends, "{:?}", plans[0]);
+            if let (Some(before), Some(tp)) = (pool_before, &class.thin_pool_config) {
+                prop_assert!(lv_of(&obs, "vg1", &tp.name).unwrap().size >= before);
+            }
+        }
+    }
+}

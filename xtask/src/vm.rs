@@ -1,0 +1,381 @@
+//! The test VM: Debian's kernel under qemu with the host's root filesystem shared over virtio-9p, so test
+//! binaries built on the host run inside unchanged against a kernel that has device-mapper.
+//!
+//! The initramfs holds only busybox and the virtio/9p modules. Its `/init` mounts the host root, moves
+//! `/dev`, `/proc` and `/sys` into it, mounts a tmpfs on `/run`, switches root and runs the guest script named on
+//! the kernel command line (`lvms.script=`). The guest script writes its exit status to a file beside it;
+//! the host reads that after qemu exits. See docs/decisions/0002-real-lvm-in-a-qemu-vm.md.
+
+use std::{
+    fmt::Write as _,
+    fs,
+    io::Write as _,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+/// Modules the initramfs loads (with their dependencies, in `modprobe --show-depends` order) before it can
+/// mount the host root.
+const INITRAMFS_MODULES: &[&str] = &["virtio_pci", "virtio_blk", "9pnet_virtio", "9p"];
+
+/// Modules the guest loads from the host's `/lib/modules` once it runs in the shared root.
+const GUEST_MODULES: &[&str] = &[
+    "virtio_blk",
+    "dm_mod",
+    "dm_thin_pool",
+    "dm_snapshot",
+    "dm_mirror",
+    "dm_raid",
+    "raid1",
+    "raid10",
+    "raid456",
+    "xfs",
+    "ext4",
+    "loop",
+];
+
+/// A disk attached to a VM as a virtio block device with a serial, so `/dev/disk/by-id/virtio-<serial>`
+/// exists inside.
+#[derive(Debug, Clone)]
+pub struct Disk {
+    /// virtio serial (at most 20 bytes).
+    pub serial: String,
+    /// Backing image (a sparse raw file).
+    pub image: PathBuf,
+    /// Attach without image locking and with `share-rw`, so a second VM can attach the same image
+    /// (shared-VG mode).
+    pub shared: bool,
+    /// Attach read-only (lsblk shows RO=1 inside).
+    pub readonly: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct VmSpec {
+    /// Names the VM's work directory and prefixes its console lines.
+    pub name: String,
+    pub disks: Vec<Disk>,
+    pub memory_mib: u32,
+    pub cpus: u32,
+    /// User-mode networking: the guest gets 10.0.2.15 and reaches the host's loopback at 10.0.2.2.
+    pub net: bool,
+    /// Shell commands run in the guest (after the standard prelude), from `cwd`.
+    pub command: String,
+    pub cwd: PathBuf,
+    pub env: Vec<(String, String)>,
+    pub timeout: Duration,
+}
+
+/// Where VM artefacts live: `<target>/vm`.
+pub fn vm_dir(repo: &Path) -> PathBuf {
+    repo.join("target").join("vm")
+}
+
+/// The newest kernel that has both an image in /boot and modules in /lib/modules.
+pub fn kernel_version() -> Result<String> {
+    let mut versions: Vec<String> = fs::read_dir("/lib/modules")
+        .context("reading /lib/modules: install linux-image-amd64")?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|v| Path::new(&format!("/boot/vmlinuz-{v}")).exists())
+        .collect();
+    versions.sort_by(|a, b| version_key(a).cmp(&version_key(b)));
+    versions
+        .pop()
+        .context("no kernel with both /boot/vmlinuz-<v> and /lib/modules/<v>: install linux-image-amd64")
+}
+
+fn version_key(v: &str) -> Vec<u64> {
+    v.split(|c: char| !c.is_ascii_digit())
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// Module files to load, deduplicated, dependencies first.
+fn module_files(version: &str, modules: &[&str]) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = Vec::new();
+    for m in modules {
+        let out = Command::new("modprobe")
+            .args(["-S", version, "--show-depends", m])
+            .output()
+            .context("running modprobe --show-depends (package kmod)")?;
+        if !out.status.success() {
+            bail!(
+                "modprobe --show-depends {m} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            // "insmod /lib/modules/<v>/kernel/…/x.ko " or "builtin x"
+            if let Some(path) = line.strip_prefix("insmod ") {
+                let path = PathBuf::from(path.split_whitespace().next().unwrap_or_default());
+                if !files.contains(&path) {
+                    files.push(path);
+                }
+            }
+        }
+    }
+    Ok(files)
+}
+
+const INIT: &str = r#"#!/bin/busybox sh
+B=/bin/busybox
+$B mkdir -p /proc /sys /dev /newroot
+$B mount -t proc proc /proc
+$B mount -t sysfs sysfs /sys
+$B mount -t devtmpfs devtmpfs /dev
+for m in $($B cat /modules.order); do $B insmod "/modules/$m" 2>/dev/null; done
+script=""
+for arg in $($B cat /proc/cmdline); do
+  case "$arg" in lvms.script=*) script="${arg#lvms.script=}" ;; esac
+done
+if ! $B mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=loose hostroot /newroot; then
+  echo "lvms-vm: cannot mount the host root over 9p"
+  echo o > /proc/sysrq-trigger
+fi
+$B mount --move /dev /newroot/dev
+$B mount --move /proc /newroot/proc
+$B mount --move /sys /newroot/sys
+$B mount -t tmpfs -o mode=0755 tmpfs /newroot/run
+# switch_root, not chroot: udevadm refuses to act when PID 1's root differs from its own. The guest
+# script powers the VM off itself.
+exec $B switch_root /newroot /bin/sh "$script"
+"#;
+
+/// Builds `<vm_dir>/initramfs-<version>.cpio` (uncompressed newc; a few MiB).
+pub fn build_initramfs(repo: &Path, version: &str) -> Result<PathBuf> {
+    let dir = vm_dir(repo);
+    let out = dir.join(format!("initramfs-{version}.cpio"));
+    let stage = dir.join(format!("initramfs-{version}.d"));
+    if stage.exists() {
+        fs::remove_dir_all(&stage)?;
+    }
+    fs::create_dir_all(stage.join("bin"))?;
+    fs::create_dir_all(stage.join("modules"))?;
+    fs::copy("/bin/busybox", stage.join("bin/busybox"))
+        .context("copying /bin/busybox: install busybox-static")?;
+    let mut order = String::new();
+    for (i, file) in module_files(version, INITRAMFS_MODULES)?.iter().enumerate() {
+        let name = format!(
+            "{i:02}-{}",
+            file.file_name().unwrap_or_default().to_string_lossy()
+        );
+        fs::copy(file, stage.join("modules").join(&name))
+            .with_context(|| format!("copying {}", file.display()))?;
+        writeln!(order, "{name}")?;
+    }
+    fs::write(stage.join("modules.order"), order)?;
+    fs::write(stage.join("init"), INIT)?;
+    fs::set_permissions(stage.join("init"), fs::Permissions::from_mode(0o755))?;
+
+    let list = Command::new("find")
+        .arg(".")
+        .current_dir(&stage)
+        .output()
+        .context("find")?;
+    let mut cpio = Command::new("cpio")
+        .args(["-o", "-H", "newc", "--quiet"])
+        .current_dir(&stage)
+        .stdin(Stdio::piped())
+        .stdout(fs::File::create(&out)?)
+        .spawn()
+        .context("running cpio: install cpio")?;
+    cpio.stdin
+        .take()
+        .context("cpio stdin")?
+        .write_all(&list.stdout)?;
+    if !cpio.wait()?.success() {
+        bail!("cpio failed building {}", out.display());
+    }
+    Ok(out)
+}
+
+/// The guest script: a prelude that makes the guest look like a node (modules, udev, an LVM config on
+/// tmpfs so nothing of the host's /etc/lvm is touched), then the command; its status goes to `exit-code`.
+fn guest_script(spec: &VmSpec, work: &Path) -> String {
+    let mut s = String::from("export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n");
+    s.push_str("export HOME=/root LC_ALL=C TMPDIR=/tmp LVM_SYSTEM_DIR=/run/lvm-etc LVMS_IN_VM=1\n");
+    for (k, v) in &spec.env {
+        let _ = writeln!(s, "export {k}={}", shell_quote(v));
+    }
+    s.push_str(
+        r#"mount -t tmpfs -o mode=1777 tmpfs /tmp
+mkdir -p /run/lock /run/lvm /run/lvm-etc/backup /run/lvm-etc/archive /run/udev
+cat > /run/lvm-etc/lvm.conf <<'LVMCONF'
+devices {
+    obtain_device_list_from_udev = 0
+}
+backup {
+    backup_dir = "/run/lvm-etc/backup"
+    archive_dir = "/run/lvm-etc/archive"
+}
+LVMCONF
+"#,
+    );
+    let _ = writeln!(s, "modprobe -a {} 2>/dev/null", GUEST_MODULES.join(" "));
+    s.push_str(
+        r#"/lib/systemd/systemd-udevd --daemon
+udevadm trigger --action=add
+udevadm settle --timeout=30 >/dev/null 2>&1
+"#,
+    );
+    if spec.net {
+        s.push_str(
+            "modprobe virtio_net 2>/dev/null\nbusybox ip link set lo up\nbusybox ip link set eth0 up\n\
+             busybox ip addr add 10.0.2.15/24 dev eth0\nbusybox ip route add default via 10.0.2.2\n",
+        );
+    }
+    let _ = writeln!(s, "cd {} || exit 97", shell_quote(&spec.cwd.to_string_lossy()));
+    let _ = writeln!(s, "( {} )", spec.command);
+    let _ = writeln!(s, "echo $? > {}", shell_quote(&work.join("exit-code").to_string_lossy()));
+    s.push_str("sync\necho o > /proc/sysrq-trigger\nwhile :; do sleep 1 2>/dev/null; done\n");
+    s
+}
+
+pub fn shell_quote(v: &str) -> String {
+    format!("'{}'", v.replace('\'', r"'\''"))
+}
+
+/// A VM that has been started.
+pub struct RunningVm {
+    spec: VmSpec,
+    work: PathBuf,
+    child: Child,
+    started: Instant,
+}
+
+#[derive(Debug)]
+pub struct VmOutcome {
+    /// The guest command's exit status; `None` when the guest died or timed out before writing it.
+    pub exit_code: Option<i32>,
+    pub elapsed: Duration,
+}
+
+/// Creates (or recreates, sparse) a disk image.
+pub fn make_disk(path: &Path, size: u64) -> Result<()> {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    let f = fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    f.set_len(size)?;
+    Ok(())
+}
+
+/// TCG unless `LVMS_VM_KVM=1`: /dev/kvm exists on these machines but a guest under it never got past the
+/// firmware (measured: 10 minutes of host CPU, no kernel output), so KVM is opt-in.
+fn accel() -> &'static str {
+    if std::env::var_os("LVMS_VM_KVM").is_some_and(|v| v == "1") {
+        "kvm"
+    } else {
+        "tcg"
+    }
+}
+
+/// The kernel and initramfs the VMs boot; built once per run.
+pub struct Kernel {
+    pub version: String,
+    pub initramfs: PathBuf,
+}
+
+pub fn prepare(repo: &Path) -> Result<Kernel> {
+    let version = kernel_version()?;
+    let initramfs = build_initramfs(repo, &version)?;
+    Ok(Kernel { version, initramfs })
+}
+
+pub fn start(repo: &Path, kernel: &Kernel, spec: VmSpec) -> Result<RunningVm> {
+    let Kernel { version, initramfs } = kernel;
+    let work = vm_dir(repo).join(format!("{}-{}", spec.name, std::process::id()));
+    if work.exists() {
+        fs::remove_dir_all(&work)?;
+    }
+    fs::create_dir_all(&work)?;
+    let script = work.join("guest.sh");
+    fs::write(&script, guest_script(&spec, &work))?;
+
+    let mut cmd = Command::new("qemu-system-x86_64");
+    cmd.args(["-machine", &format!("q35,accel={}", accel())])
+        .args(["-cpu", "max", "-m", &spec.memory_mib.to_string()])
+        .args(["-smp", &spec.cpus.to_string()])
+        .args(["-nographic", "-no-reboot", "-monitor", "none", "-serial", "stdio"])
+        .args(["-nodefaults"])
+        .args(["-kernel", &format!("/boot/vmlinuz-{version}")])
+        .arg("-initrd")
+        .arg(initramfs)
+        .args([
+            "-append",
+            &format!(
+                "console=ttyS0 quiet loglevel=3 panic=-1 lvms.script={}",
+                script.display()
+            ),
+        ])
+        .args([
+            "-virtfs",
+            "local,path=/,mount_tag=hostroot,security_model=passthrough,id=hr,multidevs=remap",
+        ]);
+    for (i, d) in spec.disks.iter().enumerate() {
+        let locking = if d.shared { ",file.locking=off" } else { "" };
+        let share = if d.shared { ",share-rw=on" } else { "" };
+        let ro = if d.readonly { ",readonly=on" } else { "" };
+        cmd.arg("-drive").arg(format!(
+            "file={},if=none,id=d{i},format=raw,cache=writeback{locking}{ro}",
+            d.image.display()
+        ));
+        cmd.arg("-device")
+            .arg(format!("virtio-blk-pci,drive=d{i},serial={}{share}", d.serial));
+    }
+    if spec.net {
+        cmd.args(["-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0"]);
+    }
+    cmd.stdin(Stdio::null());
+    let child = cmd.spawn().context("starting qemu-system-x86_64: install qemu-system-x86")?;
+    Ok(RunningVm {
+        spec,
+        work,
+        child,
+        started: Instant::now(),
+    })
+}
+
+impl RunningVm {
+    /// Waits for the guest to power off (or kills it at the spec's timeout).
+    pub fn wait(mut self) -> Result<VmOutcome> {
+        loop {
+            if self.child.try_wait()?.is_some() {
+                break;
+            }
+            if self.started.elapsed() > self.spec.timeout {
+                eprintln!(
+                    "lvms-vm[{}]: timed out after {:?}; killing qemu",
+                    self.spec.name, self.spec.timeout
+                );
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break;
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        let exit_code = fs::read_to_string(self.work.join("exit-code"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        let _ = fs::remove_dir_all(&self.work);
+        Ok(VmOutcome {
+            exit_code,
+            elapsed: self.started.elapsed(),
+        })
+    }
+}
+
+/// Starts every VM, then waits for all of them (for tests that need two nodes on one shared disk).
+pub fn run_all(repo: &Path, specs: Vec<VmSpec>) -> Result<Vec<VmOutcome>> {
+    let kernel = prepare(repo)?;
+    let running: Vec<RunningVm> = specs
+        .into_iter()
+        .map(|s| start(repo, &kernel, s))
+        .collect::<Result<_>>()?;
+    running.into_iter().map(RunningVm::wait).collect()
+}
