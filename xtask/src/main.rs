@@ -38,6 +38,8 @@ enum Task {
         #[arg(trailing_var_arg = true, required = true)]
         command: Vec<String>,
     },
+    /// Every test: host unit tests (`cargo test --workspace`), then the real-LVM suite in the VM.
+    Test,
     /// Build the real-LVM integration tests (`tests/vm_*.rs`) and run them inside the VM.
     VmTest {
         /// Only tests whose name contains this.
@@ -93,8 +95,25 @@ fn run() -> Result<ExitCode> {
             let out = vm::run_all(&repo, vec![spec])?.remove(0);
             exit_from(out.exit_code)
         }
-        Task::VmTest { filter } => vm_test(&repo, filter.as_deref()),
-        Task::Demo => demo(&repo),
+        Task::Test => {
+            deps()?;
+            let status = Command::new(env!("CARGO"))
+                .args(["test", "--workspace"])
+                .current_dir(&repo)
+                .status()?;
+            if !status.success() {
+                bail!("host tests failed");
+            }
+            vm_test(&repo, None)
+        }
+        Task::VmTest { filter } => {
+            deps()?;
+            vm_test(&repo, filter.as_deref())
+        }
+        Task::Demo => {
+            deps()?;
+            demo(&repo)
+        }
     }
 }
 
@@ -247,34 +266,69 @@ fn vm_test(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
         timeout: Duration::from_secs(40 * 60),
     };
     let out = vm::run_all(repo, vec![spec])?.remove(0);
+    let (passed, failed, ignored) = sum_summaries(&out.test_summaries);
     println!(
-        "vm-test: guest finished in {:.0} s with status {:?}",
+        "vm-test: {} test binaries, guest finished in {:.0} s with status {:?}",
+        exes.len(),
         out.elapsed.as_secs_f64(),
         out.exit_code
     );
+    if out.test_summaries.len() != exes.len() {
+        println!(
+            "vm-test: {} of {} test binaries reported a result",
+            out.test_summaries.len(),
+            exes.len()
+        );
+    }
+    println!("vm-suite: {passed} passed, {failed} failed, {ignored} skipped");
+    if out.test_summaries.len() != exes.len() {
+        bail!("not every VM test binary finished");
+    }
     exit_from(out.exit_code)
+}
+
+/// Adds up libtest summary lines (`test result: ok. 3 passed; 0 failed; 1 ignored; …`).
+fn sum_summaries(lines: &[String]) -> (u64, u64, u64) {
+    let mut totals = (0, 0, 0);
+    for line in lines {
+        for part in line.split([';', '.']) {
+            let mut words = part.split_whitespace();
+            if let (Some(n), Some(what)) = (words.next(), words.next()) {
+                let Ok(n) = n.parse::<u64>() else { continue };
+                match what {
+                    "passed" => totals.0 += n,
+                    "failed" => totals.1 += n,
+                    "ignored" => totals.2 += n,
+                    _ => {}
+                }
+            }
+        }
+    }
+    totals
 }
 
 fn demo(repo: &Path) -> Result<ExitCode> {
     let status = Command::new(env!("CARGO"))
-        .args(["build", "--release", "--package", "lvms"])
+        .args(["build", "--package", "lvms"])
         .current_dir(repo)
         .status()?;
     if !status.success() {
         bail!("building lvms failed");
     }
-    let lvms = repo.join("target/release/lvms");
+    let lvms = repo.join("target/debug/lvms");
     let config = repo.join("examples/node-engine.yaml");
     let mut disks = Vec::new();
     for serial in ["data0", "data1"] {
         disks.push(parse_disk(repo, &format!("{serial}=2048"))?);
     }
-    disks.push(parse_disk(repo, "bootlike=512")?);
+    disks.push(parse_disk(repo, "bootlike=1024")?);
     let lvms = vm::shell_quote(&lvms.to_string_lossy());
     let config = vm::shell_quote(&config.to_string_lossy());
     let command = format!(
         "mkfs.ext4 -q -L not-ours /dev/disk/by-id/virtio-bootlike || exit 1\n\
-         echo '== first run: the engine builds the device classes'\n\
+         echo '== devices on this node'\n\
+         {lvms} devices --config {config} || exit 1\n\
+         echo\necho '== first run: the engine builds the device classes'\n\
          {lvms} converge --config {config} || exit 1\n\
          echo\necho '== second run: nothing left to do'\n\
          {lvms} converge --config {config} || exit 1\n\

@@ -9,7 +9,7 @@
 use std::{
     fmt::Write as _,
     fs,
-    io::Write as _,
+    io::{BufRead as _, BufReader, Write as _},
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -245,6 +245,7 @@ pub struct RunningVm {
     spec: VmSpec,
     work: PathBuf,
     child: Child,
+    console: thread::JoinHandle<Vec<String>>,
     started: Instant,
 }
 
@@ -253,6 +254,8 @@ pub struct VmOutcome {
     /// The guest command's exit status; `None` when the guest died or timed out before writing it.
     pub exit_code: Option<i32>,
     pub elapsed: Duration,
+    /// libtest's `test result: …` lines printed in the guest.
+    pub test_summaries: Vec<String>,
 }
 
 /// Creates (or recreates, sparse) a disk image.
@@ -331,12 +334,30 @@ pub fn start(repo: &Path, kernel: &Kernel, spec: VmSpec) -> Result<RunningVm> {
     if spec.net {
         cmd.args(["-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0"]);
     }
-    cmd.stdin(Stdio::null());
-    let child = cmd.spawn().context("starting qemu-system-x86_64: install qemu-system-x86")?;
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped());
+    let mut child = cmd.spawn().context("starting qemu-system-x86_64: install qemu-system-x86")?;
+    let stdout = child.stdout.take().context("qemu stdout")?;
+    // Forward the console (without the firmware's terminal escapes) and keep libtest's summary lines.
+    let console = thread::spawn(move || {
+        let mut summaries = Vec::new();
+        let mut out = std::io::stdout();
+        for line in BufReader::new(stdout).split(b'\n').map_while(|l| l.ok()) {
+            let line = String::from_utf8_lossy(&line).replace('\r', "");
+            if line.contains('\u{1b}') {
+                continue;
+            }
+            let _ = writeln!(out, "{line}");
+            if line.starts_with("test result: ") {
+                summaries.push(line);
+            }
+        }
+        summaries
+    });
     Ok(RunningVm {
         spec,
         work,
         child,
+        console,
         started: Instant::now(),
     })
 }
@@ -363,9 +384,11 @@ impl RunningVm {
             .ok()
             .and_then(|s| s.trim().parse().ok());
         let _ = fs::remove_dir_all(&self.work);
+        let test_summaries = self.console.join().unwrap_or_default();
         Ok(VmOutcome {
             exit_code,
             elapsed: self.started.elapsed(),
+            test_summaries,
         })
     }
 }
