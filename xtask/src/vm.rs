@@ -83,10 +83,10 @@ pub fn kernel_version() -> Result<String> {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|v| Path::new(&format!("/boot/vmlinuz-{v}")).exists())
         .collect();
-    versions.sort_by(|a, b| version_key(a).cmp(&version_key(b)));
-    versions
-        .pop()
-        .context("no kernel with both /boot/vmlinuz-<v> and /lib/modules/<v>: install linux-image-amd64")
+    versions.sort_by_key(|v| version_key(v));
+    versions.pop().context(
+        "no kernel with both /boot/vmlinuz-<v> and /lib/modules/<v>: install linux-image-amd64",
+    )
 }
 
 fn version_key(v: &str) -> Vec<u64> {
@@ -197,7 +197,8 @@ pub fn build_initramfs(repo: &Path, version: &str) -> Result<PathBuf> {
 /// The guest script: a prelude that makes the guest look like a node (modules, udev, an LVM config on
 /// tmpfs so nothing of the host's /etc/lvm is touched), then the command; its status goes to `exit-code`.
 fn guest_script(spec: &VmSpec, work: &Path) -> String {
-    let mut s = String::from("export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n");
+    let mut s =
+        String::from("export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n");
     s.push_str("export HOME=/root LC_ALL=C TMPDIR=/tmp LVM_SYSTEM_DIR=/run/lvm-etc LVMS_IN_VM=1\n");
     for (k, v) in &spec.env {
         let _ = writeln!(s, "export {k}={}", shell_quote(v));
@@ -229,9 +230,17 @@ udevadm settle --timeout=30 >/dev/null 2>&1
              busybox ip addr add 10.0.2.15/24 dev eth0\nbusybox ip route add default via 10.0.2.2\n",
         );
     }
-    let _ = writeln!(s, "cd {} || exit 97", shell_quote(&spec.cwd.to_string_lossy()));
+    let _ = writeln!(
+        s,
+        "cd {} || exit 97",
+        shell_quote(&spec.cwd.to_string_lossy())
+    );
     let _ = writeln!(s, "( {} )", spec.command);
-    let _ = writeln!(s, "echo $? > {}", shell_quote(&work.join("exit-code").to_string_lossy()));
+    let _ = writeln!(
+        s,
+        "echo $? > {}",
+        shell_quote(&work.join("exit-code").to_string_lossy())
+    );
     s.push_str("sync\necho o > /proc/sysrq-trigger\nwhile :; do sleep 1 2>/dev/null; done\n");
     s
 }
@@ -304,7 +313,14 @@ pub fn start(repo: &Path, kernel: &Kernel, spec: VmSpec) -> Result<RunningVm> {
     cmd.args(["-machine", &format!("q35,accel={}", accel())])
         .args(["-cpu", "max", "-m", &spec.memory_mib.to_string()])
         .args(["-smp", &spec.cpus.to_string()])
-        .args(["-nographic", "-no-reboot", "-monitor", "none", "-serial", "stdio"])
+        .args([
+            "-nographic",
+            "-no-reboot",
+            "-monitor",
+            "none",
+            "-serial",
+            "stdio",
+        ])
         .args(["-nodefaults"])
         .args(["-kernel", &format!("/boot/vmlinuz-{version}")])
         .arg("-initrd")
@@ -328,14 +344,23 @@ pub fn start(repo: &Path, kernel: &Kernel, spec: VmSpec) -> Result<RunningVm> {
             "file={},if=none,id=d{i},format=raw,cache=writeback{locking}{ro}",
             d.image.display()
         ));
-        cmd.arg("-device")
-            .arg(format!("virtio-blk-pci,drive=d{i},serial={}{share}", d.serial));
+        cmd.arg("-device").arg(format!(
+            "virtio-blk-pci,drive=d{i},serial={}{share}",
+            d.serial
+        ));
     }
     if spec.net {
-        cmd.args(["-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0"]);
+        cmd.args([
+            "-netdev",
+            "user,id=n0",
+            "-device",
+            "virtio-net-pci,netdev=n0",
+        ]);
     }
     cmd.stdin(Stdio::null()).stdout(Stdio::piped());
-    let mut child = cmd.spawn().context("starting qemu-system-x86_64: install qemu-system-x86")?;
+    let mut child = cmd
+        .spawn()
+        .context("starting qemu-system-x86_64: install qemu-system-x86")?;
     let stdout = child.stdout.take().context("qemu stdout")?;
     // Forward the console (without the firmware's terminal escapes) and keep libtest's summary lines.
     let console = thread::spawn(move || {

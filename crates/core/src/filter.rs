@@ -318,17 +318,17 @@ pub fn exclusion_reasons(device: &BlockDevice, ctx: &FilterContext<'_>) -> Vec<E
     let signature = device.fstype.as_deref().filter(|s| !s.is_empty());
     match (pv, signature) {
         (Some(pv), _) => {
-            if let Some(vg) = pv.vg_name.as_deref().filter(|vg| !vg.is_empty()) {
-                if !ctx.own_vgs.contains(vg) {
-                    let lvms_owned = ctx
-                        .vgs
-                        .iter()
-                        .any(|g| g.name == vg && g.tags.iter().any(|t| t == VG_OWNER_TAG));
-                    reasons.push(ExclusionReason::PhysicalVolumeInOtherVg {
-                        vg: vg.to_owned(),
-                        lvms_owned,
-                    });
-                }
+            if let Some(vg) = pv.vg_name.as_deref().filter(|vg| !vg.is_empty())
+                && !ctx.own_vgs.contains(vg)
+            {
+                let lvms_owned = ctx
+                    .vgs
+                    .iter()
+                    .any(|g| g.name == vg && g.tags.iter().any(|t| t == VG_OWNER_TAG));
+                reasons.push(ExclusionReason::PhysicalVolumeInOtherVg {
+                    vg: vg.to_owned(),
+                    lvms_owned,
+                });
             }
             // An orphan physical volume (no volume group) is usable as is.
         }
@@ -338,16 +338,15 @@ pub fn exclusion_reasons(device: &BlockDevice, ctx: &FilterContext<'_>) -> Vec<E
         (None, None) => {}
     }
 
-    if device.kind == DeviceKind::Loop {
-        if let Some(file) = device
+    if device.kind == DeviceKind::Loop
+        && let Some(file) = device
             .loop_backing_file
             .as_deref()
             .filter(|f| is_under(f, KUBELET_DIR))
-        {
-            reasons.push(ExclusionReason::KubeletLoopDevice {
-                backing_file: file.to_owned(),
-            });
-        }
+    {
+        reasons.push(ExclusionReason::KubeletLoopDevice {
+            backing_file: file.to_owned(),
+        });
     }
 
     let kpath = dev_kname_path(device);

@@ -318,17 +318,17 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
             );
         }
     }
-    if let Some(vg) = vg {
-        if VgAttr::parse(&vg.attr).is_ok_and(|a| a.is_partial()) {
-            return failed(
-                devices,
-                format!(
-                    "volume group {} is missing LVM physical volumes (partial): reattach or replace the \
+    if let Some(vg) = vg
+        && VgAttr::parse(&vg.attr).is_ok_and(|a| a.is_partial())
+    {
+        return failed(
+            devices,
+            format!(
+                "volume group {} is missing LVM physical volumes (partial): reattach or replace the \
                      device, then run vgreduce --removemissing {}",
-                    vg.name, vg.name
-                ),
-            );
-        }
+                vg.name, vg.name
+            ),
+        );
     }
 
     if let (Some(vg), Some(tp)) = (vg, &class.thin_pool_config) {

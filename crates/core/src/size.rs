@@ -57,7 +57,7 @@ impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let v = self.0;
         for (unit, mult) in [("Ti", TIB), ("Gi", GIB), ("Mi", MIB), ("Ki", KIB)] {
-            if v != 0 && v % mult == 0 {
+            if v != 0 && v.is_multiple_of(mult) {
                 return write!(f, "{}{unit}", v / mult);
             }
         }

@@ -1,1 +1,253 @@
-fn main() {}
+//! `lvms`: one binary, one subcommand per role.
+
+use std::{collections::BTreeSet, path::PathBuf, sync::Arc};
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use lvms_core::{
+    config::NodeConfig,
+    filter::{FilterContext, Verdict, evaluate},
+    lvattr::LvAttr,
+    model::BlockDevice,
+    plan::{ClassState, DeviceVerdict},
+    size::ByteSize,
+};
+use lvms_host::{
+    engine::{ConvergeReport, NodeHost, RealNodeHost, converge},
+    runner::RealRunner,
+};
+
+#[derive(Parser)]
+#[command(
+    name = "lvms",
+    version,
+    about = "Logical Volume Manager Storage for Kubernetes"
+)]
+struct Cli {
+    /// Log format.
+    #[arg(long, env = "LVMS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Plain,
+    Json,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum Output {
+    Plain,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Converge this node's device classes from a config file (volume groups, thin pools), then report.
+    Converge {
+        #[arg(long, env = "LVMS_CONFIG")]
+        config: PathBuf,
+        #[arg(long, value_enum, default_value_t = Output::Plain)]
+        output: Output,
+    },
+    /// Report every block device on this node and whether a device class could use it, and why not.
+    Devices {
+        /// Treat the config's device classes' volume groups as ours.
+        #[arg(long, env = "LVMS_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(long, value_enum, default_value_t = Output::Plain)]
+        output: Output,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    init_tracing(cli.log_format);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        match cli.command {
+            Cmd::Converge { config, output } => cmd_converge(&config, output).await,
+            Cmd::Devices { config, output } => cmd_devices(config.as_deref(), output).await,
+        }
+    })
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LVMS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Plain => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn load_config(path: &std::path::Path) -> Result<NodeConfig> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_norway::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+async fn cmd_converge(config: &std::path::Path, output: Output) -> Result<()> {
+    let config = load_config(config)?;
+    let host = RealNodeHost::new(Arc::new(RealRunner));
+    let mut reports = Vec::new();
+    for class in &config.device_classes {
+        reports.push(converge(&host, class).await?);
+    }
+    if output == Output::Json {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+    } else {
+        for r in &reports {
+            print_report(r);
+        }
+    }
+    let failed: Vec<&str> = reports
+        .iter()
+        .filter(|r| !r.is_ready())
+        .map(|r| r.device_class.as_str())
+        .collect();
+    anyhow::ensure!(
+        failed.is_empty(),
+        "device classes not ready: {}",
+        failed.join(", ")
+    );
+    Ok(())
+}
+
+fn print_report(r: &ConvergeReport) {
+    let state = match &r.plan.state {
+        ClassState::Ready => "Ready".to_owned(),
+        ClassState::Progressing => "Progressing".to_owned(),
+        ClassState::Failed { reason } => format!("Failed: {reason}"),
+    };
+    println!("device class {}: {state}", r.device_class);
+    println!("  devices:");
+    for d in &r.plan.devices {
+        let verdict = match &d.verdict {
+            DeviceVerdict::Member => "member of the volume group".to_owned(),
+            DeviceVerdict::Usable { .. } => "usable".to_owned(),
+            DeviceVerdict::Missing => "missing".to_owned(),
+            DeviceVerdict::Excluded { .. } => format!("excluded: {}", d.problems()),
+        };
+        println!(
+            "    {} -> {}: {verdict}",
+            d.path,
+            d.canonical_path.as_deref().unwrap_or("?")
+        );
+    }
+    if r.executed.is_empty() {
+        println!("  actions: none (already converged)");
+    } else {
+        println!("  actions executed:");
+        for a in &r.executed {
+            println!(
+                "    {}",
+                serde_json::to_string(a).unwrap_or_else(|_| format!("{a:?}"))
+            );
+        }
+    }
+    if let Some(vg) = &r.volume_group {
+        println!(
+            "  volume group {}: size {}, free {}, {} LVM physical volumes, {} logical volumes, tags [{}]",
+            vg.name,
+            human(vg.size),
+            human(vg.free),
+            vg.pv_count,
+            vg.lv_count,
+            vg.tags.join(",")
+        );
+    }
+    if let Some(pool) = &r.thin_pool {
+        let health = LvAttr::parse(&pool.attr)
+            .map(|a| a.health().message().to_owned())
+            .unwrap_or_else(|e| e.to_string());
+        println!(
+            "  thin pool {}: data {}, metadata {}, data used {:.2}%, metadata used {:.2}%, health: {health}",
+            pool.name,
+            human(pool.size),
+            pool.metadata_size.map(human).unwrap_or_else(|| "?".into()),
+            pool.data_percent.unwrap_or(0.0),
+            pool.metadata_percent.unwrap_or(0.0),
+        );
+    }
+}
+
+/// Bytes as a binary quantity rounded to two decimals (`3.50 GiB`).
+fn human(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < units.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.2} {} ({})", units[i], ByteSize(bytes))
+    }
+}
+
+async fn cmd_devices(config: Option<&std::path::Path>, output: Output) -> Result<()> {
+    let own: BTreeSet<String> = match config {
+        Some(p) => load_config(p)?
+            .device_classes
+            .into_iter()
+            .map(|c| c.name)
+            .collect(),
+        None => BTreeSet::new(),
+    };
+    let host = RealNodeHost::new(Arc::new(RealRunner));
+    let observed = host.observe(&[]).await?;
+    let ctx = FilterContext {
+        pvs: &observed.pvs,
+        vgs: &observed.vgs,
+        lvs: &observed.lvs,
+        own_vgs: own.iter().map(String::as_str).collect(),
+        force_wipe: false,
+    };
+    let mut rows: Vec<(BlockDevice, Verdict)> = Vec::new();
+    fn walk(d: &BlockDevice, ctx: &FilterContext<'_>, rows: &mut Vec<(BlockDevice, Verdict)>) {
+        rows.push((d.clone(), evaluate(d, ctx)));
+        for c in &d.children {
+            if c.kind == lvms_core::model::DeviceKind::Part {
+                walk(c, ctx, rows);
+            }
+        }
+    }
+    for d in &observed.devices {
+        walk(d, &ctx, &mut rows);
+    }
+    if output == Output::Json {
+        let json: Vec<_> = rows
+            .iter()
+            .map(|(d, v)| serde_json::json!({"device": d, "verdict": v}))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&json)?);
+        return Ok(());
+    }
+    for (d, v) in &rows {
+        let ids = if d.by_id.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", d.by_id.join(", "))
+        };
+        let verdict = match v {
+            Verdict::Member { vg } => format!("member of our volume group {vg}"),
+            Verdict::Usable { .. } => "usable".to_owned(),
+            Verdict::Excluded { reasons } => {
+                let msgs: Vec<String> = reasons.iter().map(|r| r.message(&d.path)).collect();
+                format!("excluded: {}", msgs.join("; "))
+            }
+        };
+        println!("{} {}{ids}: {verdict}", d.path, human(d.size));
+    }
+    Ok(())
+}

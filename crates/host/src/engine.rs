@@ -1,0 +1,460 @@
+//! The node engine: converges this node's device classes. It observes the host, asks `core` for a plan,
+//! executes the plan's actions and observes again, until the plan is empty (or failed). Every plan is
+//! computed from what is on the machine, so an interrupted run is finished by the next one, and a run on a
+//! converged node executes nothing. The node agent calls this for each `LVMVolumeGroup`.
+
+use std::{collections::BTreeMap, future::Future};
+
+use lvms_core::{
+    config::DeviceClassConfig,
+    model::{LogicalVolume, VolumeGroup},
+    plan::{Action, ClassPlan, ClassState, Observed, plan_device_class},
+};
+use serde::Serialize;
+
+use crate::{
+    Error, Result,
+    devices::Devices,
+    lvm::{Lvm, PoolSize, ThinPoolSpec},
+    runner::Runner,
+};
+
+/// Plans executed at most per converge: a fresh class needs two (volume group, then thin pool); the rest
+/// is headroom for a host that changes underneath us. Beyond that something keeps undoing our work.
+pub const MAX_ROUNDS: usize = 5;
+
+/// What the engine needs from the machine.
+pub trait NodeHost: Send + Sync {
+    /// Observes devices, LVM state and where each of `paths` resolves.
+    fn observe(&self, paths: &[String]) -> impl Future<Output = Result<Observed>> + Send;
+    /// Executes one planned action.
+    fn execute(&self, action: &Action) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// The outcome of converging one device class.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConvergeReport {
+    pub device_class: String,
+    /// Actions executed, in order.
+    pub executed: Vec<Action>,
+    /// The last plan: its device report and state (`Ready`, or `Failed` with the reason).
+    pub plan: ClassPlan,
+    /// The class's volume group and thin pool as observed at the end (absent when not built).
+    pub volume_group: Option<VolumeGroup>,
+    pub thin_pool: Option<LogicalVolume>,
+}
+
+impl ConvergeReport {
+    pub fn is_ready(&self) -> bool {
+        self.plan.state == ClassState::Ready
+    }
+}
+
+/// Converges one class: plan, execute, re-observe, until nothing is left to do.
+#[tracing::instrument(skip_all, fields(device_class = %class.name))]
+pub async fn converge<H: NodeHost>(host: &H, class: &DeviceClassConfig) -> Result<ConvergeReport> {
+    let paths: Vec<String> = class
+        .device_selector
+        .paths
+        .iter()
+        .chain(&class.device_selector.optional_paths)
+        .cloned()
+        .collect();
+    let mut executed = Vec::new();
+    for _ in 0..MAX_ROUNDS {
+        let observed = host.observe(&paths).await?;
+        let plan = plan_device_class(class, &observed);
+        if plan.actions.is_empty() || matches!(plan.state, ClassState::Failed { .. }) {
+            let volume_group = observed
+                .vgs
+                .iter()
+                .find(|vg| vg.name == class.name)
+                .cloned();
+            let thin_pool = class.thin_pool_config.as_ref().and_then(|tp| {
+                observed
+                    .lvs
+                    .iter()
+                    .find(|lv| lv.vg_name == class.name && lv.name == tp.name)
+                    .cloned()
+            });
+            return Ok(ConvergeReport {
+                device_class: class.name.clone(),
+                executed,
+                plan,
+                volume_group,
+                thin_pool,
+            });
+        }
+        for action in plan.actions {
+            tracing::info!(?action, "executing");
+            host.execute(&action).await?;
+            executed.push(action);
+        }
+    }
+    Err(Error::NotConverged {
+        device_class: class.name.clone(),
+        rounds: MAX_ROUNDS,
+    })
+}
+
+/// [`NodeHost`] on the real machine.
+pub struct RealNodeHost<R> {
+    lvm: Lvm<R>,
+    devices: Devices<R>,
+}
+
+impl<R: Runner + Clone> RealNodeHost<R> {
+    pub fn new(runner: R) -> Self {
+        Self {
+            lvm: Lvm::new(runner.clone()),
+            devices: Devices::new(runner),
+        }
+    }
+}
+
+impl<R: Runner> RealNodeHost<R> {
+    pub fn from_parts(lvm: Lvm<R>, devices: Devices<R>) -> Self {
+        Self { lvm, devices }
+    }
+
+    pub fn lvm(&self) -> &Lvm<R> {
+        &self.lvm
+    }
+}
+
+impl<R: Runner> NodeHost for RealNodeHost<R> {
+    async fn observe(&self, paths: &[String]) -> Result<Observed> {
+        let mut resolved = BTreeMap::new();
+        for path in paths {
+            resolved.insert(path.clone(), self.devices.resolve_path(path).await);
+        }
+        Ok(Observed {
+            devices: self.devices.discover().await?,
+            pvs: self.lvm.pvs().await?,
+            vgs: self.lvm.vgs().await?,
+            lvs: self.lvm.lvs(None).await?,
+            resolved,
+        })
+    }
+
+    async fn execute(&self, action: &Action) -> Result<()> {
+        match action {
+            Action::WipeDevice { path } => self.devices.wipe(path).await,
+            Action::CreatePhysicalVolume {
+                path,
+                metadata_size,
+            } => self.lvm.pv_create(path, Some(*metadata_size)).await,
+            Action::CreateVolumeGroup { name, pvs, tags } => {
+                self.lvm.vg_create(name, pvs, tags).await
+            }
+            Action::ExtendVolumeGroup { name, pvs } => self.lvm.vg_extend(name, pvs).await,
+            Action::CreateThinPool {
+                vg,
+                name,
+                data_size,
+                chunk_size,
+                metadata_size,
+                zero,
+            } => {
+                self.lvm
+                    .thin_pool_create(&ThinPoolSpec {
+                        vg: vg.clone(),
+                        name: name.clone(),
+                        size: PoolSize::Bytes(*data_size),
+                        chunk_size: *chunk_size,
+                        metadata_size: *metadata_size,
+                        zero: *zero,
+                    })
+                    .await
+            }
+            Action::ExtendThinPool {
+                vg,
+                name,
+                data_size,
+            } => self.lvm.thin_pool_extend(vg, name, *data_size).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use lvms_core::{
+        config::{DeviceSelector, Fstype, ThinPoolConfig, VG_OWNER_TAG},
+        model::{BlockDevice, DeviceKind, PhysicalVolume},
+        size::{GIB, MIB},
+    };
+
+    use super::*;
+
+    const EXTENT: u64 = 4 * MIB;
+
+    fn disk(name: &str, size: u64) -> BlockDevice {
+        BlockDevice {
+            name: name.into(),
+            kname: name.into(),
+            path: format!("/dev/{name}"),
+            kind: DeviceKind::Disk,
+            size,
+            read_only: false,
+            state: Some("running".into()),
+            partlabel: None,
+            fstype: None,
+            rotational: false,
+            serial: None,
+            model: None,
+            mountpoints: vec![],
+            by_id: vec![],
+            loop_backing_file: None,
+            children: vec![],
+        }
+    }
+
+    /// A host that applies actions to an in-memory model the way LVM would, and counts them.
+    struct SimHost {
+        state: Mutex<Observed>,
+        /// Fail the nth execute call (0-based), to interrupt a run.
+        fail_at: Mutex<Option<usize>>,
+        calls: Mutex<usize>,
+    }
+
+    impl SimHost {
+        fn new(devices: Vec<BlockDevice>) -> Self {
+            let resolved = devices
+                .iter()
+                .map(|d| (d.path.clone(), Some(d.path.clone())))
+                .collect();
+            Self {
+                state: Mutex::new(Observed {
+                    devices,
+                    pvs: vec![],
+                    vgs: vec![],
+                    lvs: vec![],
+                    resolved,
+                }),
+                fail_at: Mutex::new(None),
+                calls: Mutex::new(0),
+            }
+        }
+    }
+
+    impl NodeHost for SimHost {
+        async fn observe(&self, _paths: &[String]) -> Result<Observed> {
+            Ok(self.state.lock().unwrap().clone())
+        }
+
+        async fn execute(&self, action: &Action) -> Result<()> {
+            let mut calls = self.calls.lock().unwrap();
+            if *self.fail_at.lock().unwrap() == Some(*calls) {
+                *calls += 1;
+                return Err(Error::NotConverged {
+                    device_class: "interrupted".into(),
+                    rounds: 0,
+                });
+            }
+            *calls += 1;
+            let mut s = self.state.lock().unwrap();
+            let size_of = |s: &Observed, path: &str| {
+                s.devices
+                    .iter()
+                    .find(|d| d.path == path)
+                    .map(|d| d.size)
+                    .unwrap()
+            };
+            match action {
+                Action::CreatePhysicalVolume { path, .. } => {
+                    let size = size_of(&s, path) - EXTENT;
+                    s.pvs.push(PhysicalVolume {
+                        name: path.clone(),
+                        vg_name: None,
+                        uuid: path.clone(),
+                        size,
+                        free: size,
+                        attr: "---".into(),
+                    });
+                    for d in &mut s.devices {
+                        if &d.path == path {
+                            d.fstype = Some("LVM2_member".into());
+                        }
+                    }
+                }
+                Action::CreateVolumeGroup { name, pvs, tags } => {
+                    let mut size = 0;
+                    for pv in &mut s.pvs {
+                        if pvs.contains(&pv.name) {
+                            pv.vg_name = Some(name.clone());
+                            size += pv.size;
+                        }
+                    }
+                    s.vgs.push(VolumeGroup {
+                        name: name.clone(),
+                        uuid: name.clone(),
+                        size,
+                        free: size,
+                        extent_size: EXTENT,
+                        extent_count: size / EXTENT,
+                        free_count: size / EXTENT,
+                        pv_count: pvs.len() as u64,
+                        lv_count: 0,
+                        tags: tags.clone(),
+                        attr: "wz--n-".into(),
+                        mda_free: MIB,
+                        mda_size: 4 * MIB,
+                    });
+                }
+                Action::CreateThinPool {
+                    vg,
+                    name,
+                    data_size,
+                    metadata_size,
+                    ..
+                } => {
+                    let used = data_size + 2 * metadata_size.unwrap_or(0);
+                    let g = s.vgs.iter_mut().find(|g| &g.name == vg).unwrap();
+                    g.free -= used;
+                    g.free_count = g.free / EXTENT;
+                    s.lvs.push(LogicalVolume {
+                        name: name.clone(),
+                        vg_name: vg.clone(),
+                        uuid: name.clone(),
+                        size: *data_size,
+                        attr: "twi-a-tz--".into(),
+                        segtype: "thin-pool".into(),
+                        pool_lv: None,
+                        origin: None,
+                        data_percent: Some(0.0),
+                        metadata_percent: Some(1.0),
+                        metadata_size: *metadata_size,
+                        sync_percent: None,
+                        tags: vec![],
+                        path: None,
+                        dm_path: None,
+                        stripes: Some(1),
+                        stripe_size: Some(0),
+                    });
+                }
+                other => panic!("unexpected action in this scenario: {other:?}"),
+            }
+            Ok(())
+        }
+    }
+
+    fn thin_class(paths: &[&str]) -> DeviceClassConfig {
+        DeviceClassConfig {
+            name: "vg1".into(),
+            device_selector: DeviceSelector {
+                paths: paths.iter().map(|p| p.to_string()).collect(),
+                ..Default::default()
+            },
+            thin_pool_config: Some(ThinPoolConfig {
+                name: "pool".into(),
+                size_percent: 90,
+                overprovision_ratio: 10,
+                chunk_size_calculation_policy: Default::default(),
+                chunk_size: None,
+                metadata_size_calculation_policy: Default::default(),
+                metadata_size: Some(lvms_core::size::ByteSize(16 * MIB)),
+            }),
+            raid_config: None,
+            default: true,
+            fstype: Fstype::Xfs,
+        }
+    }
+
+    fn block_on<F: Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    #[test]
+    fn converge_builds_volume_group_then_thin_pool_and_second_run_does_nothing() {
+        let host = SimHost::new(vec![disk("vdb", 2 * GIB), disk("vdc", 2 * GIB)]);
+        let class = thin_class(&["/dev/vdb", "/dev/vdc"]);
+
+        let first = block_on(converge(&host, &class)).unwrap();
+        assert!(first.is_ready(), "{:?}", first.plan.state);
+        let kinds: Vec<&str> = first
+            .executed
+            .iter()
+            .map(|a| match a {
+                Action::CreatePhysicalVolume { .. } => "pvcreate",
+                Action::CreateVolumeGroup { .. } => "vgcreate",
+                Action::CreateThinPool { .. } => "thinpool",
+                _ => "other",
+            })
+            .collect();
+        assert_eq!(kinds, ["pvcreate", "pvcreate", "vgcreate", "thinpool"]);
+        let vg = first.volume_group.unwrap();
+        assert_eq!(vg.tags, [VG_OWNER_TAG]);
+        assert!(first.thin_pool.is_some());
+
+        let second = block_on(converge(&host, &class)).unwrap();
+        assert!(second.is_ready());
+        assert!(second.executed.is_empty(), "{:?}", second.executed);
+    }
+
+    #[test]
+    fn converge_after_an_interrupted_run_finishes_without_repeating_work() {
+        let host = SimHost::new(vec![disk("vdb", 2 * GIB), disk("vdc", 2 * GIB)]);
+        *host.fail_at.lock().unwrap() = Some(2); // pvcreate, pvcreate, then vgcreate fails
+        let class = thin_class(&["/dev/vdb", "/dev/vdc"]);
+        assert!(block_on(converge(&host, &class)).is_err());
+
+        let report = block_on(converge(&host, &class)).unwrap();
+        assert!(report.is_ready());
+        assert!(
+            !report
+                .executed
+                .iter()
+                .any(|a| matches!(a, Action::CreatePhysicalVolume { .. })),
+            "physical volumes made before the interruption are reused: {:?}",
+            report.executed
+        );
+    }
+
+    #[test]
+    fn converge_reports_failed_class_and_executes_nothing() {
+        let mut ext4 = disk("vdb", 2 * GIB);
+        ext4.fstype = Some("ext4".into());
+        let host = SimHost::new(vec![ext4]);
+        let report = block_on(converge(&host, &thin_class(&["/dev/vdb"]))).unwrap();
+        assert!(report.executed.is_empty());
+        match &report.plan.state {
+            ClassState::Failed { reason } => assert!(reason.contains("/dev/vdb"), "{reason}"),
+            other => panic!("expected Failed, got {other:?}"),
+        }
+        assert_eq!(*host.calls.lock().unwrap(), 0);
+    }
+
+    /// A host whose state never changes: the engine must give up rather than loop.
+    struct StuckHost(SimHost);
+
+    impl NodeHost for StuckHost {
+        async fn observe(&self, paths: &[String]) -> Result<Observed> {
+            self.0.observe(paths).await
+        }
+        async fn execute(&self, _action: &Action) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn converge_gives_up_when_actions_have_no_effect() {
+        let host = StuckHost(SimHost::new(vec![disk("vdb", 2 * GIB)]));
+        let err = block_on(converge(&host, &thin_class(&["/dev/vdb"]))).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::NotConverged {
+                    rounds: MAX_ROUNDS,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+}
