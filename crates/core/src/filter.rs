@@ -160,8 +160,8 @@ impl ExclusionReason {
                  never used; choose another partition"
             ),
             Self::FilesystemSignature { signature } => format!(
-                "{device} carries a {signature} signature and may hold data: wipe it yourself \
-                 (wipefs --all {device}) or {FORCE}"
+                "{device} carries an existing signature ({signature}) and may hold data: wipe it \
+                 yourself (wipefs --all) or {FORCE}"
             ),
             Self::KubeletLoopDevice { backing_file } => format!(
                 "{device} is a kubelet loop device backed by {backing_file} (a block-mode persistent \

@@ -971,7 +971,7 @@ fn failure_names_every_bad_device_and_every_reason() {
     let reason = failed_reason(&plan);
     for needle in [
         "/dev/sdx is read-only",
-        "ext4 signature",
+        "existing signature (ext4)",
         "mounted (/dev/sdx on /data)",
         "gone does not exist",
     ] {
