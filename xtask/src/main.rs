@@ -69,7 +69,14 @@ fn repo_root() -> PathBuf {
 fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
     let repo = repo_root();
-    match cli.task {
+    let result = run_task(cli.task, &repo);
+    let _ = std::fs::remove_dir_all(disks_dir(&repo));
+    result
+}
+
+fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
+    let repo = repo.to_path_buf();
+    match task {
         Task::Deps => deps().map(|()| ExitCode::SUCCESS),
         Task::VmRun {
             disks,
@@ -129,7 +136,8 @@ fn parse_disk(repo: &Path, s: &str) -> Result<Disk> {
         .split_once('=')
         .context("--disk takes SERIAL=SIZE_IN_MIB, e.g. --disk data0=2048")?;
     let size = mib.parse::<u64>().context("disk size in MiB")? * 1024 * 1024;
-    let image = vm::vm_dir(repo).join("disks").join(format!("{serial}.img"));
+    // Per run: concurrent runs must not share (or truncate) each other's disks.
+    let image = disks_dir(repo).join(format!("{serial}.img"));
     vm::make_disk(&image, size)?;
     Ok(Disk {
         serial: serial.into(),
@@ -137,6 +145,10 @@ fn parse_disk(repo: &Path, s: &str) -> Result<Disk> {
         shared: false,
         readonly: false,
     })
+}
+
+fn disks_dir(repo: &Path) -> PathBuf {
+    vm::vm_dir(repo).join(format!("disks-{}", std::process::id()))
 }
 
 /// Commands the VM suite needs, and the Debian package that brings each.
@@ -189,11 +201,11 @@ fn suite_disks(repo: &Path) -> Result<Vec<Disk>> {
         ("clean0", 2048, false),
         ("clean1", 2048, false),
         ("clean2", 2048, false),
-        ("decoy-ext4", 512, false),
-        ("decoy-part", 512, false),
-        ("decoy-mounted", 512, false),
-        ("decoy-foreign", 512, false),
-        ("decoy-ro", 512, true),
+        ("decoy-ext4", 1536, false),
+        ("decoy-part", 1536, false),
+        ("decoy-mounted", 1536, false),
+        ("decoy-foreign", 1536, false),
+        ("decoy-ro", 1536, true),
     ] {
         let mut d = parse_disk(repo, &format!("{serial}={mib}"))?;
         d.readonly = readonly;
@@ -247,7 +259,7 @@ fn vm_test(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
     // Each test binary runs from its crate's directory, as cargo runs it.
     for (exe, crate_dir) in &exes {
         command.push_str(&format!(
-            "cd {} && {} --ignored --test-threads=1 {} || status=1\n",
+            "cd {} && {} --ignored --test-threads=1 --color never {} || status=1\n",
             vm::shell_quote(&crate_dir.to_string_lossy()),
             vm::shell_quote(&exe.to_string_lossy()),
             filter.map(vm::shell_quote).unwrap_or_default(),

@@ -245,6 +245,31 @@ udevadm settle --timeout=30 >/dev/null 2>&1
     s
 }
 
+/// Drops terminal escape sequences (`ESC [ … letter`, `ESC c`) and carriage returns from a console line.
+fn strip_escapes(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\u{1b}' => {
+                if chars.peek() == Some(&'[') {
+                    chars.next();
+                    for n in chars.by_ref() {
+                        if n.is_ascii_alphabetic() {
+                            break;
+                        }
+                    }
+                } else {
+                    chars.next();
+                }
+            }
+            '\r' => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 pub fn shell_quote(v: &str) -> String {
     format!("'{}'", v.replace('\'', r"'\''"))
 }
@@ -367,10 +392,7 @@ pub fn start(repo: &Path, kernel: &Kernel, spec: VmSpec) -> Result<RunningVm> {
         let mut summaries = Vec::new();
         let mut out = std::io::stdout();
         for line in BufReader::new(stdout).split(b'\n').map_while(|l| l.ok()) {
-            let line = String::from_utf8_lossy(&line).replace('\r', "");
-            if line.contains('\u{1b}') {
-                continue;
-            }
+            let line = strip_escapes(&String::from_utf8_lossy(&line));
             let _ = writeln!(out, "{line}");
             if line.starts_with("test result: ") {
                 summaries.push(line);
@@ -426,4 +448,22 @@ pub fn run_all(repo: &Path, specs: Vec<VmSpec>) -> Result<Vec<VmOutcome>> {
         .map(|s| start(repo, &kernel, s))
         .collect::<Result<_>>()?;
     running.into_iter().map(RunningVm::wait).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strip_escapes_keeps_text_and_drops_colours_and_resets() {
+        assert_eq!(
+            strip_escapes("test x ... \u{1b}[32mok\u{1b}[0m\r"),
+            "test x ... ok"
+        );
+        assert_eq!(
+            strip_escapes("\u{1b}c\u{1b}[?7l\u{1b}[2JBooting"),
+            "Booting"
+        );
+        assert_eq!(strip_escapes("plain"), "plain");
+    }
 }

@@ -40,6 +40,7 @@ impl DeviceKind {
 /// One block device as lsblk reports it, enriched by the host layer with the facts lsblk does not give
 /// reliably (by-id links, a low-level signature probe, a loop device's backing file).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct BlockDevice {
     /// Kernel name as lsblk shows it (`vdb`, `vdb1`, `vg1-lv1`).
     pub name: String,
@@ -74,6 +75,7 @@ pub struct BlockDevice {
 
 /// An LVM physical volume (always written out: "LVM physical volume", never "PV").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PhysicalVolume {
     /// Device path (`/dev/vdb`).
     pub name: String,
@@ -90,6 +92,7 @@ pub struct PhysicalVolume {
 
 /// An LVM volume group.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct VolumeGroup {
     pub name: String,
     pub uuid: String,
@@ -113,6 +116,7 @@ pub struct VolumeGroup {
 
 /// An LVM logical volume, including thin pools, thin volumes, snapshots and hidden sub-volumes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct LogicalVolume {
     pub name: String,
     pub vg_name: String,

@@ -1,0 +1,415 @@
+//! The node engine against real LVM, inside the test VM (`cargo xtask vm-test engine_`).
+//!
+//! The VM has virtio disks `clean0..2` to claim and decoys that must never be touched: `decoy-ext4` (a
+//! filesystem), `decoy-part` (a GPT partition table), `decoy-mounted` (a mounted filesystem),
+//! `decoy-foreign` (an LVM physical volume of a foreign volume group) and `decoy-ro` (read-only). Other tests
+//! use loop disks from `lvms_testkit::Scratch`.
+
+use std::sync::OnceLock;
+
+use lvms_core::{
+    config::DeviceClassConfig,
+    plan::{Action, ClassState, DeviceVerdict},
+};
+use lvms_host::{
+    engine::{ConvergeReport, RealNodeHost, converge},
+    lvm::{Layout, LvSpec, Lvm},
+    runner::RealRunner,
+};
+use lvms_testkit::{Scratch, require_vm, sh, sh_status, unique};
+
+static RUNNER: RealRunner = RealRunner;
+
+fn host() -> RealNodeHost<&'static RealRunner> {
+    RealNodeHost::new(&RUNNER)
+}
+
+fn class(yaml: &str) -> DeviceClassConfig {
+    serde_norway::from_str(yaml).unwrap_or_else(|e| panic!("bad test config: {e}\n{yaml}"))
+}
+
+const BY_ID: &str = "/dev/disk/by-id/virtio-";
+const DECOYS: [&str; 5] = [
+    "decoy-ext4",
+    "decoy-part",
+    "decoy-mounted",
+    "decoy-foreign",
+    "decoy-ro",
+];
+
+/// Puts the decoys in place once per test binary.
+fn decoys() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        require_vm();
+        sh(&format!(
+            "mkfs.ext4 -q -F {BY_ID}decoy-ext4 && \
+             printf 'label: gpt\\n,256M,,\\n,,\\n' | sfdisk -q {BY_ID}decoy-part && \
+             mkfs.ext4 -q -F {BY_ID}decoy-mounted && mkdir -p /run/lvms-decoy && \
+             mount {BY_ID}decoy-mounted /run/lvms-decoy && echo keep > /run/lvms-decoy/file && \
+             lvm pvcreate -q {BY_ID}decoy-foreign && lvm vgcreate -q foreignvg {BY_ID}decoy-foreign && \
+             lvm lvcreate -q -y -L 64m -n data foreignvg && sync && udevadm settle"
+        ));
+    });
+}
+
+/// sha256 of the first 8 MiB and the last MiB (superblocks, partition tables, LVM labels and metadata,
+/// the GPT backup).
+fn fingerprint(dev: &str) -> String {
+    sh(&format!(
+        "d=$(readlink -f {dev}); mib=$(( $(blockdev --getsize64 $d) / 1048576 )); \
+         dd if=$d bs=1M count=8 status=none | sha256sum; \
+         dd if=$d bs=1M skip=$((mib - 1)) count=1 status=none | sha256sum"
+    ))
+}
+
+fn signature(dev: &str) -> String {
+    sh_status(&format!("blkid -p -o export {dev} | grep -E '^(PT)?TYPE='"))
+        .1
+        .trim()
+        .to_owned()
+}
+
+fn verdict<'a>(report: &'a ConvergeReport, path: &str) -> &'a DeviceVerdict {
+    &report
+        .plan
+        .devices
+        .iter()
+        .find(|d| d.path == path)
+        .unwrap_or_else(|| panic!("{path} not in the report: {:#?}", report.plan.devices))
+        .verdict
+}
+
+fn excluded_codes(report: &ConvergeReport, path: &str) -> Vec<String> {
+    match verdict(report, path) {
+        DeviceVerdict::Excluded { reasons } => {
+            reasons.iter().map(|r| r.code().to_owned()).collect()
+        }
+        other => panic!("{path}: expected excluded, got {other:?}"),
+    }
+}
+
+fn failed_reason(report: &ConvergeReport) -> &str {
+    match &report.plan.state {
+        ClassState::Failed { reason } => reason,
+        other => panic!("expected Failed, got {other:?}"),
+    }
+}
+
+fn vg_exists(name: &str) -> bool {
+    sh_status(&format!("lvm vgs {name}")).0 == 0
+}
+
+#[tokio::test]
+#[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+async fn engine_claims_virtio_disks_by_id_extends_on_new_path_and_never_touches_decoys() {
+    decoys();
+    let before: Vec<String> = DECOYS
+        .iter()
+        .filter(|d| **d != "decoy-mounted")
+        .map(|d| fingerprint(&format!("{BY_ID}{d}")))
+        .collect();
+    let optional: String = std::iter::once("clean1")
+        .chain(DECOYS)
+        .map(|d| format!("      - {BY_ID}{d}\n"))
+        .collect();
+    let yaml = format!(
+        "name: vmclass\ndeviceSelector:\n  paths:\n    - {BY_ID}clean0\n  optionalPaths:\n{optional}\
+         thinPoolConfig:\n  name: pool\n  sizePercent: 90\n  overprovisionRatio: 10\n  metadataSize: 32Mi\n"
+    );
+    let host = host();
+
+    let first = converge(&host, &class(&yaml)).await.unwrap();
+    assert!(first.is_ready(), "{:?}", first.plan.state);
+    assert_eq!(
+        verdict(&first, &format!("{BY_ID}clean0")),
+        &DeviceVerdict::Member
+    );
+    assert_eq!(
+        verdict(&first, &format!("{BY_ID}clean1")),
+        &DeviceVerdict::Member
+    );
+    for (decoy, code) in [
+        ("decoy-ext4", "filesystemSignature"),
+        ("decoy-part", "hasChildren"),
+        ("decoy-mounted", "mounted"),
+        ("decoy-foreign", "physicalVolumeInOtherVg"),
+        ("decoy-ro", "readOnly"),
+    ] {
+        let codes = excluded_codes(&first, &format!("{BY_ID}{decoy}"));
+        assert!(codes.iter().any(|c| c == code), "{decoy}: {codes:?}");
+    }
+    let vg = first.volume_group.as_ref().unwrap();
+    assert_eq!(vg.pv_count, 2);
+    assert_eq!(vg.tags, ["lvms"]);
+    let pool = first.thin_pool.as_ref().unwrap();
+    assert_eq!(pool.segtype, "thin-pool");
+    assert_eq!(sh("lvm vgs --noheadings -o vg_tags vmclass").trim(), "lvms");
+
+    let second = converge(&host, &class(&yaml)).await.unwrap();
+    assert!(second.is_ready());
+    assert!(second.executed.is_empty(), "{:?}", second.executed);
+
+    // A new mandatory path: the VG and the pool grow.
+    let grown_yaml = yaml.replace(
+        &format!("    - {BY_ID}clean0\n"),
+        &format!("    - {BY_ID}clean0\n    - {BY_ID}clean2\n"),
+    );
+    let third = converge(&host, &class(&grown_yaml)).await.unwrap();
+    assert!(third.is_ready(), "{:?}", third.plan.state);
+    assert!(
+        third
+            .executed
+            .iter()
+            .any(|a| matches!(a, Action::ExtendVolumeGroup { .. })),
+        "{:?}",
+        third.executed
+    );
+    assert!(
+        third
+            .executed
+            .iter()
+            .any(|a| matches!(a, Action::ExtendThinPool { .. })),
+        "{:?}",
+        third.executed
+    );
+    assert_eq!(third.volume_group.as_ref().unwrap().pv_count, 3);
+    assert!(third.thin_pool.as_ref().unwrap().size > pool.size);
+    let fourth = converge(&host, &class(&grown_yaml)).await.unwrap();
+    assert!(fourth.executed.is_empty(), "{:?}", fourth.executed);
+
+    // Decoys: same bytes where LVM, a filesystem or a partition table would write.
+    let after: Vec<String> = DECOYS
+        .iter()
+        .filter(|d| **d != "decoy-mounted")
+        .map(|d| fingerprint(&format!("{BY_ID}{d}")))
+        .collect();
+    assert_eq!(before, after);
+    assert_eq!(sh("cat /run/lvms-decoy/file").trim(), "keep");
+    assert!(signature(&format!("{BY_ID}decoy-ext4")).contains("ext4"));
+    assert!(signature(&format!("{BY_ID}decoy-part")).contains("gpt"));
+    assert_eq!(sh("lvm vgs --noheadings -o pv_count foreignvg").trim(), "1");
+
+    sh(&format!(
+        "lvm vgremove -ff -y vmclass >/dev/null; for d in clean0 clean1 clean2; do \
+         lvm pvremove -y $(readlink -f {BY_ID}$d) >/dev/null; done"
+    ));
+}
+
+#[tokio::test]
+#[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+async fn engine_mandatory_path_with_filesystem_fails_class_and_creates_nothing() {
+    let mut s = Scratch::new(2, 1200);
+    let vg = s.vg_name();
+    sh(&format!("mkfs.ext4 -q {}", s.disks[0]));
+    let yaml = format!(
+        "name: {vg}\ndeviceSelector:\n  paths: [{}, {}]\n",
+        s.disks[0], s.disks[1]
+    );
+    let report = converge(&host(), &class(&yaml)).await.unwrap();
+    let reason = failed_reason(&report);
+    assert!(reason.contains(&s.disks[0]), "{reason}");
+    assert!(report.executed.is_empty());
+    assert!(!vg_exists(&vg));
+    assert_eq!(
+        signature(&s.disks[1]),
+        "",
+        "the clean disk was left untouched"
+    );
+    assert!(signature(&s.disks[0]).contains("ext4"));
+}
+
+#[tokio::test]
+#[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+async fn engine_force_wipe_claims_disk_with_partitions_and_filesystem() {
+    let mut s = Scratch::new(1, 1200);
+    let vg = s.vg_name();
+    let dev = s.disks[0].clone();
+    sh(&format!(
+        "printf 'label: gpt\\n,256M,,\\n,,\\n' | sfdisk -q {dev} && partx -u {dev} && \
+         mkfs.ext4 -q -F {dev}p1 && udevadm settle"
+    ));
+    let yaml = format!(
+        "name: {vg}\ndeviceSelector:\n  paths: [{dev}]\n  forceWipeDevicesAndDestroyAllData: true\n"
+    );
+    let report = converge(&host(), &class(&yaml)).await.unwrap();
+    assert!(report.is_ready(), "{:?}", report.plan.state);
+    assert!(matches!(report.executed[0], Action::WipeDevice { .. }));
+    assert!(
+        signature(&dev).contains("LVM2_member"),
+        "{}",
+        signature(&dev)
+    );
+    assert_eq!(report.volume_group.unwrap().pv_count, 1);
+
+    // Once it is ours, a second run does not wipe it again.
+    let again = converge(&host(), &class(&yaml)).await.unwrap();
+    assert!(again.executed.is_empty(), "{:?}", again.executed);
+}
+
+#[tokio::test]
+#[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+async fn engine_force_wipe_never_takes_a_mounted_disk() {
+    let mut s = Scratch::new(1, 1200);
+    let vg = s.vg_name();
+    let dev = s.disks[0].clone();
+    let mnt = format!("/run/lvms-mnt/{}", unique("m"));
+    sh(&format!(
+        "mkfs.ext4 -q {dev} && mkdir -p {mnt} && mount {dev} {mnt} && echo data > {mnt}/f"
+    ));
+    let yaml = format!(
+        "name: {vg}\ndeviceSelector:\n  paths: [{dev}]\n  forceWipeDevicesAndDestroyAllData: true\n"
+    );
+    let report = converge(&host(), &class(&yaml)).await.unwrap();
+    assert!(failed_reason(&report).contains("mounted"));
+    assert!(report.executed.is_empty());
+    assert_eq!(sh(&format!("cat {mnt}/f")).trim(), "data");
+    sh(&format!("umount {mnt}"));
+    assert!(signature(&dev).contains("ext4"));
+}
+
+#[tokio::test]
+#[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+async fn engine_leaves_a_same_named_volume_group_without_our_tag_alone() {
+    let mut s = Scratch::new(2, 1200);
+    let vg = s.vg_name();
+    sh(&format!("lvm vgcreate -q {vg} {}", s.disks[0]));
+    let yaml = format!("name: {vg}\ndeviceSelector:\n  paths: [{}]\n", s.disks[1]);
+    let report = converge(&host(), &class(&yaml)).await.unwrap();
+    let reason = failed_reason(&report);
+    assert!(reason.contains("not ours"), "{reason}");
+    assert!(report.executed.is_empty());
+    assert_eq!(
+        sh(&format!("lvm vgs --noheadings -o pv_count,vg_tags {vg}")).trim(),
+        "1"
+    );
+    assert_eq!(signature(&s.disks[1]), "");
+}
+
+#[tokio::test]
+#[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+async fn engine_resumes_after_a_crash_between_pvcreate_and_vgcreate() {
+    let mut s = Scratch::new(2, 1200);
+    let vg = s.vg_name();
+    // The state a crash after the first action leaves behind.
+    sh(&format!("lvm pvcreate -q --metadatasize 4m {}", s.disks[0]));
+    let yaml = format!(
+        "name: {vg}\ndeviceSelector:\n  paths: [{}, {}]\nthinPoolConfig:\n  name: pool\n  \
+         overprovisionRatio: 5\n  metadataSize: 16Mi\n",
+        s.disks[0], s.disks[1]
+    );
+    let report = converge(&host(), &class(&yaml)).await.unwrap();
+    assert!(report.is_ready(), "{:?}", report.plan.state);
+    let pvcreates: Vec<&Action> = report
+        .executed
+        .iter()
+        .filter(|a| matches!(a, Action::CreatePhysicalVolume { .. }))
+        .collect();
+    assert_eq!(pvcreates.len(), 1, "{:?}", report.executed);
+    assert_eq!(report.volume_group.unwrap().pv_count, 2);
+    assert!(report.thin_pool.is_some());
+}
+
+#[tokio::test]
+#[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+async fn engine_thick_class_builds_only_a_volume_group() {
+    let mut s = Scratch::new(1, 1200);
+    let vg = s.vg_name();
+    let yaml = format!("name: {vg}\ndeviceSelector:\n  paths: [{}]\n", s.disks[0]);
+    let report = converge(&host(), &class(&yaml)).await.unwrap();
+    assert!(report.is_ready());
+    let g = report.volume_group.unwrap();
+    assert_eq!(g.lv_count, 0);
+    assert_eq!(g.free, g.size);
+    assert!(report.thin_pool.is_none());
+    // The metadata area is sized for thousands of volumes.
+    let mda: u64 = sh(&format!(
+        "lvm pvs --noheadings --units b --nosuffix -o pv_mda_size {}",
+        s.disks[0]
+    ))
+    .trim()
+    .parse()
+    .unwrap();
+    assert!(mda >= 4 * 1024 * 1024, "pv_mda_size {mda}");
+}
+
+#[tokio::test]
+#[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+async fn engine_raid1_class_builds_a_volume_group_that_takes_raid1_volumes() {
+    let mut s = Scratch::new(2, 1200);
+    let vg = s.vg_name();
+    let yaml = format!(
+        "name: {vg}\ndeviceSelector:\n  paths: [{}, {}]\nraidConfig:\n  type: raid1\n  mirrors: 1\n",
+        s.disks[0], s.disks[1]
+    );
+    let report = converge(&host(), &class(&yaml)).await.unwrap();
+    assert!(report.is_ready(), "{:?}", report.plan.state);
+    let lvm = Lvm::new(&RUNNER);
+    lvm.lv_create(&LvSpec {
+        vg: vg.clone(),
+        name: "r1".into(),
+        size: 64 * 1024 * 1024,
+        layout: Layout::Raid {
+            level: lvms_core::config::RaidType::Raid1,
+            mirrors: Some(1),
+            stripes: None,
+            stripe_size: None,
+        },
+        tags: vec![],
+    })
+    .await
+    .unwrap();
+    let lv = lvm.lv(&vg, "r1").await.unwrap().unwrap();
+    assert_eq!(lv.segtype, "raid1");
+}
+
+#[tokio::test]
+#[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+async fn engine_raid1_class_with_one_device_fails_naming_the_minimum() {
+    let mut s = Scratch::new(1, 1200);
+    let vg = s.vg_name();
+    let yaml = format!(
+        "name: {vg}\ndeviceSelector:\n  paths: [{}]\nraidConfig:\n  type: raid1\n",
+        s.disks[0]
+    );
+    let report = converge(&host(), &class(&yaml)).await.unwrap();
+    let reason = failed_reason(&report);
+    assert!(reason.contains('2'), "{reason}");
+    assert!(!vg_exists(&vg));
+    assert_eq!(signature(&s.disks[0]), "");
+}
+
+#[tokio::test]
+#[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+async fn engine_optional_paths_use_the_usable_devices_and_report_the_rest() {
+    let mut s = Scratch::new(2, 1200);
+    let vg = s.vg_name();
+    sh(&format!("mkfs.xfs -q {}", s.disks[0]));
+    let yaml = format!(
+        "name: {vg}\ndeviceSelector:\n  optionalPaths: [{}, {}]\n",
+        s.disks[0], s.disks[1]
+    );
+    let report = converge(&host(), &class(&yaml)).await.unwrap();
+    assert!(report.is_ready(), "{:?}", report.plan.state);
+    assert_eq!(verdict(&report, &s.disks[1]), &DeviceVerdict::Member);
+    assert_eq!(
+        excluded_codes(&report, &s.disks[0]),
+        ["filesystemSignature"]
+    );
+    assert!(signature(&s.disks[0]).contains("xfs"));
+}
+
+#[tokio::test]
+#[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+async fn engine_missing_path_fails_the_class() {
+    require_vm();
+    let vg = unique("tvg");
+    let yaml = format!("name: {vg}\ndeviceSelector:\n  paths: [/dev/disk/by-id/virtio-nosuch]\n");
+    let report = converge(&host(), &class(&yaml)).await.unwrap();
+    assert_eq!(
+        verdict(&report, "/dev/disk/by-id/virtio-nosuch"),
+        &DeviceVerdict::Missing
+    );
+    assert!(failed_reason(&report).contains("does not exist"));
+    assert!(!vg_exists(&vg));
+}
