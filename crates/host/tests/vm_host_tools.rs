@@ -1,9 +1,10 @@
 //! The host layer against this machine's real tools, on loop devices backed by files in a temp dir.
 //! Needs root, `losetup`, util-linux, xfsprogs, e2fsprogs and lvm2; does NOT need device-mapper (no LV is
-//! created), so it runs on a development machine as well as in the test VM:
+//! created), so it also runs on a development machine as root; the VM suite runs it with the others:
 //!
 //! ```text
-//! cargo test -p lvms-host --test real_host -- --ignored --test-threads=1
+//! cargo xtask vm-test        # in the VM, with every vm_* test
+//! cargo test -p lvms-host --test vm_host_tools -- --ignored --test-threads=1   # here, as root
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
