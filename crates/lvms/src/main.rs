@@ -60,6 +60,13 @@ enum Cmd {
         #[arg(long, value_enum, default_value_t = Output::Plain)]
         output: Output,
     },
+    /// Print the CustomResourceDefinitions as one multi-document YAML, or write one file per CRD.
+    Crd {
+        /// Write `<group>_<plural>.yaml` files into this directory instead of printing
+        /// (`lvms crd --split deploy/crds` refreshes the checked-in copies).
+        #[arg(long, value_name = "DIR")]
+        split: Option<PathBuf>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -72,6 +79,7 @@ fn main() -> Result<()> {
         match cli.command {
             Cmd::Converge { config, output } => cmd_converge(&config, output).await,
             Cmd::Devices { config, output } => cmd_devices(config.as_deref(), output).await,
+            Cmd::Crd { split } => cmd_crd(split.as_deref()),
         }
     })
 }
@@ -86,6 +94,20 @@ fn init_tracing(format: LogFormat) {
         LogFormat::Plain => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+}
+
+fn cmd_crd(split: Option<&std::path::Path>) -> Result<()> {
+    let Some(dir) = split else {
+        print!("{}", lvms_api::crd::all_yaml()?);
+        return Ok(());
+    };
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for (name, yaml) in lvms_api::crd::files()? {
+        let path = dir.join(name);
+        std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 fn load_config(path: &std::path::Path) -> Result<NodeConfig> {

@@ -1,4 +1,5 @@
 //! The `lvms` binary against real LVM, inside the test VM (`cargo xtask vm-test lvms_`).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::Command;
 

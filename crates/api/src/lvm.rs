@@ -1,0 +1,704 @@
+//! `lvm.topolvm.io/v1alpha1`: `LVMCluster`, `LVMVolumeGroup`, `LVMVolumeGroupNodeStatus`.
+//!
+//! JSON names, enums, bounds and schema defaults follow OpenShift LVMS's Go API. Go's `omitempty` is
+//! mirrored with `skip_serializing_if`, so a manifest read and written back keeps its shape. Fields
+//! the API server defaults are `Option`s here (the server fills them in); the `*_or_default`
+//! accessors give the effective value.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    api::core::v1::{NodeSelector, Toleration},
+    apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::Condition},
+};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Declares a string enum whose JSON values are given explicitly, with `as_str` and `Display`.
+macro_rules! string_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident { $( $(#[$vmeta:meta])* $variant:ident = $value:literal ),+ $(,)? }
+    ) => {
+        $(#[$meta])*
+        #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum $name {
+            $( $(#[$vmeta])* #[serde(rename = $value)] $variant ),+
+        }
+
+        impl $name {
+            /// Every value, in schema order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The JSON value.
+            pub const fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $value),+ }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+/// Most device classes one `LVMCluster` may declare. LVMS has no limit; the bound keeps the
+/// per-class CEL rules within the API server's cost budget (see ADR 0003).
+pub const MAX_DEVICE_CLASSES: u32 = 64;
+/// Most entries in `storageClassOptions.additionalParameters` and `.additionalLabels`.
+pub const MAX_STORAGE_CLASS_MAP_ENTRIES: u32 = 16;
+/// Default `thinPoolConfig.sizePercent`.
+pub const DEFAULT_SIZE_PERCENT: i32 = 90;
+/// Chunk size used with the `Static` policy when `chunkSize` is not given.
+pub const DEFAULT_CHUNK_SIZE: &str = "128Ki";
+/// Smallest `chunkSize` lvm2 accepts.
+pub const MIN_CHUNK_SIZE: &str = "64Ki";
+/// Largest `chunkSize` lvm2 accepts.
+pub const MAX_CHUNK_SIZE: &str = "1Gi";
+/// Metadata size used with the `Static` policy when `metadataSize` is not given.
+pub const DEFAULT_METADATA_SIZE: &str = "1Gi";
+/// Smallest `metadataSize` lvm2 accepts.
+pub const MIN_METADATA_SIZE: &str = "2Mi";
+/// Largest `metadataSize` lvm2 accepts.
+pub const MAX_METADATA_SIZE: &str = "16Gi";
+/// Condition type: the operator's own objects (StorageClasses, DaemonSet, ...) are reconciled.
+pub const CONDITION_RESOURCES_AVAILABLE: &str = "ResourcesAvailable";
+/// Condition type: every selected node reports every volume group ready.
+pub const CONDITION_VOLUME_GROUPS_READY: &str = "VolumeGroupsReady";
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+// ---------------------------------------------------------------------------------------------
+// LVMCluster
+// ---------------------------------------------------------------------------------------------
+
+/// The user-facing configuration of LVM storage: one per cluster, in the operator's namespace.
+#[derive(CustomResource, Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "lvm.topolvm.io",
+    version = "v1alpha1",
+    kind = "LVMCluster",
+    plural = "lvmclusters",
+    namespaced,
+    status = "LVMClusterStatus",
+    derive = "PartialEq",
+    printcolumn(name = "Status", type_ = "string", json_path = ".status.state"),
+    doc = "LVMCluster is the Schema for the lvmclusters API"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct LVMClusterSpec {
+    /// Tolerations of the node agent's pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// The device classes.
+    #[serde(default)]
+    pub storage: Storage,
+}
+
+/// The device classes of an `LVMCluster`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Storage {
+    /// One LVM volume group (with optional thin pool or RAID layout) per node and class, and one
+    /// StorageClass `lvms-<name>` each. Keyed by name, so per-class immutability rules can compare
+    /// a class with its previous version.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = MAX_DEVICE_CLASSES),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+    )]
+    pub device_classes: Vec<DeviceClass>,
+}
+
+/// A device class: which devices on which nodes form the volume group, and how volumes are carved.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(
+    "has(self.raidConfig) == has(oldSelf.raidConfig) && (!has(self.raidConfig) || self.raidConfig == oldSelf.raidConfig)"
+).message("raidConfig is immutable: it cannot be added to, changed on or removed from an existing device class").field_path(".raidConfig"))]
+#[x_kube(validation = Rule::new(
+    "(has(self.storageClassOptions) && has(self.storageClassOptions.reclaimPolicy) ? self.storageClassOptions.reclaimPolicy : 'Delete') == (has(oldSelf.storageClassOptions) && has(oldSelf.storageClassOptions.reclaimPolicy) ? oldSelf.storageClassOptions.reclaimPolicy : 'Delete')"
+).message("storageClassOptions.reclaimPolicy is immutable once set (unset means Delete): StorageClasses cannot change it; delete and recreate the LVMCluster to change it").field_path(".storageClassOptions.reclaimPolicy"))]
+#[x_kube(validation = Rule::new(
+    "(has(self.storageClassOptions) && has(self.storageClassOptions.volumeBindingMode) ? self.storageClassOptions.volumeBindingMode : 'WaitForFirstConsumer') == (has(oldSelf.storageClassOptions) && has(oldSelf.storageClassOptions.volumeBindingMode) ? oldSelf.storageClassOptions.volumeBindingMode : 'WaitForFirstConsumer')"
+).message("storageClassOptions.volumeBindingMode is immutable once set (unset means WaitForFirstConsumer): StorageClasses cannot change it; delete and recreate the LVMCluster to change it").field_path(".storageClassOptions.volumeBindingMode"))]
+#[x_kube(validation = Rule::new(
+    "has(oldSelf.storageClassOptions) && has(oldSelf.storageClassOptions.additionalParameters) && size(oldSelf.storageClassOptions.additionalParameters) > 0 ? (has(self.storageClassOptions) && has(self.storageClassOptions.additionalParameters) && self.storageClassOptions.additionalParameters == oldSelf.storageClassOptions.additionalParameters) : (!has(self.storageClassOptions) || !has(self.storageClassOptions.additionalParameters) || size(self.storageClassOptions.additionalParameters) == 0)"
+).message("storageClassOptions.additionalParameters is immutable once set: StorageClass parameters cannot change; delete and recreate the LVMCluster to change them").field_path(".storageClassOptions.additionalParameters"))]
+pub struct DeviceClass {
+    /// Name of the device class, of its volume group and (prefixed with `lvms-`) of its
+    /// StorageClass. A DNS label.
+    #[schemars(
+        length(min = 1, max = 245),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    /// The devices that form the volume group, and whether to wipe them first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_selector: Option<DeviceSelector>,
+    /// The nodes to create the volume group on; all schedulable nodes when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<NodeSelector>,
+    /// A thin pool in the volume group; volumes are thick when absent. Exclusive with `raidConfig`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thin_pool_config: Option<ThinPoolConfig>,
+    /// LVM RAID layout of every volume of this class. Exclusive with `thinPoolConfig`; immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raid_config: Option<RaidConfig>,
+    /// Whether this class's StorageClass is the cluster default. At most one class may be.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub default: bool,
+    /// Filesystem of Filesystem-mode volumes: `xfs` (default) or `ext4`. Immutable.
+    #[serde(rename = "fstype", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "xfs"))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("fstype is immutable once set"))]
+    pub filesystem_type: Option<DeviceFilesystemType>,
+    /// How devices are found when no paths are given: `Static` (once, when the volume group is
+    /// created) or `Dynamic` (continuously). Ignored when paths are given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_discovery_policy: Option<DeviceDiscoveryPolicy>,
+    /// Overrides for the StorageClass rendered for this class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_options: Option<StorageClassOptions>,
+}
+
+impl DeviceClass {
+    /// The effective filesystem type (`xfs` when unset).
+    pub fn fstype_or_default(&self) -> DeviceFilesystemType {
+        self.filesystem_type.unwrap_or_default()
+    }
+
+    /// The explicit device paths (required and optional), in order.
+    pub fn all_paths(&self) -> impl Iterator<Item = &str> {
+        self.device_selector
+            .iter()
+            .flat_map(|s| s.paths.iter().chain(s.optional_paths.iter()))
+            .map(String::as_str)
+    }
+}
+
+/// The devices of a volume group.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceSelector {
+    /// Devices that must exist and be usable (`/dev/...`, symlinks such as `/dev/disk/by-id/...`
+    /// allowed and preferred); the class fails on a node without them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
+    /// Devices used when present and usable, skipped otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub optional_paths: Vec<String>,
+    /// Wipe filesystem and partition signatures on the selected devices before use. Destroys data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub force_wipe_devices_and_destroy_all_data: Option<bool>,
+}
+
+/// A thin pool inside the volume group.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ThinPoolConfig {
+    /// Name of the thin pool LV.
+    pub name: String,
+    /// Share of the volume group for the thin pool, in percent (10-100, default 90). The rest
+    /// leaves room to grow the pool's metadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 10, max = 100), extend("default" = DEFAULT_SIZE_PERCENT))]
+    pub size_percent: Option<i32>,
+    /// How many times the pool's size may be provisioned in thin volumes (1-100; 1 disables
+    /// overprovisioning).
+    #[schemars(range(min = 1, max = 100))]
+    pub overprovision_ratio: i32,
+    /// `Static` (default): chunk size from `chunkSize` (default 128Ki). `Host`: lvm2 decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "Static"))]
+    pub chunk_size_calculation_policy: Option<ChunkSizeCalculationPolicy>,
+    /// Thin pool chunk size with the `Static` policy, 64Ki-1Gi.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk_size: Option<Quantity>,
+    /// Pool metadata size with the `Static` policy, 2Mi-16Gi (default 1Gi); may only grow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata_size: Option<Quantity>,
+    /// `Host` (default): lvm2 sizes the metadata. `Static`: `metadataSize`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "Host"))]
+    pub metadata_size_calculation_policy: Option<MetadataSizePolicy>,
+}
+
+impl ThinPoolConfig {
+    /// The effective `sizePercent`.
+    pub fn size_percent_or_default(&self) -> i32 {
+        self.size_percent.unwrap_or(DEFAULT_SIZE_PERCENT)
+    }
+
+    /// The effective chunk size policy (`Static` when unset).
+    pub fn chunk_size_policy_or_default(&self) -> ChunkSizeCalculationPolicy {
+        self.chunk_size_calculation_policy.unwrap_or_default()
+    }
+
+    /// The effective metadata size policy (`Host` when unset).
+    pub fn metadata_size_policy_or_default(&self) -> MetadataSizePolicy {
+        self.metadata_size_calculation_policy.unwrap_or_default()
+    }
+}
+
+/// LVM RAID layout of the volumes of a device class.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RaidConfig {
+    /// RAID level.
+    #[serde(rename = "type")]
+    pub raid_type: RaidType,
+    /// Additional copies of the data (raid1 and raid10 only; default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub mirrors: Option<i32>,
+    /// Data stripes (raid4, raid5, raid6, raid10; defaults 2, 2, 3, 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 2))]
+    pub stripes: Option<i32>,
+    /// Stripe size, a power of two (not for raid1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stripe_size: Option<Quantity>,
+}
+
+/// Overrides for the StorageClass rendered for a device class.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageClassOptions {
+    /// `Delete` (default) or `Retain`. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaim_policy: Option<ReclaimPolicy>,
+    /// `WaitForFirstConsumer` (default) or `Immediate`. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_binding_mode: Option<VolumeBindingMode>,
+    /// Extra StorageClass parameters (at most 16; not the device class or fstype keys). Immutable.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = MAX_STORAGE_CLASS_MAP_ENTRIES))]
+    pub additional_parameters: BTreeMap<String, String>,
+    /// Extra StorageClass labels (at most 16; not the operator's own keys). May change.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = MAX_STORAGE_CLASS_MAP_ENTRIES))]
+    pub additional_labels: BTreeMap<String, String>,
+}
+
+impl StorageClassOptions {
+    /// The effective reclaim policy (`Delete` when unset).
+    pub fn reclaim_policy_or_default(&self) -> ReclaimPolicy {
+        self.reclaim_policy.unwrap_or_default()
+    }
+
+    /// The effective binding mode (`WaitForFirstConsumer` when unset).
+    pub fn volume_binding_mode_or_default(&self) -> VolumeBindingMode {
+        self.volume_binding_mode.unwrap_or_default()
+    }
+}
+
+string_enum! {
+    /// Filesystem of Filesystem-mode volumes.
+    #[derive(Default)]
+    pub enum DeviceFilesystemType {
+        #[default]
+        Xfs = "xfs",
+        Ext4 = "ext4",
+    }
+}
+
+string_enum! {
+    /// How the thin pool's chunk size is chosen.
+    #[derive(Default)]
+    pub enum ChunkSizeCalculationPolicy {
+        /// lvm2's own setting on the node.
+        Host = "Host",
+        /// `chunkSize`, or 128Ki.
+        #[default]
+        Static = "Static",
+    }
+}
+
+string_enum! {
+    /// How the thin pool's metadata size is chosen.
+    #[derive(Default)]
+    pub enum MetadataSizePolicy {
+        /// lvm2's defaults.
+        #[default]
+        Host = "Host",
+        /// `metadataSize`, or 1Gi.
+        Static = "Static",
+    }
+}
+
+string_enum! {
+    /// How devices are discovered when a device class names no paths.
+    pub enum DeviceDiscoveryPolicy {
+        /// Devices found when the volume group is created; later devices are ignored.
+        Static = "Static",
+        /// Devices are discovered and added continuously.
+        Dynamic = "Dynamic",
+    }
+}
+
+string_enum! {
+    /// The discovery policy in effect for a volume group on a node.
+    #[derive(Default)]
+    pub enum DeviceDiscoveryPolicyStatus {
+        /// Explicit paths; the policy does not apply.
+        Preconfigured = "Preconfigured",
+        /// No paths, `Dynamic`.
+        RuntimeDynamic = "RuntimeDynamic",
+        /// No paths, `Static`.
+        #[default]
+        RuntimeStatic = "RuntimeStatic",
+    }
+}
+
+string_enum! {
+    /// LVM RAID level.
+    pub enum RaidType {
+        Raid1 = "raid1",
+        Raid4 = "raid4",
+        Raid5 = "raid5",
+        Raid6 = "raid6",
+        Raid10 = "raid10",
+    }
+}
+
+string_enum! {
+    /// StorageClass reclaim policy.
+    #[derive(Default)]
+    pub enum ReclaimPolicy {
+        #[default]
+        Delete = "Delete",
+        Retain = "Retain",
+    }
+}
+
+string_enum! {
+    /// StorageClass volume binding mode.
+    #[derive(Default)]
+    pub enum VolumeBindingMode {
+        #[default]
+        WaitForFirstConsumer = "WaitForFirstConsumer",
+        Immediate = "Immediate",
+    }
+}
+
+string_enum! {
+    /// State of an `LVMCluster`.
+    pub enum LVMStateType {
+        Progressing = "Progressing",
+        Ready = "Ready",
+        Failed = "Failed",
+        Degraded = "Degraded",
+        Unknown = "Unknown",
+    }
+}
+
+string_enum! {
+    /// State of one volume group on one node.
+    pub enum VGStatusType {
+        Progressing = "Progressing",
+        Ready = "Ready",
+        Failed = "Failed",
+        Degraded = "Degraded",
+    }
+}
+
+string_enum! {
+    /// Health of the RAID volumes of one volume group on one node.
+    pub enum RaidHealth {
+        /// Every member present and in sync.
+        Healthy = "Healthy",
+        /// Members missing or out of sync; data still available.
+        Degraded = "Degraded",
+        /// More members lost than the level tolerates.
+        Failed = "Failed",
+    }
+}
+
+/// Observed state of an `LVMCluster`, aggregated from the nodes' `LVMVolumeGroupNodeStatus`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LVMClusterStatus {
+    /// Whether every selected node reports every device class ready.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub ready: bool,
+    /// Overall state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<LVMStateType>,
+    /// `ResourcesAvailable` and `VolumeGroupsReady`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Per device class, per node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_class_statuses: Vec<DeviceClassStatus>,
+}
+
+/// Observed state of one device class across nodes.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceClassStatus {
+    /// Device class name.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// One entry per node the class is selected on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_status: Vec<NodeStatus>,
+}
+
+/// Observed state of one device class's volume group on one node.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    /// Node name.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub node: String,
+    /// The volume group's state, as the node reports it.
+    #[serde(flatten)]
+    pub vg_status: VGStatus,
+}
+
+// ---------------------------------------------------------------------------------------------
+// LVMVolumeGroup
+// ---------------------------------------------------------------------------------------------
+
+/// One device class as the node agents see it; created by the operator, owned by the
+/// `LVMCluster`, one per class.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "lvm.topolvm.io",
+    version = "v1alpha1",
+    kind = "LVMVolumeGroup",
+    plural = "lvmvolumegroups",
+    namespaced,
+    status = "LVMVolumeGroupStatus",
+    derive = "PartialEq",
+    doc = "LVMVolumeGroup is the Schema for the lvmvolumegroups API"
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.raidConfig) || !has(self.thinPoolConfig)")
+    .message("raidConfig and thinPoolConfig are mutually exclusive"))]
+pub struct LVMVolumeGroupSpec {
+    /// As in the device class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_discovery_policy: Option<DeviceDiscoveryPolicy>,
+    /// As in the device class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_selector: Option<DeviceSelector>,
+    /// As in the device class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<NodeSelector>,
+    /// As in the device class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thin_pool_config: Option<ThinPoolConfig>,
+    /// As in the device class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raid_config: Option<RaidConfig>,
+    /// As in the device class.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub default: bool,
+}
+
+/// Status of an `LVMVolumeGroup` (empty: nodes report in `LVMVolumeGroupNodeStatus`).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+pub struct LVMVolumeGroupStatus {}
+
+// ---------------------------------------------------------------------------------------------
+// LVMVolumeGroupNodeStatus
+// ---------------------------------------------------------------------------------------------
+
+/// What one node reports about its volume groups; named after the node. As in LVMS the data is
+/// under `spec`.
+#[derive(CustomResource, Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "lvm.topolvm.io",
+    version = "v1alpha1",
+    kind = "LVMVolumeGroupNodeStatus",
+    plural = "lvmvolumegroupnodestatuses",
+    namespaced,
+    status = "LVMVolumeGroupNodeStatusStatus",
+    derive = "PartialEq",
+    doc = "LVMVolumeGroupNodeStatus is the Schema for the lvmvolumegroupnodestatuses API"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct LVMVolumeGroupNodeStatusSpec {
+    /// One entry per volume group (device class) on the node.
+    #[serde(rename = "nodeStatus", default, skip_serializing_if = "Vec::is_empty")]
+    pub lvm_vg_status: Vec<VGStatus>,
+}
+
+/// Status of an `LVMVolumeGroupNodeStatus` (empty; the data is under `spec`).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+pub struct LVMVolumeGroupNodeStatusStatus {}
+
+/// State of one volume group on one node.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VGStatus {
+    /// Volume group (device class) name.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// State.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<VGStatusType>,
+    /// Why the state is not `Ready`, in words.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// Devices in the volume group.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
+    /// Devices the selector matched but that were not used, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub excluded: Vec<ExcludedDevice>,
+    /// The discovery policy in effect (`RuntimeStatic` when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "RuntimeStatic"))]
+    pub device_discovery_policy: Option<DeviceDiscoveryPolicyStatus>,
+    /// Health of the RAID volumes, for RAID classes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raid_status: Option<RaidStatus>,
+}
+
+/// A device the selector matched but that was not used.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ExcludedDevice {
+    /// Device path.
+    pub name: String,
+    /// Why it was not used, in words.
+    pub reasons: Vec<String>,
+}
+
+/// Health of the RAID volumes of one volume group on one node.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RaidStatus {
+    /// Worst health over the volume group's RAID LVs.
+    pub status: RaidHealth,
+    /// LVM physical volumes in the volume group.
+    #[serde(default)]
+    pub member_count: i32,
+    /// LVM physical volumes missing or failed.
+    #[serde(default)]
+    pub degraded_member_count: i32,
+    /// Lowest sync percentage over the RAID LVs (100 when all are in sync).
+    #[serde(default)]
+    pub min_sync_percent: f64,
+    /// Per RAID LV.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lv_health: Vec<RaidLvHealth>,
+}
+
+/// Health of one RAID LV.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RaidLvHealth {
+    /// LV name.
+    pub name: String,
+    /// Segment type as lvm2 reports it (`raid1`, `raid5`, ...).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub raid_type: String,
+    /// Sync percentage.
+    #[serde(default)]
+    pub sync_percent: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json_str<T: Serialize>(v: T) -> String {
+        serde_json::to_value(v)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn string_enums_serialise_to_their_as_str_value() {
+        for v in RaidType::ALL {
+            assert_eq!(json_str(v), v.as_str());
+        }
+        for v in DeviceFilesystemType::ALL {
+            assert_eq!(json_str(v), v.to_string());
+        }
+        assert_eq!(RaidType::Raid10.as_str(), "raid10");
+        assert_eq!(
+            VolumeBindingMode::WaitForFirstConsumer.as_str(),
+            "WaitForFirstConsumer"
+        );
+    }
+
+    #[test]
+    fn defaults_are_the_lvms_defaults() {
+        assert_eq!(DeviceFilesystemType::default(), DeviceFilesystemType::Xfs);
+        assert_eq!(
+            ChunkSizeCalculationPolicy::default(),
+            ChunkSizeCalculationPolicy::Static
+        );
+        assert_eq!(MetadataSizePolicy::default(), MetadataSizePolicy::Host);
+        assert_eq!(ReclaimPolicy::default(), ReclaimPolicy::Delete);
+        assert_eq!(
+            VolumeBindingMode::default(),
+            VolumeBindingMode::WaitForFirstConsumer
+        );
+        let pool = ThinPoolConfig::default();
+        assert_eq!(pool.size_percent_or_default(), 90);
+        let options = StorageClassOptions::default();
+        assert_eq!(options.reclaim_policy_or_default(), ReclaimPolicy::Delete);
+    }
+
+    #[test]
+    fn empty_fields_are_omitted_like_go_omitempty() {
+        let class = DeviceClass {
+            name: "vg1".into(),
+            ..DeviceClass::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&class).ok(),
+            Some(serde_json::json!({"name": "vg1"}))
+        );
+        let status = LVMClusterStatus::default();
+        assert_eq!(
+            serde_json::to_value(&status).ok(),
+            Some(serde_json::json!({}))
+        );
+    }
+
+    #[test]
+    fn node_status_flattens_the_volume_group_status() {
+        let status = NodeStatus {
+            node: "n1".into(),
+            vg_status: VGStatus {
+                name: "vg1".into(),
+                status: Some(VGStatusType::Ready),
+                devices: vec!["/dev/vdb".into()],
+                ..VGStatus::default()
+            },
+        };
+        assert_eq!(
+            serde_json::to_value(&status).ok(),
+            Some(
+                serde_json::json!({"node": "n1", "name": "vg1", "status": "Ready", "devices": ["/dev/vdb"]})
+            )
+        );
+    }
+
+    #[test]
+    fn all_paths_lists_required_then_optional_paths() {
+        let class = DeviceClass {
+            name: "vg1".into(),
+            device_selector: Some(DeviceSelector {
+                paths: vec!["/dev/a".into()],
+                optional_paths: vec!["/dev/b".into()],
+                force_wipe_devices_and_destroy_all_data: None,
+            }),
+            ..DeviceClass::default()
+        };
+        assert_eq!(class.all_paths().collect::<Vec<_>>(), ["/dev/a", "/dev/b"]);
+    }
+}
