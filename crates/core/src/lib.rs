@@ -10,3 +10,4 @@ pub mod model;
 pub mod names;
 pub mod plan;
 pub mod size;
+pub mod webhook;

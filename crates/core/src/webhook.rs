@@ -1,0 +1,1074 @@
+//! The `LVMCluster` admission rules as pure functions: [`validate_create`], [`validate_update`] and
+//! [`mutate_on_create`]. The operator's HTTPS handler decodes the AdmissionReview, gathers the
+//! [`Context`] (its namespace, the other LVMClusters) and turns the [`Review`] into the response.
+//!
+//! Every error names the exact field (`spec.storage.deviceClasses[1].thinPoolConfig.chunkSize`, map
+//! entries as `additionalLabels[key]`, as apimachinery's `field.Path` writes them) and says what is
+//! wrong and how to fix it. All rules run, so one answer lists every problem.
+//!
+//! Rules (numbers as in the issue):
+//! - create: 1 namespace, 2 a single LVMCluster, 3 one default class, 4 `sizePercent` above 90 warns,
+//!   5–11 RAID, 12–15 device paths, 16 fstype (enforced by the type, see below), 17 `chunkSize`,
+//!   18 `metadataSize`, 19 Dynamic discovery without paths warns, 20–21 StorageClass options;
+//! - update: rules 3–21 on the new object, then 22–30 comparing each class with the old class of
+//!   the same name.
+//!
+//! Decisions (also in the module's tests):
+//! - Rule 16: `fstype` is [`lvms_api::DeviceFilesystemType`], so any value but `xfs`/`ext4` fails to
+//!   deserialise (and the CRD's enum rejects it first); there is nothing left to check here.
+//! - Rules 1 and 2 apply on create only, as in LVMS: an object's namespace cannot change, and
+//!   checking for other LVMClusters on update would block finalizer removal on a duplicate that
+//!   was created while the webhook was down, leaving it undeletable.
+//! - An update that leaves `spec` unchanged (finalizers, labels, annotations) is always allowed,
+//!   like the API server's validation ratcheting: stricter rules in a newer version never block
+//!   the operator's metadata patches or the deletion of an object accepted earlier.
+//! - Rule 18: `metadataSize` with the `Host` policy is rejected, except when it is exactly the
+//!   documented default `1Gi`, which only warns that it is ignored: LVMS's own "all fields"
+//!   example spells out `metadataSize: 1Gi` with `metadataSizeCalculationPolicy: Host`, and its
+//!   manifests must be accepted unchanged.
+//! - Rule 17: besides the 64Ki–1Gi bounds, `chunkSize` must be a multiple of 64Ki, as lvm2 requires
+//!   of thin pool chunks (LVMS accepts other values and lvcreate then fails on the node).
+//! - Rule 10: raid10's minimum is `stripes × (mirrors + 1)` with stripes defaulting to 2, which is
+//!   the issue's `2(m+1)` unless `stripes` is set.
+//! - Rule 15: classes share a node selector when their `nodeSelector`s are equal (both absent
+//!   counts as equal), as LVMS compares them. Different selectors that happen to pick the same
+//!   nodes cannot be seen here. Paths are compared as written; symlinks are not resolved.
+//! - Rule 20 and 21 reject reserved keys (LVMS only warns that it ignores them); rule 22 is checked
+//!   as "the effective `reclaimPolicy`, `volumeBindingMode`, `additionalParameters` and `fstype`
+//!   cannot change", of which "options added later must equal today's defaults" is the case where
+//!   the old class had no options. The CRD's CEL rules overlap; the webhook gives the same answer.
+//! - Rule 28 compares the effective flag: absent and `false` are the same.
+
+use lvms_api::{
+    ChunkSizeCalculationPolicy, DEFAULT_METADATA_SIZE, DeviceClass, DeviceDiscoveryPolicy,
+    LVMCluster, LVMClusterSpec, MAX_CHUNK_SIZE, MAX_METADATA_SIZE, MIN_CHUNK_SIZE,
+    MIN_METADATA_SIZE, MetadataSizePolicy, RESERVED_STORAGE_CLASS_PARAMETERS, RaidConfig, RaidType,
+    StorageClassOptions, ThinPoolConfig, is_reserved_storage_class_label, storage_class_name,
+};
+use serde_json::{Value, json};
+
+use crate::size::{ByteSize, KIB};
+
+/// `sizePercent` above this leaves too little free space to grow the thin pool's metadata.
+pub const MAX_RECOMMENDED_SIZE_PERCENT: i32 = 90;
+
+/// lvm2 thin pool chunk sizes are multiples of this.
+const CHUNK_SIZE_GRANULARITY: u64 = 64 * KIB;
+
+/// One rejected field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// JSON path of the field, e.g. `spec.storage.deviceClasses[1].thinPoolConfig.chunkSize`.
+    pub field: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// The answer to one admission request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Review {
+    /// Why the request is denied; empty when it is allowed.
+    pub errors: Vec<FieldError>,
+    /// Shown to the user (kubectl prints them) whether or not the request is allowed.
+    pub warnings: Vec<String>,
+}
+
+impl Review {
+    /// Whether the request is allowed (no errors; warnings do not deny).
+    pub fn allowed(&self) -> bool {
+        self.errors.is_empty()
+    }
+
+    fn error(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.errors.push(FieldError {
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+
+    fn warn(&mut self, warning: impl Into<String>) {
+        self.warnings.push(warning.into());
+    }
+}
+
+/// What the rules need to know beyond the object itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Context {
+    /// The namespace the operator runs in; LVMClusters must live there.
+    pub operator_namespace: String,
+    /// `namespace/name` of the LVMClusters that already exist, excluding the one under review.
+    pub other_clusters: Vec<String>,
+}
+
+/// Rules 1–21 for a new `LVMCluster`.
+pub fn validate_create(new: &LVMCluster, ctx: &Context) -> Review {
+    let mut review = Review::default();
+    check_namespace(new, ctx, &mut review);
+    check_single_cluster(ctx, &mut review);
+    check_spec(&new.spec, &mut review);
+    review
+}
+
+/// Rules 3–21 on `new`, then rules 22–30 comparing it with `old`. An update that leaves the spec
+/// unchanged is always allowed (see the module documentation).
+pub fn validate_update(old: &LVMCluster, new: &LVMCluster, _ctx: &Context) -> Review {
+    let mut review = Review::default();
+    if old.spec == new.spec {
+        return review;
+    }
+    check_spec(&new.spec, &mut review);
+    check_update(&old.spec, &new.spec, &mut review);
+    review
+}
+
+/// JSONPatch operations for a new `LVMCluster`: a device class with neither a discovery policy nor
+/// explicit paths gets `deviceDiscoveryPolicy: Static`, so devices attached later are not claimed.
+pub fn mutate_on_create(cluster: &LVMCluster) -> Vec<Value> {
+    cluster
+        .spec
+        .storage
+        .device_classes
+        .iter()
+        .enumerate()
+        .filter(|(_, class)| class.device_discovery_policy.is_none() && !has_paths(class))
+        .map(|(i, _)| {
+            json!({
+                "op": "add",
+                "path": format!("/spec/storage/deviceClasses/{i}/deviceDiscoveryPolicy"),
+                "value": DeviceDiscoveryPolicy::Static.as_str(),
+            })
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Create rules
+// ---------------------------------------------------------------------------------------------
+
+fn class_path(i: usize) -> String {
+    format!("spec.storage.deviceClasses[{i}]")
+}
+
+fn has_paths(class: &DeviceClass) -> bool {
+    class.all_paths().next().is_some()
+}
+
+/// Rule 1.
+fn check_namespace(cluster: &LVMCluster, ctx: &Context, review: &mut Review) {
+    let namespace = cluster.metadata.namespace.as_deref().unwrap_or_default();
+    if namespace != ctx.operator_namespace {
+        review.error(
+            "metadata.namespace",
+            format!(
+                "the LVMCluster is in namespace {namespace:?}, but LVMClusters are only supported in the \
+                 operator's namespace {:?}: create it there (metadata.namespace: {})",
+                ctx.operator_namespace, ctx.operator_namespace
+            ),
+        );
+    }
+}
+
+/// Rule 2.
+fn check_single_cluster(ctx: &Context, review: &mut Review) {
+    if !ctx.other_clusters.is_empty() {
+        review.error(
+            "metadata.name",
+            format!(
+                "only one LVMCluster may exist and {} already does: add the device classes to the \
+                 existing LVMCluster instead, or delete it first",
+                ctx.other_clusters.join(", ")
+            ),
+        );
+    }
+}
+
+/// Rules 3–21 (16 is enforced by the type).
+fn check_spec(spec: &LVMClusterSpec, review: &mut Review) {
+    let classes = &spec.storage.device_classes;
+    check_defaults(classes, review);
+    check_paths_are_given(classes, review);
+    for (i, class) in classes.iter().enumerate() {
+        let at = class_path(i);
+        if let Some(pool) = &class.thin_pool_config {
+            check_thin_pool(class, pool, &at, review);
+        }
+        if let Some(raid) = &class.raid_config {
+            check_raid(class, raid, &at, review);
+        }
+        check_path_syntax(class, &at, review);
+        check_discovery_policy(class, review);
+        if let Some(options) = &class.storage_class_options {
+            check_storage_class_options(options, &at, review);
+        }
+    }
+    check_duplicate_paths(classes, review);
+}
+
+/// Rule 3.
+fn check_defaults(classes: &[DeviceClass], review: &mut Review) {
+    let mut first: Option<&str> = None;
+    for (i, class) in classes.iter().enumerate().filter(|(_, c)| c.default) {
+        match first {
+            None => first = Some(&class.name),
+            Some(first) => review.error(
+                format!("{}.default", class_path(i)),
+                format!(
+                    "device class {:?} is marked default, but {first:?} already is and only one device \
+                     class may be the default: set default: false on all but one of them",
+                    class.name
+                ),
+            ),
+        }
+    }
+    if first.is_none() && !classes.is_empty() {
+        review.warn(
+            "no device class is marked default: PVCs must name an lvms-<device class> StorageClass \
+             explicitly unless another StorageClass is the cluster default; set default: true on one \
+             device class to make its StorageClass the default",
+        );
+    }
+}
+
+/// Rules 12 and 13.
+fn check_paths_are_given(classes: &[DeviceClass], review: &mut Review) {
+    for (i, class) in classes.iter().enumerate() {
+        let at = class_path(i);
+        match &class.device_selector {
+            Some(selector) if selector.paths.is_empty() && selector.optional_paths.is_empty() => {
+                review.error(
+                    format!("{at}.deviceSelector"),
+                    format!(
+                        "the deviceSelector of device class {:?} names no devices: list them under \
+                         deviceSelector.paths or deviceSelector.optionalPaths, or remove deviceSelector to \
+                         let the operator discover unused devices",
+                        class.name
+                    ),
+                );
+            }
+            Some(_) => {}
+            None if classes.len() > 1 => review.error(
+                format!("{at}.deviceSelector"),
+                format!(
+                    "with more than one device class every class must name its devices, or the classes \
+                     would compete for the same discovered disks: add deviceSelector.paths (or \
+                     optionalPaths) to device class {:?}",
+                    class.name
+                ),
+            ),
+            None => review.warn(format!(
+                "device class {:?} names no devices: every unused supported device on the selected nodes \
+                 is used (discovery policy {}); this is not recommended for production, list the devices \
+                 under deviceSelector.paths instead",
+                class.name,
+                class
+                    .device_discovery_policy
+                    .unwrap_or(DeviceDiscoveryPolicy::Static)
+            )),
+        }
+    }
+}
+
+/// Parses a quantity, reporting an unparsable one at `field`.
+fn parse_size(quantity: &str, field: &str, review: &mut Review) -> Option<u64> {
+    match quantity.parse::<ByteSize>() {
+        Ok(size) => Some(size.0),
+        Err(e) => {
+            review.error(field, e.to_string());
+            None
+        }
+    }
+}
+
+fn size_of(literal: &str) -> u64 {
+    literal.parse::<ByteSize>().map(|s| s.0).unwrap_or_default()
+}
+
+/// Rules 4, 17 and 18.
+fn check_thin_pool(class: &DeviceClass, pool: &ThinPoolConfig, at: &str, review: &mut Review) {
+    let at = format!("{at}.thinPoolConfig");
+    let percent = pool.size_percent_or_default();
+    if percent > MAX_RECOMMENDED_SIZE_PERCENT {
+        review.warn(format!(
+            "thinPoolConfig.sizePercent of device class {:?} is {percent}%, above \
+             {MAX_RECOMMENDED_SIZE_PERCENT}%: the thin pool's metadata can only grow into free space of \
+             the volume group, so once it fills up it cannot be extended; keep sizePercent at \
+             {MAX_RECOMMENDED_SIZE_PERCENT} or less unless you are sure the metadata never needs to grow",
+            class.name
+        ));
+    }
+
+    if let Some(chunk) = &pool.chunk_size {
+        let field = format!("{at}.chunkSize");
+        if pool.chunk_size_policy_or_default() == ChunkSizeCalculationPolicy::Host {
+            review.error(
+                field,
+                "chunkSize is only used with chunkSizeCalculationPolicy Static, but the policy is Host \
+                 (lvm2 chooses the chunk size): remove chunkSize, or set chunkSizeCalculationPolicy: Static",
+            );
+        } else if let Some(bytes) = parse_size(&chunk.0, &field, review) {
+            if bytes < size_of(MIN_CHUNK_SIZE) || bytes > size_of(MAX_CHUNK_SIZE) {
+                review.error(
+                    field,
+                    format!(
+                        "chunkSize {} is outside the range lvm2 accepts: use a size between \
+                         {MIN_CHUNK_SIZE} and {MAX_CHUNK_SIZE}, such as 128Ki",
+                        chunk.0
+                    ),
+                );
+            } else if !bytes.is_multiple_of(CHUNK_SIZE_GRANULARITY) {
+                review.error(
+                    field,
+                    format!(
+                        "chunkSize {} is not a multiple of 64Ki, which lvm2 requires of thin pool chunks: \
+                         use a multiple of 64Ki such as 64Ki, 128Ki or 256Ki",
+                        chunk.0
+                    ),
+                );
+            }
+        }
+    }
+
+    let field = format!("{at}.metadataSize");
+    match (pool.metadata_size_policy_or_default(), &pool.metadata_size) {
+        (MetadataSizePolicy::Host, Some(size)) => {
+            let ignored = size.0.parse::<ByteSize>().ok().map(|s| s.0);
+            if ignored == Some(size_of(DEFAULT_METADATA_SIZE)) {
+                review.warn(format!(
+                    "thinPoolConfig.metadataSize of device class {:?} is ignored because \
+                     metadataSizeCalculationPolicy is Host (lvm2 sizes the metadata): remove metadataSize, \
+                     or set metadataSizeCalculationPolicy: Static to use it",
+                    class.name
+                ));
+            } else {
+                review.error(
+                    field,
+                    "metadataSize is only used with metadataSizeCalculationPolicy Static, but the policy is \
+                     Host (lvm2 sizes the metadata): remove metadataSize, or set \
+                     metadataSizeCalculationPolicy: Static",
+                );
+            }
+        }
+        (MetadataSizePolicy::Static, None) => review.warn(format!(
+            "thinPoolConfig.metadataSize of device class {:?} is unset with metadataSizeCalculationPolicy \
+             Static: {DEFAULT_METADATA_SIZE} is used; set metadataSize to choose another size",
+            class.name
+        )),
+        (MetadataSizePolicy::Static, Some(size)) => {
+            if let Some(bytes) = parse_size(&size.0, &field, review)
+                && (bytes < size_of(MIN_METADATA_SIZE) || bytes > size_of(MAX_METADATA_SIZE))
+            {
+                review.error(
+                    field,
+                    format!(
+                        "metadataSize {} is outside the range lvm2 accepts: use a size between \
+                         {MIN_METADATA_SIZE} and {MAX_METADATA_SIZE}, such as {DEFAULT_METADATA_SIZE}",
+                        size.0
+                    ),
+                );
+            }
+        }
+        (MetadataSizePolicy::Host, None) => {}
+    }
+}
+
+/// The effective mirror count of a RAID level that mirrors, or `None`.
+fn mirrors(raid: &RaidConfig) -> Option<i64> {
+    match raid.raid_type {
+        RaidType::Raid1 | RaidType::Raid10 => Some(i64::from(raid.mirrors.unwrap_or(1).max(1))),
+        RaidType::Raid4 | RaidType::Raid5 | RaidType::Raid6 => None,
+    }
+}
+
+/// The effective stripe count of a RAID level that stripes, or `None`.
+fn stripes(raid: &RaidConfig) -> Option<i64> {
+    let default = match raid.raid_type {
+        RaidType::Raid1 => return None,
+        RaidType::Raid4 | RaidType::Raid5 | RaidType::Raid10 => 2,
+        RaidType::Raid6 => 3,
+    };
+    Some(i64::from(raid.stripes.unwrap_or(default).max(2)))
+}
+
+/// The fewest devices a RAID layout needs (rule 10).
+pub fn raid_min_devices(raid: &RaidConfig) -> i64 {
+    let m = mirrors(raid).unwrap_or(1);
+    let s = stripes(raid).unwrap_or(2);
+    match raid.raid_type {
+        RaidType::Raid1 => m.saturating_add(1),
+        RaidType::Raid4 | RaidType::Raid5 => s.saturating_add(1),
+        RaidType::Raid6 => s.saturating_add(2),
+        RaidType::Raid10 => s.saturating_mul(m.saturating_add(1)),
+    }
+}
+
+/// Rules 5–11.
+fn check_raid(class: &DeviceClass, raid: &RaidConfig, at: &str, review: &mut Review) {
+    let kind = raid.raid_type;
+    let raid_at = format!("{at}.raidConfig");
+    if class.thin_pool_config.is_some() {
+        review.error(
+            &raid_at,
+            "raidConfig and thinPoolConfig are mutually exclusive (RAID volumes are thick): remove one of \
+             them, and use a separate device class for the other",
+        );
+    }
+
+    match (raid.mirrors, mirrors(raid)) {
+        (Some(_), None) => review.error(
+            format!("{raid_at}.mirrors"),
+            format!(
+                "mirrors applies only to raid1 and raid10, not {kind} (whose redundancy is parity): remove \
+                 mirrors, or choose raid1 or raid10"
+            ),
+        ),
+        (Some(m), Some(_)) if m < 1 => review.error(
+            format!("{raid_at}.mirrors"),
+            format!("mirrors is {m}: set it to 1 or more (the number of extra copies)"),
+        ),
+        _ => {}
+    }
+
+    if kind == RaidType::Raid1 {
+        if raid.stripes.is_some() {
+            review.error(
+                format!("{raid_at}.stripes"),
+                "raid1 does not stripe: remove stripes, or choose raid10 to stripe across mirrors",
+            );
+        }
+        if raid.stripe_size.is_some() {
+            review.error(
+                format!("{raid_at}.stripeSize"),
+                "raid1 does not stripe: remove stripeSize, or choose raid10 to stripe across mirrors",
+            );
+        }
+    } else {
+        if let Some(s) = raid.stripes.filter(|s| *s < 2) {
+            review.error(
+                format!("{raid_at}.stripes"),
+                format!("stripes is {s}: set it to 2 or more"),
+            );
+        }
+        if let Some(size) = &raid.stripe_size {
+            let field = format!("{raid_at}.stripeSize");
+            if let Some(bytes) = parse_size(&size.0, &field, review)
+                && !bytes.is_power_of_two()
+            {
+                review.error(
+                    field,
+                    format!(
+                        "stripeSize {} is not a power of two: use a power of two such as 64Ki, 128Ki or \
+                         512Ki",
+                        size.0
+                    ),
+                );
+            }
+        }
+    }
+
+    let selector_at = format!("{at}.deviceSelector");
+    let devices = class.all_paths().count();
+    if devices == 0 {
+        review.error(
+            &selector_at,
+            format!(
+                "{kind} needs known devices, since LVM places each RAID image on a different physical \
+                 volume: list the devices of device class {:?} under deviceSelector.paths or \
+                 deviceSelector.optionalPaths",
+                class.name
+            ),
+        );
+        return;
+    }
+    let min = raid_min_devices(raid);
+    let count = i64::try_from(devices).unwrap_or(i64::MAX);
+    if count < min {
+        review.error(
+            &selector_at,
+            format!(
+                "{kind}{} needs at least {min} devices, but deviceSelector lists {count} (paths and \
+                 optionalPaths together): add {} device(s), or lower {}",
+                layout(raid),
+                min - count,
+                match kind {
+                    RaidType::Raid1 => "mirrors",
+                    RaidType::Raid10 => "mirrors or stripes",
+                    _ => "stripes",
+                }
+            ),
+        );
+    }
+    if kind == RaidType::Raid10
+        && class
+            .device_selector
+            .as_ref()
+            .is_some_and(|s| s.optional_paths.is_empty())
+    {
+        let copies = mirrors(raid).unwrap_or(1).saturating_add(1);
+        if count % copies != 0 {
+            review.error(
+                format!("{selector_at}.paths"),
+                format!(
+                    "raid10 keeps {copies} copies of the data, so its device count must be a multiple of \
+                     {copies}, but paths lists {count}: add or remove paths to reach a multiple of {copies}, \
+                     or list spare devices under optionalPaths"
+                ),
+            );
+        }
+    }
+}
+
+/// ` with mirrors 2, stripes 3` for the settings that shape the layout.
+fn layout(raid: &RaidConfig) -> String {
+    let mut parts = Vec::new();
+    if let Some(m) = mirrors(raid) {
+        parts.push(format!("mirrors {m}"));
+    }
+    if let Some(s) = stripes(raid) {
+        parts.push(format!("stripes {s}"));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" with {}", parts.join(", "))
+    }
+}
+
+/// Every path of a class with its field path: required paths, then optional paths.
+fn paths_with_fields<'a, 'b>(
+    class: &'a DeviceClass,
+    at: &'b str,
+) -> impl Iterator<Item = (String, &'a str)> + use<'a, 'b> {
+    class.device_selector.iter().flat_map(move |s| {
+        let required = s
+            .paths
+            .iter()
+            .enumerate()
+            .map(move |(j, p)| (format!("{at}.deviceSelector.paths[{j}]"), p.as_str()));
+        let optional = s.optional_paths.iter().enumerate().map(move |(j, p)| {
+            (
+                format!("{at}.deviceSelector.optionalPaths[{j}]"),
+                p.as_str(),
+            )
+        });
+        required.chain(optional)
+    })
+}
+
+/// Rule 14.
+fn check_path_syntax(class: &DeviceClass, at: &str, review: &mut Review) {
+    for (field, path) in paths_with_fields(class, at) {
+        if path.strip_prefix("/dev/").is_none_or(str::is_empty) {
+            review.error(
+                field,
+                format!(
+                    "{path:?} is not a device path: write the absolute path of the device under /dev/, \
+                     such as /dev/sdb or (stable across reboots) /dev/disk/by-id/<id>"
+                ),
+            );
+        }
+    }
+}
+
+/// Rule 15.
+fn check_duplicate_paths(classes: &[DeviceClass], review: &mut Review) {
+    struct Seen<'a> {
+        class: usize,
+        path: &'a str,
+        field: String,
+    }
+    let mut seen: Vec<Seen<'_>> = Vec::new();
+    for (i, class) in classes.iter().enumerate() {
+        let at = class_path(i);
+        for (field, path) in paths_with_fields(class, &at) {
+            let earlier = seen.iter().find(|s| {
+                s.path == path
+                    && (s.class == i || classes[s.class].node_selector == class.node_selector)
+            });
+            match earlier {
+                Some(first) if first.class == i => review.error(
+                    field,
+                    format!(
+                        "{path} is listed twice in device class {:?} (first at {}): remove the duplicate",
+                        class.name, first.field
+                    ),
+                ),
+                Some(first) => review.error(
+                    field,
+                    format!(
+                        "{path} is also in device class {:?} ({}), which has the same nodeSelector, and a \
+                         device can belong to only one volume group: remove it from one of the two classes",
+                        classes[first.class].name, first.field
+                    ),
+                ),
+                None => seen.push(Seen {
+                    class: i,
+                    path,
+                    field,
+                }),
+            }
+        }
+    }
+}
+
+/// Rule 19.
+fn check_discovery_policy(class: &DeviceClass, review: &mut Review) {
+    if class.device_discovery_policy == Some(DeviceDiscoveryPolicy::Dynamic) && !has_paths(class) {
+        review.warn(format!(
+            "device class {:?} uses deviceDiscoveryPolicy Dynamic without paths: every unused device that \
+             appears later on a selected node is added to its volume group; set deviceDiscoveryPolicy: \
+             Static, or list the devices under deviceSelector.paths, if devices attached later must be \
+             left alone",
+            class.name
+        ));
+    }
+}
+
+/// Rules 20 and 21.
+fn check_storage_class_options(options: &StorageClassOptions, at: &str, review: &mut Review) {
+    let at = format!("{at}.storageClassOptions");
+    for key in options.additional_parameters.keys() {
+        let field = format!("{at}.additionalParameters[{key}]");
+        if key.is_empty() {
+            review.error(
+                field,
+                "a StorageClass parameter needs a name: give the entry a non-empty key or remove it",
+            );
+        } else if RESERVED_STORAGE_CLASS_PARAMETERS.contains(&key.as_str()) {
+            let source = if key == lvms_api::FSTYPE_PARAMETER {
+                "the device class's fstype"
+            } else {
+                "the device class's name"
+            };
+            review.error(
+                field,
+                format!(
+                    "{key} is set by the operator from {source} and cannot be overridden: remove it from \
+                     additionalParameters"
+                ),
+            );
+        }
+    }
+    for (key, value) in &options.additional_labels {
+        let field = format!("{at}.additionalLabels[{key}]");
+        if let Some(problem) = qualified_name_problem(key) {
+            review.error(
+                field,
+                format!(
+                    "{key:?} is not a valid label key ({problem}): use an optional DNS subdomain prefix of \
+                     at most 253 characters and '/', then a name of at most 63 letters, digits, '-', '_' \
+                     or '.' that starts and ends with a letter or digit, such as example.com/tier"
+                ),
+            );
+        } else if is_reserved_storage_class_label(key) {
+            review.error(
+                field,
+                format!(
+                    "{key} is set by the operator on the StorageClasses it manages and cannot be \
+                     overridden: choose another key"
+                ),
+            );
+        } else if let Some(problem) = label_value_problem(value) {
+            review.error(
+                field,
+                format!(
+                    "{value:?} is not a valid label value ({problem}): use at most 63 letters, digits, \
+                     '-', '_' or '.', starting and ending with a letter or digit, or an empty value"
+                ),
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kubernetes names (apimachinery's IsQualifiedName, IsValidLabelValue, IsDNS1123Subdomain)
+// ---------------------------------------------------------------------------------------------
+
+const LABEL_NAME_MAX: usize = 63;
+const DNS_SUBDOMAIN_MAX: usize = 253;
+
+/// `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]`, without the length limit.
+fn is_label_name_syntax(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    match (bytes.first(), bytes.last()) {
+        (Some(first), Some(last)) => {
+            first.is_ascii_alphanumeric()
+                && last.is_ascii_alphanumeric()
+                && bytes
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        }
+        _ => false,
+    }
+}
+
+/// A lowercase RFC 1123 subdomain of at most 253 characters.
+fn is_dns1123_subdomain(s: &str) -> bool {
+    s.len() <= DNS_SUBDOMAIN_MAX
+        && s.split('.').all(|label| {
+            let bytes = label.as_bytes();
+            match (bytes.first(), bytes.last()) {
+                (Some(first), Some(last)) => {
+                    let ok = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+                    ok(first) && ok(last) && bytes.iter().all(|b| ok(b) || *b == b'-')
+                }
+                _ => false,
+            }
+        })
+}
+
+/// Why `key` is not a Kubernetes qualified name (a label key), or `None` if it is one.
+pub fn qualified_name_problem(key: &str) -> Option<String> {
+    let (prefix, name) = match key.split_once('/') {
+        None => (None, key),
+        Some((_, name)) if name.contains('/') => {
+            return Some("it has more than one '/'".to_owned());
+        }
+        Some((prefix, name)) => (Some(prefix), name),
+    };
+    if let Some(prefix) = prefix {
+        if prefix.is_empty() {
+            return Some("the prefix before '/' is empty".to_owned());
+        }
+        if !is_dns1123_subdomain(prefix) {
+            return Some(format!(
+                "the prefix {prefix:?} is not a lowercase DNS subdomain of at most 253 characters"
+            ));
+        }
+    }
+    if name.is_empty() {
+        return Some("the name is empty".to_owned());
+    }
+    if name.len() > LABEL_NAME_MAX {
+        return Some(format!("the name has {} characters", name.len()));
+    }
+    if !is_label_name_syntax(name) {
+        return Some(format!(
+            "the name {name:?} has characters that are not allowed"
+        ));
+    }
+    None
+}
+
+/// Why `value` is not a valid label value, or `None` if it is one (empty is valid).
+pub fn label_value_problem(value: &str) -> Option<String> {
+    if value.len() > LABEL_NAME_MAX {
+        Some(format!("it has {} characters", value.len()))
+    } else if !value.is_empty() && !is_label_name_syntax(value) {
+        Some("it has characters that are not allowed".to_owned())
+    } else {
+        None
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Update rules
+// ---------------------------------------------------------------------------------------------
+
+/// Rules 22–30.
+fn check_update(old: &LVMClusterSpec, new: &LVMClusterSpec, review: &mut Review) {
+    let old_classes = &old.storage.device_classes;
+    let new_classes = &new.storage.device_classes;
+
+    // Rule 23.
+    if new_classes.is_empty() {
+        review.error(
+            "spec.storage.deviceClasses",
+            "at least one device class must remain: keep a device class, or delete the LVMCluster to \
+             remove all storage",
+        );
+    }
+    for removed in old_classes
+        .iter()
+        .filter(|o| o.default && !new_classes.iter().any(|n| n.name == o.name))
+    {
+        review.error(
+            "spec.storage.deviceClasses",
+            format!(
+                "device class {:?} is the default and cannot be removed: first make another class the \
+                 default (default: true there, default: false on {:?}) in its own update, then remove it",
+                removed.name, removed.name
+            ),
+        );
+    }
+
+    for (i, class) in new_classes.iter().enumerate() {
+        if let Some(before) = old_classes.iter().find(|o| o.name == class.name) {
+            check_class_update(before, class, &class_path(i), review);
+        }
+    }
+}
+
+/// Rules 22 and 24–30 for one class that exists in both versions.
+fn check_class_update(old: &DeviceClass, new: &DeviceClass, at: &str, review: &mut Review) {
+    check_storage_class_update(old, new, at, review);
+    check_thin_pool_update(old, new, at, review);
+
+    // Rule 26.
+    if old.raid_config != new.raid_config {
+        let what = match (&old.raid_config, &new.raid_config) {
+            (None, _) => {
+                "cannot be added to an existing device class: remove raidConfig, or add a new \
+                          device class with RAID"
+                    .to_owned()
+            }
+            (Some(_), None) => {
+                "cannot be removed from an existing device class, whose volumes are RAID \
+                                volumes: restore raidConfig as it was"
+                    .to_owned()
+            }
+            (Some(before), Some(_)) => format!(
+                "cannot change on an existing device class, whose volumes already have this layout: restore \
+                 it as it was ({}{}), or add a new device class with the new layout",
+                before.raid_type,
+                layout(before)
+            ),
+        };
+        review.error(format!("{at}.raidConfig"), format!("raidConfig {what}"));
+    }
+
+    // Rule 27.
+    if old.node_selector != new.node_selector {
+        review.error(
+            format!("{at}.nodeSelector"),
+            "nodeSelector cannot change, since volume groups already exist on the selected nodes: restore \
+             the previous nodeSelector, or add a new device class for other nodes",
+        );
+    }
+
+    // Rule 28.
+    let force_wipe = |c: &DeviceClass| {
+        c.device_selector
+            .as_ref()
+            .and_then(|s| s.force_wipe_devices_and_destroy_all_data)
+            .unwrap_or(false)
+    };
+    if force_wipe(old) != force_wipe(new) {
+        review.error(
+            format!("{at}.deviceSelector.forceWipeDevicesAndDestroyAllData"),
+            format!(
+                "forceWipeDevicesAndDestroyAllData cannot change after the device class is created: set it \
+                 back to {}",
+                force_wipe(old)
+            ),
+        );
+    }
+
+    // Rules 29 and 30.
+    match (has_paths(old), has_paths(new)) {
+        (false, true) => review.error(
+            format!("{at}.deviceSelector"),
+            format!(
+                "device class {:?} was created without paths, so its devices are discovered on each node, \
+                 and paths cannot be added later: remove deviceSelector, or add a new device class with \
+                 these paths",
+                new.name
+            ),
+        ),
+        (true, false) => review.error(
+            format!("{at}.deviceSelector"),
+            format!(
+                "device class {:?} had device paths and cannot lose all of them: keep at least one of its \
+                 paths or optionalPaths",
+                new.name
+            ),
+        ),
+        _ => {}
+    }
+}
+
+/// Rule 22: what the StorageClass was created with cannot change, since StorageClasses are
+/// immutable; options added to an existing class must therefore equal the defaults.
+fn check_storage_class_update(old: &DeviceClass, new: &DeviceClass, at: &str, review: &mut Review) {
+    let default_options = StorageClassOptions::default();
+    let before = old
+        .storage_class_options
+        .as_ref()
+        .unwrap_or(&default_options);
+    let after = new
+        .storage_class_options
+        .as_ref()
+        .unwrap_or(&default_options);
+    let class = storage_class_name(&new.name);
+    let added = if old.storage_class_options.is_none() && new.storage_class_options.is_some() {
+        "storageClassOptions added to an existing device class must keep the values its StorageClass was \
+         created with (the defaults); "
+    } else {
+        ""
+    };
+    let recreate = "to change it, delete and recreate the LVMCluster";
+
+    let (old_policy, new_policy) = (
+        before.reclaim_policy_or_default(),
+        after.reclaim_policy_or_default(),
+    );
+    if old_policy != new_policy {
+        review.error(
+            format!("{at}.storageClassOptions.reclaimPolicy"),
+            format!(
+                "{added}StorageClass {class} was created with reclaimPolicy {old_policy}, and a \
+                 StorageClass cannot change it: set reclaimPolicy: {old_policy}; {recreate}"
+            ),
+        );
+    }
+    let (old_mode, new_mode) = (
+        before.volume_binding_mode_or_default(),
+        after.volume_binding_mode_or_default(),
+    );
+    if old_mode != new_mode {
+        review.error(
+            format!("{at}.storageClassOptions.volumeBindingMode"),
+            format!(
+                "{added}StorageClass {class} was created with volumeBindingMode {old_mode}, and a \
+                 StorageClass cannot change it: set volumeBindingMode: {old_mode}; {recreate}"
+            ),
+        );
+    }
+    if before.additional_parameters != after.additional_parameters {
+        let was = if before.additional_parameters.is_empty() {
+            "no additional parameters: remove additionalParameters".to_owned()
+        } else {
+            format!(
+                "additionalParameters {:?}: restore them",
+                before.additional_parameters
+            )
+        };
+        review.error(
+            format!("{at}.storageClassOptions.additionalParameters"),
+            format!(
+                "{added}StorageClass {class} was created with {was}, since StorageClass parameters cannot \
+                 change; {recreate}"
+            ),
+        );
+    }
+    let (old_fs, new_fs) = (old.fstype_or_default(), new.fstype_or_default());
+    if old_fs != new_fs {
+        review.error(
+            format!("{at}.fstype"),
+            format!(
+                "StorageClass {class} was created with fstype {old_fs}, and StorageClass parameters cannot \
+                 change: set fstype: {old_fs}; {recreate}"
+            ),
+        );
+    }
+}
+
+/// The effective chunk size in bytes (`None` under the Host policy), or the raw quantity when it
+/// does not parse (the create rules report that).
+fn effective_chunk_size(pool: &ThinPoolConfig) -> Option<Result<u64, String>> {
+    match pool.chunk_size_policy_or_default() {
+        ChunkSizeCalculationPolicy::Host => None,
+        ChunkSizeCalculationPolicy::Static => {
+            let q = pool
+                .chunk_size
+                .as_ref()
+                .map_or(lvms_api::DEFAULT_CHUNK_SIZE, |q| q.0.as_str());
+            Some(q.parse::<ByteSize>().map(|s| s.0).map_err(|_| q.to_owned()))
+        }
+    }
+}
+
+/// Rules 24 and 25.
+fn check_thin_pool_update(old: &DeviceClass, new: &DeviceClass, at: &str, review: &mut Review) {
+    let at = format!("{at}.thinPoolConfig");
+    let (before, after) = match (&old.thin_pool_config, &new.thin_pool_config) {
+        (None, None) => return,
+        (Some(before), None) => {
+            review.error(
+                at,
+                format!(
+                    "thinPoolConfig cannot be removed from an existing device class, whose thin pool and \
+                     volumes exist on the nodes: restore it as it was (name {:?}), or add a new device \
+                     class for thick volumes",
+                    before.name
+                ),
+            );
+            return;
+        }
+        (None, Some(_)) => {
+            review.error(
+                at,
+                "thinPoolConfig cannot be added to an existing device class, whose volume group already \
+                 holds thick volumes: remove thinPoolConfig, or add a new device class with a thin pool",
+            );
+            return;
+        }
+        (Some(before), Some(after)) => (before, after),
+    };
+
+    let immutable = |field: &str, restore: &str| {
+        format!(
+            "thinPoolConfig.{field} cannot change once the thin pool exists: {restore}, or add a new device \
+             class with the new setting"
+        )
+    };
+    if before.name != after.name {
+        review.error(
+            format!("{at}.name"),
+            immutable("name", &format!("set it back to {:?}", before.name)),
+        );
+    }
+    if before.size_percent_or_default() != after.size_percent_or_default() {
+        review.error(
+            format!("{at}.sizePercent"),
+            immutable(
+                "sizePercent",
+                &format!("set it back to {}", before.size_percent_or_default()),
+            ),
+        );
+    }
+    let (old_policy, new_policy) = (
+        before.chunk_size_policy_or_default(),
+        after.chunk_size_policy_or_default(),
+    );
+    if old_policy != new_policy {
+        review.error(
+            format!("{at}.chunkSizeCalculationPolicy"),
+            immutable(
+                "chunkSizeCalculationPolicy",
+                &format!("set it back to {old_policy}"),
+            ),
+        );
+    } else if effective_chunk_size(before) != effective_chunk_size(after) {
+        let restore = before.chunk_size.as_ref().map_or_else(
+            || {
+                format!(
+                    "remove it again (unset means {})",
+                    lvms_api::DEFAULT_CHUNK_SIZE
+                )
+            },
+            |q| format!("set it back to {}", q.0),
+        );
+        review.error(format!("{at}.chunkSize"), immutable("chunkSize", &restore));
+    }
+
+    // Rule 25.
+    let metadata = |pool: &ThinPoolConfig| {
+        pool.metadata_size
+            .as_ref()
+            .map_or(DEFAULT_METADATA_SIZE, |q| q.0.as_str())
+            .parse::<ByteSize>()
+            .ok()
+    };
+    if before.metadata_size_policy_or_default() == MetadataSizePolicy::Static
+        && after.metadata_size_policy_or_default() == MetadataSizePolicy::Static
+        && let (Some(was), Some(now)) = (metadata(before), metadata(after))
+        && now < was
+    {
+        review.error(
+            format!("{at}.metadataSize"),
+            format!(
+                "the thin pool's metadata cannot shrink: it is {was} now, so set metadataSize to {was} or \
+                 more"
+            ),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests;
