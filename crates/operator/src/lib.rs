@@ -1,0 +1,24 @@
+//! The operator's pure planning logic: from an `LVMCluster` (the spec) and what the operator observed
+//! in the cluster to what should exist. No client, no async: the reconcilers read the world, call
+//! these functions, and execute the result with server-side apply (field manager
+//! [`lvms_api::OPERATOR_FIELD_MANAGER`]).
+//!
+//! - [`mod@render`]: the objects an `LVMCluster` stands for (one `LVMVolumeGroup`, `StorageClass` and, for
+//!   thin classes, `VolumeSnapshotClass` per device class; the `CSIDriver`; the node `DaemonSet`).
+//! - [`status`]: `LVMCluster.status` aggregated from the nodes' `LVMVolumeGroupNodeStatus` reports, and
+//!   which nodes each device class selects ([`selector`] holds the Kubernetes matching rules).
+//! - [`finalizer`]: when deleting an `LVMCluster` may proceed, and what to clean up after nodes that no
+//!   longer exist.
+#![forbid(unsafe_code)]
+
+pub mod finalizer;
+pub mod render;
+pub mod selector;
+pub mod status;
+
+pub use finalizer::{DeletionPlan, NodeCleanup, ObjectKey, cluster_deletion, node_removal};
+pub use render::{RenderConfig, RenderError, Rendered, VolumeSnapshotClass, render};
+pub use status::{ResourceSync, aggregate, expected_nodes, nodes_for_class};
+
+/// `Result` with the render error.
+pub type Result<T, E = RenderError> = std::result::Result<T, E>;

@@ -1,0 +1,912 @@
+//! The objects an `LVMCluster` stands for, rendered from its spec.
+//!
+//! [`render`] returns the complete desired state; the reconciler server-side applies every object
+//! (field manager [`OPERATOR_FIELD_MANAGER`]) and deletes what it rendered before but no longer does.
+//! Every object carries the `app.kubernetes.io/*` labels. Namespaced objects (`LVMVolumeGroup`s, the
+//! `DaemonSet`) live in the operator's namespace, which must be the cluster's, and have a controller
+//! owner reference to the `LVMCluster`. Cluster-scoped objects (`StorageClass`, `VolumeSnapshotClass`,
+//! `CSIDriver`) cannot have a namespaced owner: they carry the `owned-by.topolvm.io/*` labels instead,
+//! as LVMS does, so the operator can find and delete them.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::{
+    api::{
+        apps::v1::{DaemonSet, DaemonSetSpec},
+        core::v1::{
+            Affinity, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+            HostPathVolumeSource, NodeAffinity, NodeSelector, NodeSelectorTerm,
+            ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, SecurityContext, Volume,
+            VolumeMount,
+        },
+        storage::v1::{CSIDriver, CSIDriverSpec, StorageClass},
+    },
+    apimachinery::pkg::{
+        apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference},
+        util::intstr::IntOrString,
+    },
+};
+use lvms_api::{
+    DEFAULT_DRIVER_NAME, DEFAULT_SNAPSHOT_CLASS_ANNOTATION, DEFAULT_STORAGE_CLASS_ANNOTATION,
+    DESCRIPTION_ANNOTATION, DEVICE_CLASS_PARAMETER, DeviceClass, FSTYPE_PARAMETER,
+    LABEL_APP_COMPONENT, LABEL_APP_MANAGED_BY, LABEL_APP_NAME, LABEL_APP_PART_OF,
+    LABEL_OWNED_BY_GROUP, LABEL_OWNED_BY_KIND, LABEL_OWNED_BY_NAME, LABEL_OWNED_BY_NAMESPACE,
+    LABEL_OWNED_BY_UID, LABEL_OWNED_BY_VERSION, LVM_GROUP, LVM_VERSION, LVMCluster, LVMVolumeGroup,
+    LVMVolumeGroupSpec, OPERATOR_FIELD_MANAGER, StorageClassOptions,
+    is_reserved_storage_class_label, storage_class_name,
+};
+use serde::{Deserialize, Serialize, Serializer};
+
+// ---------------------------------------------------------------------------------------------
+// Names and defaults
+// ---------------------------------------------------------------------------------------------
+
+/// Kind of the owner of everything rendered here.
+pub const LVMCLUSTER_KIND: &str = "LVMCluster";
+/// `app.kubernetes.io/managed-by` of every rendered object (LVMS's value).
+pub const MANAGED_BY: &str = OPERATOR_FIELD_MANAGER;
+/// `app.kubernetes.io/part-of` of every rendered object (LVMS's value).
+pub const PART_OF: &str = "lvms-provisioner";
+/// `app.kubernetes.io/name` of the rendered objects other than the node `DaemonSet`.
+pub const APP_NAME: &str = "lvms";
+/// Name of the node `DaemonSet`, of its service account and of its main container; also its
+/// `app.kubernetes.io/name` and `component` (LVMS's values: a DaemonSet's selector is immutable, so
+/// keeping them lets the operator take over a `vg-manager` DaemonSet LVMS created).
+pub const NODE_DAEMON_SET: &str = "vg-manager";
+/// Service account of the node `DaemonSet`'s pods.
+pub const NODE_SERVICE_ACCOUNT: &str = "vg-manager";
+/// `app.kubernetes.io/component` of `LVMVolumeGroup`s.
+pub const COMPONENT_VOLUME_GROUP: &str = "volume-group";
+/// `app.kubernetes.io/component` of `StorageClass`es.
+pub const COMPONENT_STORAGE_CLASS: &str = "storage-class";
+/// `app.kubernetes.io/component` of `VolumeSnapshotClass`es.
+pub const COMPONENT_SNAPSHOT_CLASS: &str = "volume-snapshot-class";
+/// `app.kubernetes.io/component` of the `CSIDriver`.
+pub const COMPONENT_CSI_DRIVER: &str = "csi-driver";
+/// The `description` annotation on rendered StorageClasses (LVMS's text).
+pub const STORAGE_CLASS_DESCRIPTION: &str = "Provides RWO and RWOP Filesystem & Block volumes";
+
+/// Default image of the `node-driver-registrar` sidecar.
+pub const DEFAULT_NODE_DRIVER_REGISTRAR_IMAGE: &str =
+    "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.13.0";
+/// Default image of the `livenessprobe` sidecar.
+pub const DEFAULT_LIVENESSPROBE_IMAGE: &str = "registry.k8s.io/sig-storage/livenessprobe:v2.15.0";
+/// Default kubelet root directory.
+pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet";
+/// Default priority class of the node pods: they hold node-local storage every consumer pod needs.
+pub const DEFAULT_NODE_PRIORITY_CLASS: &str = "system-node-critical";
+
+/// Where the CSI plugin directory is mounted in the node pod's containers.
+pub const CSI_SOCKET_DIR: &str = "/csi";
+/// File name of the node plugin's CSI socket inside the plugin directory.
+pub const CSI_SOCKET_NAME: &str = "csi.sock";
+/// Port of the `livenessprobe` sidecar's `/healthz` (TopoLVM's).
+pub const HEALTHZ_PORT: i32 = 9808;
+/// Port of the `node-driver-registrar` sidecar's `/healthz` (TopoLVM's).
+pub const REGISTRAR_HEALTHZ_PORT: i32 = 9809;
+
+/// Environment variable giving the node agent its node's name (from `spec.nodeName`).
+pub const ENV_NODE_NAME: &str = "NODE_NAME";
+/// Environment variable giving the node agent its namespace (from `metadata.namespace`).
+pub const ENV_NAMESPACE: &str = "NAMESPACE";
+/// Environment variable giving the node agent the CSI endpoint to serve.
+pub const ENV_CSI_ENDPOINT: &str = "CSI_ENDPOINT";
+/// Environment variable giving the node agent the CSI driver name.
+pub const ENV_CSI_DRIVER_NAME: &str = "CSI_DRIVER_NAME";
+
+/// API group of `VolumeSnapshotClass`.
+pub const SNAPSHOT_GROUP: &str = "snapshot.storage.k8s.io";
+/// API version of `VolumeSnapshotClass`.
+pub const SNAPSHOT_VERSION: &str = "v1";
+/// `apiVersion` of `VolumeSnapshotClass`.
+pub const SNAPSHOT_API_VERSION: &str = "snapshot.storage.k8s.io/v1";
+/// Kind of `VolumeSnapshotClass`.
+pub const SNAPSHOT_CLASS_KIND: &str = "VolumeSnapshotClass";
+/// Plural of `VolumeSnapshotClass`.
+pub const SNAPSHOT_CLASS_PLURAL: &str = "volumesnapshotclasses";
+
+// ---------------------------------------------------------------------------------------------
+// Input and output
+// ---------------------------------------------------------------------------------------------
+
+/// Operator configuration and the few observations of the cluster rendering depends on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderConfig {
+    /// The operator's namespace; namespaced objects go here, and the `LVMCluster` must be in it.
+    pub namespace: String,
+    /// CSI driver name: the `CSIDriver`'s name and every StorageClass's provisioner
+    /// (default [`DEFAULT_DRIVER_NAME`]).
+    pub driver_name: String,
+    /// Image of the node agent (`lvms`).
+    pub image: String,
+    /// Command of the node agent's container (default `["lvms", "node"]`).
+    pub node_command: Vec<String>,
+    /// Image of the `node-driver-registrar` sidecar; configurable for mirrors and air-gapped
+    /// clusters (default [`DEFAULT_NODE_DRIVER_REGISTRAR_IMAGE`]).
+    pub node_driver_registrar_image: String,
+    /// Image of the `livenessprobe` sidecar; configurable (default [`DEFAULT_LIVENESSPROBE_IMAGE`]).
+    pub livenessprobe_image: String,
+    /// Kubelet root directory on the nodes (default [`DEFAULT_KUBELET_DIR`]; k0s and microk8s use
+    /// others).
+    pub kubelet_dir: String,
+    /// Priority class of the node pods (default [`DEFAULT_NODE_PRIORITY_CLASS`]).
+    pub priority_class_name: String,
+    /// Observed: whether the cluster serves `snapshot.storage.k8s.io/v1` `VolumeSnapshotClass`.
+    /// Without it no snapshot classes are rendered (and nothing fails).
+    pub snapshot_api_available: bool,
+    /// Observed: a StorageClass not rendered from this `LVMCluster` that is already the cluster's
+    /// default. When set, the default device class's StorageClass is not annotated as default, so
+    /// the cluster never has two defaults (LVMS does the same).
+    pub existing_default_storage_class: Option<String>,
+}
+
+impl RenderConfig {
+    /// The defaults, with the operator's namespace and the node agent's image.
+    pub fn new(namespace: impl Into<String>, image: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            driver_name: DEFAULT_DRIVER_NAME.to_owned(),
+            image: image.into(),
+            node_command: vec!["lvms".to_owned(), "node".to_owned()],
+            node_driver_registrar_image: DEFAULT_NODE_DRIVER_REGISTRAR_IMAGE.to_owned(),
+            livenessprobe_image: DEFAULT_LIVENESSPROBE_IMAGE.to_owned(),
+            kubelet_dir: DEFAULT_KUBELET_DIR.to_owned(),
+            priority_class_name: DEFAULT_NODE_PRIORITY_CLASS.to_owned(),
+            snapshot_api_available: false,
+            existing_default_storage_class: None,
+        }
+    }
+
+    fn validate(&self) -> Result<(), RenderError> {
+        let bad =
+            |field: &'static str, problem: String| Err(RenderError::Config { field, problem });
+        if self.namespace.is_empty() {
+            return bad(
+                "namespace",
+                "is empty: set it to the namespace the operator runs in".into(),
+            );
+        }
+        if !is_dns_subdomain(&self.driver_name) || self.driver_name.len() > 63 {
+            return bad(
+                "driver_name",
+                format!(
+                    "{:?} is not a CSI driver name: use at most 63 lowercase letters, digits, '-' and '.', \
+                     starting and ending with a letter or digit (default {DEFAULT_DRIVER_NAME})",
+                    self.driver_name
+                ),
+            );
+        }
+        for (field, image) in [
+            ("image", &self.image),
+            (
+                "node_driver_registrar_image",
+                &self.node_driver_registrar_image,
+            ),
+            ("livenessprobe_image", &self.livenessprobe_image),
+        ] {
+            if image.trim().is_empty() {
+                return bad(field, "is empty: set the container image to run".into());
+            }
+        }
+        if self.node_command.is_empty() {
+            return bad(
+                "node_command",
+                "is empty: set the node agent's command, e.g. [\"lvms\", \"node\"]".into(),
+            );
+        }
+        if !self.kubelet_dir.starts_with('/') || self.kubelet_dir.trim_end_matches('/').is_empty() {
+            return bad(
+                "kubelet_dir",
+                format!(
+                    "{:?} is not an absolute directory below /: use the kubelet's --root-dir \
+                     (default {DEFAULT_KUBELET_DIR})",
+                    self.kubelet_dir
+                ),
+            );
+        }
+        if self.priority_class_name.is_empty() {
+            return bad(
+                "priority_class_name",
+                format!("is empty: use {DEFAULT_NODE_PRIORITY_CLASS} or another priority class"),
+            );
+        }
+        Ok(())
+    }
+
+    fn kubelet_dir(&self) -> &str {
+        self.kubelet_dir.trim_end_matches('/')
+    }
+
+    /// Host directory of the node plugin's socket: `<kubelet>/plugins/<driver>/`.
+    pub fn plugin_dir(&self) -> String {
+        format!("{}/plugins/{}/", self.kubelet_dir(), self.driver_name)
+    }
+
+    /// Host directory kubelet watches for plugin registration sockets.
+    pub fn registration_dir(&self) -> String {
+        format!("{}/plugins_registry/", self.kubelet_dir())
+    }
+
+    /// Host path of the node plugin's CSI socket, as kubelet must dial it.
+    pub fn kubelet_registration_path(&self) -> String {
+        format!("{}{CSI_SOCKET_NAME}", self.plugin_dir())
+    }
+}
+
+/// Everything an `LVMCluster` stands for, in device-class order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rendered {
+    /// One per device class, named after it.
+    pub volume_groups: Vec<LVMVolumeGroup>,
+    /// One per device class, `lvms-<class>`.
+    pub storage_classes: Vec<StorageClass>,
+    /// One per thin device class, `lvms-<class>`; none without the snapshot API.
+    pub snapshot_classes: Vec<VolumeSnapshotClass>,
+    /// The CSI driver object.
+    pub csi_driver: CSIDriver,
+    /// The node agent (`vg-manager`).
+    pub daemon_set: DaemonSet,
+}
+
+/// Why an `LVMCluster` cannot be rendered. Each message names the field and how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenderError {
+    /// The cluster has no name.
+    #[error(
+        "the LVMCluster has no metadata.name: render the object as read from the API server, not a bare spec"
+    )]
+    MissingName,
+    /// The cluster has no UID (owner references and owned-by labels need it).
+    #[error(
+        "LVMCluster {name} has no metadata.uid: owner references need it; render the object as read from the API server, not a manifest"
+    )]
+    MissingUid {
+        /// Cluster name.
+        name: String,
+    },
+    /// The cluster is not in the operator's namespace.
+    #[error(
+        "LVMCluster {name} is in namespace {found:?} but the operator runs in {expected:?}: owner references cannot cross namespaces; create the LVMCluster in {expected:?}"
+    )]
+    WrongNamespace {
+        /// Cluster name.
+        name: String,
+        /// The cluster's namespace (`None`: unset).
+        found: Option<String>,
+        /// The operator's namespace.
+        expected: String,
+    },
+    /// No device class at all.
+    #[error("spec.storage.deviceClasses is empty: add at least one device class")]
+    NoDeviceClasses,
+    /// A device class name used twice.
+    #[error(
+        "spec.storage.deviceClasses[{index}].name {name:?} is used by an earlier device class too: give every device class its own name"
+    )]
+    DuplicateDeviceClass {
+        /// Index of the second occurrence.
+        index: usize,
+        /// The name.
+        name: String,
+    },
+    /// A device class without a name.
+    #[error("spec.storage.deviceClasses[{index}].name is empty: name the device class")]
+    UnnamedDeviceClass {
+        /// Index of the class.
+        index: usize,
+    },
+    /// A node selector without terms selects no node.
+    #[error(
+        "spec.storage.deviceClasses[{index}].nodeSelector (device class {name:?}) has no nodeSelectorTerms, so it selects no node: remove nodeSelector to use every node, or add a term"
+    )]
+    EmptyNodeSelector {
+        /// Index of the class.
+        index: usize,
+        /// Name of the class.
+        name: String,
+    },
+    /// A [`RenderConfig`] field is unusable.
+    #[error("operator configuration {field} {problem}")]
+    Config {
+        /// The field.
+        field: &'static str,
+        /// What is wrong and how to fix it.
+        problem: String,
+    },
+}
+
+/// A `snapshot.storage.k8s.io/v1` `VolumeSnapshotClass` (k8s-openapi has no type for it: it is a
+/// CRD of the external snapshotter). Serialises with its `apiVersion` and `kind`, and implements
+/// k8s-openapi's `Resource` and `Metadata`, so a typed client can apply it.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeSnapshotClass {
+    /// Name and labels.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// CSI driver that takes the snapshots.
+    pub driver: String,
+    /// `Delete` or `Retain`: what happens to the snapshot content when the snapshot goes.
+    pub deletion_policy: String,
+    /// Driver parameters.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub parameters: BTreeMap<String, String>,
+}
+
+impl Serialize for VolumeSnapshotClass {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Wire<'a> {
+            api_version: &'static str,
+            kind: &'static str,
+            metadata: &'a ObjectMeta,
+            driver: &'a str,
+            deletion_policy: &'a str,
+            #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+            parameters: &'a BTreeMap<String, String>,
+        }
+        Wire {
+            api_version: SNAPSHOT_API_VERSION,
+            kind: SNAPSHOT_CLASS_KIND,
+            metadata: &self.metadata,
+            driver: &self.driver,
+            deletion_policy: &self.deletion_policy,
+            parameters: &self.parameters,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl k8s_openapi::Resource for VolumeSnapshotClass {
+    const API_VERSION: &'static str = SNAPSHOT_API_VERSION;
+    const GROUP: &'static str = SNAPSHOT_GROUP;
+    const KIND: &'static str = SNAPSHOT_CLASS_KIND;
+    const VERSION: &'static str = SNAPSHOT_VERSION;
+    const URL_PATH_SEGMENT: &'static str = SNAPSHOT_CLASS_PLURAL;
+    type Scope = k8s_openapi::ClusterResourceScope;
+}
+
+impl k8s_openapi::ListableResource for VolumeSnapshotClass {
+    const LIST_KIND: &'static str = "VolumeSnapshotClassList";
+}
+
+impl k8s_openapi::Metadata for VolumeSnapshotClass {
+    type Ty = ObjectMeta;
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ownership
+// ---------------------------------------------------------------------------------------------
+
+/// The identity of a rendered object's owner, checked once.
+struct Owner<'a> {
+    name: &'a str,
+    namespace: &'a str,
+    uid: &'a str,
+}
+
+impl<'a> Owner<'a> {
+    fn of(cluster: &'a LVMCluster, namespace: &str) -> Result<Self, RenderError> {
+        let meta = &cluster.metadata;
+        let name = meta
+            .name
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .ok_or(RenderError::MissingName)?;
+        let uid = meta
+            .uid
+            .as_deref()
+            .filter(|u| !u.is_empty())
+            .ok_or_else(|| RenderError::MissingUid { name: name.into() })?;
+        match meta.namespace.as_deref() {
+            Some(ns) if ns == namespace => Ok(Self {
+                name,
+                namespace: ns,
+                uid,
+            }),
+            found => Err(RenderError::WrongNamespace {
+                name: name.into(),
+                found: found.map(str::to_owned),
+                expected: namespace.into(),
+            }),
+        }
+    }
+
+    fn reference(&self) -> OwnerReference {
+        OwnerReference {
+            api_version: format!("{LVM_GROUP}/{LVM_VERSION}"),
+            kind: LVMCLUSTER_KIND.into(),
+            name: self.name.into(),
+            uid: self.uid.into(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }
+    }
+
+    fn labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (LABEL_OWNED_BY_NAME.into(), self.name.into()),
+            (LABEL_OWNED_BY_NAMESPACE.into(), self.namespace.into()),
+            (LABEL_OWNED_BY_UID.into(), self.uid.into()),
+            (LABEL_OWNED_BY_GROUP.into(), LVM_GROUP.into()),
+            (LABEL_OWNED_BY_VERSION.into(), LVM_VERSION.into()),
+            (LABEL_OWNED_BY_KIND.into(), LVMCLUSTER_KIND.into()),
+        ])
+    }
+
+    /// Metadata of a namespaced object: operator namespace, owner reference, `labels`.
+    fn namespaced_meta(&self, name: String, labels: BTreeMap<String, String>) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name),
+            namespace: Some(self.namespace.into()),
+            labels: Some(labels),
+            owner_references: Some(vec![self.reference()]),
+            ..ObjectMeta::default()
+        }
+    }
+
+    /// Metadata of a cluster-scoped object: `labels` plus the owned-by labels.
+    fn cluster_meta(&self, name: String, mut labels: BTreeMap<String, String>) -> ObjectMeta {
+        labels.extend(self.labels());
+        ObjectMeta {
+            name: Some(name),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        }
+    }
+}
+
+/// The controller owner reference every namespaced object rendered from `cluster` carries.
+pub fn owner_reference(
+    cluster: &LVMCluster,
+    cfg: &RenderConfig,
+) -> Result<OwnerReference, RenderError> {
+    Ok(Owner::of(cluster, &cfg.namespace)?.reference())
+}
+
+/// The `owned-by.topolvm.io/*` labels every cluster-scoped object rendered from `cluster` carries;
+/// the reconciler lists StorageClasses and VolumeSnapshotClasses with them to find stale ones.
+pub fn owned_by_labels(
+    cluster: &LVMCluster,
+    cfg: &RenderConfig,
+) -> Result<BTreeMap<String, String>, RenderError> {
+    Ok(Owner::of(cluster, &cfg.namespace)?.labels())
+}
+
+/// The `app.kubernetes.io/*` labels.
+pub fn app_labels(name: &str, component: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_APP_NAME.into(), name.into()),
+        (LABEL_APP_COMPONENT.into(), component.into()),
+        (LABEL_APP_PART_OF.into(), PART_OF.into()),
+        (LABEL_APP_MANAGED_BY.into(), MANAGED_BY.into()),
+    ])
+}
+
+// ---------------------------------------------------------------------------------------------
+// render
+// ---------------------------------------------------------------------------------------------
+
+/// Renders every object `cluster` stands for. Pure: the same cluster and config give the same
+/// objects, so applying them is idempotent.
+pub fn render(cluster: &LVMCluster, cfg: &RenderConfig) -> Result<Rendered, RenderError> {
+    cfg.validate()?;
+    let owner = Owner::of(cluster, &cfg.namespace)?;
+    let classes = &cluster.spec.storage.device_classes;
+    check_device_classes(classes)?;
+
+    let volume_groups = classes
+        .iter()
+        .map(|class| volume_group(&owner, class))
+        .collect();
+    let storage_classes = classes
+        .iter()
+        .map(|class| storage_class(&owner, cfg, class))
+        .collect();
+    let snapshot_classes = if cfg.snapshot_api_available {
+        classes
+            .iter()
+            .filter(|class| class.thin_pool_config.is_some())
+            .map(|class| snapshot_class(&owner, cfg, class))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    Ok(Rendered {
+        volume_groups,
+        storage_classes,
+        snapshot_classes,
+        csi_driver: csi_driver(&owner, cfg),
+        daemon_set: daemon_set(&owner, cfg, cluster),
+    })
+}
+
+fn check_device_classes(classes: &[DeviceClass]) -> Result<(), RenderError> {
+    if classes.is_empty() {
+        return Err(RenderError::NoDeviceClasses);
+    }
+    let mut seen = BTreeSet::new();
+    for (index, class) in classes.iter().enumerate() {
+        if class.name.is_empty() {
+            return Err(RenderError::UnnamedDeviceClass { index });
+        }
+        if !seen.insert(class.name.as_str()) {
+            return Err(RenderError::DuplicateDeviceClass {
+                index,
+                name: class.name.clone(),
+            });
+        }
+        if class
+            .node_selector
+            .as_ref()
+            .is_some_and(|s| s.node_selector_terms.is_empty())
+        {
+            return Err(RenderError::EmptyNodeSelector {
+                index,
+                name: class.name.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn volume_group(owner: &Owner<'_>, class: &DeviceClass) -> LVMVolumeGroup {
+    LVMVolumeGroup {
+        metadata: owner.namespaced_meta(
+            class.name.clone(),
+            app_labels(APP_NAME, COMPONENT_VOLUME_GROUP),
+        ),
+        spec: LVMVolumeGroupSpec {
+            device_discovery_policy: class.device_discovery_policy,
+            device_selector: class.device_selector.clone(),
+            node_selector: class.node_selector.clone(),
+            thin_pool_config: class.thin_pool_config.clone(),
+            raid_config: class.raid_config.clone(),
+            default: class.default,
+        },
+        status: None,
+    }
+}
+
+fn storage_class(owner: &Owner<'_>, cfg: &RenderConfig, class: &DeviceClass) -> StorageClass {
+    let options = class.storage_class_options.clone().unwrap_or_default();
+    let StorageClassOptions {
+        additional_parameters,
+        additional_labels,
+        ..
+    } = &options;
+
+    // The user's extras first, then ours: a reserved key (which the webhook rejects anyway) can
+    // never override what the driver and the operator rely on.
+    let mut labels: BTreeMap<String, String> = additional_labels
+        .iter()
+        .filter(|(key, _)| !is_reserved_storage_class_label(key))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    labels.extend(app_labels(APP_NAME, COMPONENT_STORAGE_CLASS));
+    let mut parameters = additional_parameters.clone();
+    parameters.insert(DEVICE_CLASS_PARAMETER.into(), class.name.clone());
+    parameters.insert(
+        FSTYPE_PARAMETER.into(),
+        class.fstype_or_default().as_str().into(),
+    );
+
+    let mut annotations = BTreeMap::from([(
+        DESCRIPTION_ANNOTATION.to_owned(),
+        STORAGE_CLASS_DESCRIPTION.to_owned(),
+    )]);
+    if class.default && cfg.existing_default_storage_class.is_none() {
+        annotations.insert(DEFAULT_STORAGE_CLASS_ANNOTATION.into(), "true".into());
+    }
+    let mut metadata = owner.cluster_meta(storage_class_name(&class.name), labels);
+    metadata.annotations = Some(annotations);
+
+    StorageClass {
+        metadata,
+        provisioner: cfg.driver_name.clone(),
+        parameters: Some(parameters),
+        reclaim_policy: Some(options.reclaim_policy_or_default().as_str().into()),
+        volume_binding_mode: Some(options.volume_binding_mode_or_default().as_str().into()),
+        allow_volume_expansion: Some(true),
+        allowed_topologies: None,
+        mount_options: None,
+    }
+}
+
+fn snapshot_class(
+    owner: &Owner<'_>,
+    cfg: &RenderConfig,
+    class: &DeviceClass,
+) -> VolumeSnapshotClass {
+    let mut metadata = owner.cluster_meta(
+        storage_class_name(&class.name),
+        app_labels(APP_NAME, COMPONENT_SNAPSHOT_CLASS),
+    );
+    // The snapshot controller picks the driver's default class for a VolumeSnapshot that names
+    // none; TopoLVM snapshot classes carry no parameters, so the default class's is as good as any.
+    if class.default {
+        metadata.annotations = Some(BTreeMap::from([(
+            DEFAULT_SNAPSHOT_CLASS_ANNOTATION.to_owned(),
+            "true".to_owned(),
+        )]));
+    }
+    VolumeSnapshotClass {
+        metadata,
+        driver: cfg.driver_name.clone(),
+        deletion_policy: "Delete".into(),
+        parameters: BTreeMap::new(),
+    }
+}
+
+fn csi_driver(owner: &Owner<'_>, cfg: &RenderConfig) -> CSIDriver {
+    CSIDriver {
+        metadata: owner.cluster_meta(
+            cfg.driver_name.clone(),
+            app_labels(APP_NAME, COMPONENT_CSI_DRIVER),
+        ),
+        spec: CSIDriverSpec {
+            // No ControllerPublish: skip the attach round trip (TopoLVM, LVMS).
+            attach_required: Some(false),
+            pod_info_on_mount: Some(true),
+            // CSIStorageCapacity objects steer the scheduler to nodes with room.
+            storage_capacity: Some(true),
+            volume_lifecycle_modes: Some(vec!["Persistent".into()]),
+            // TopoLVM leaves the default, ReadWriteOnceWithFSType, under which kubelet applies a
+            // pod's fsGroup only to ReadWriteOnce volumes, not ReadWriteOncePod ones. Our volumes
+            // are node-local with one writer node, so applying it always is right.
+            fs_group_policy: Some("File".into()),
+            ..CSIDriverSpec::default()
+        },
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The node DaemonSet
+// ---------------------------------------------------------------------------------------------
+
+/// The node affinity of the node pods: the union of the device classes' node selectors, or `None`
+/// (every node) if any class has none. Identical terms appear once, in first-seen order.
+/// A selector without terms selects no node; [`render`] refuses such a class before it gets here.
+pub fn node_selector_union(classes: &[DeviceClass]) -> Option<NodeSelector> {
+    let mut terms: Vec<NodeSelectorTerm> = Vec::new();
+    for class in classes {
+        let selector = class.node_selector.as_ref()?;
+        for term in &selector.node_selector_terms {
+            if !terms.contains(term) {
+                terms.push(term.clone());
+            }
+        }
+    }
+    (!terms.is_empty()).then_some(NodeSelector {
+        node_selector_terms: terms,
+    })
+}
+
+struct HostVolume {
+    name: &'static str,
+    host_path: String,
+    type_: Option<&'static str>,
+}
+
+fn host_volumes(cfg: &RenderConfig) -> Vec<HostVolume> {
+    let v = |name, host_path: &str, type_| HostVolume {
+        name,
+        host_path: host_path.to_owned(),
+        type_,
+    };
+    vec![
+        // kubelet creates it; a missing one means a wrong kubelet_dir, which should fail loudly.
+        v(
+            "registration-dir",
+            &cfg.registration_dir(),
+            Some("Directory"),
+        ),
+        v("plugin-dir", &cfg.plugin_dir(), Some("DirectoryOrCreate")),
+        v("kubelet-dir", cfg.kubelet_dir(), Some("Directory")),
+        v("device-dir", "/dev", Some("Directory")),
+        // lvm2's run and lock directories: shared with the host so lvm commands on the host and
+        // in the pod see each other's locks.
+        v("run-lvm", "/run/lvm", Some("DirectoryOrCreate")),
+        v("run-lock-lvm", "/run/lock/lvm", Some("DirectoryOrCreate")),
+        // The udev database (lsblk, blkid, lvm's udev checks) and sysfs.
+        v("run-udev", "/run/udev", None),
+        v("sys", "/sys", None),
+    ]
+}
+
+fn mount(name: &str, path: &str, propagation: Option<&str>) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        mount_propagation: propagation.map(str::to_owned),
+        ..VolumeMount::default()
+    }
+}
+
+fn healthz_probe(port: &str) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some("/healthz".into()),
+            port: IntOrString::String(port.into()),
+            ..HTTPGetAction::default()
+        }),
+        failure_threshold: Some(3),
+        initial_delay_seconds: Some(10),
+        timeout_seconds: Some(3),
+        period_seconds: Some(60),
+        ..Probe::default()
+    }
+}
+
+fn env_from_field(name: &str, field_path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: field_path.into(),
+                api_version: None,
+            }),
+            ..EnvVarSource::default()
+        }),
+        value: None,
+    }
+}
+
+fn env_value(name: &str, value: String) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value),
+        value_from: None,
+    }
+}
+
+fn daemon_set(owner: &Owner<'_>, cfg: &RenderConfig, cluster: &LVMCluster) -> DaemonSet {
+    let labels = app_labels(NODE_DAEMON_SET, NODE_DAEMON_SET);
+    let socket = format!("{CSI_SOCKET_DIR}/{CSI_SOCKET_NAME}");
+
+    let node = Container {
+        name: NODE_DAEMON_SET.into(),
+        image: Some(cfg.image.clone()),
+        command: Some(cfg.node_command.clone()),
+        env: Some(vec![
+            env_from_field(ENV_NODE_NAME, "spec.nodeName"),
+            env_from_field(ENV_NAMESPACE, "metadata.namespace"),
+            env_value(ENV_CSI_ENDPOINT, format!("unix://{socket}")),
+            env_value(ENV_CSI_DRIVER_NAME, cfg.driver_name.clone()),
+        ]),
+        // LVM and mounts need root and the host's devices; Bidirectional propagation (mounts made
+        // here must reach kubelet) requires a privileged container.
+        security_context: Some(SecurityContext {
+            privileged: Some(true),
+            run_as_user: Some(0),
+            ..SecurityContext::default()
+        }),
+        // Served by the livenessprobe sidecar, which checks the CSI socket (TopoLVM's layout).
+        ports: Some(vec![ContainerPort {
+            name: Some("healthz".into()),
+            container_port: HEALTHZ_PORT,
+            protocol: Some("TCP".into()),
+            ..ContainerPort::default()
+        }]),
+        liveness_probe: Some(healthz_probe("healthz")),
+        volume_mounts: Some(vec![
+            mount("plugin-dir", CSI_SOCKET_DIR, None),
+            // At the host's path: kubelet hands NodeStage/NodePublish host paths.
+            mount("kubelet-dir", cfg.kubelet_dir(), Some("Bidirectional")),
+            mount("device-dir", "/dev", Some("HostToContainer")),
+            mount("run-lvm", "/run/lvm", None),
+            mount("run-lock-lvm", "/run/lock/lvm", None),
+            mount("run-udev", "/run/udev", Some("HostToContainer")),
+            mount("sys", "/sys", Some("HostToContainer")),
+        ]),
+        ..Container::default()
+    };
+
+    let registrar = Container {
+        name: "node-driver-registrar".into(),
+        image: Some(cfg.node_driver_registrar_image.clone()),
+        args: Some(vec![
+            format!("--csi-address={socket}"),
+            format!(
+                "--kubelet-registration-path={}",
+                cfg.kubelet_registration_path()
+            ),
+            format!("--http-endpoint=:{REGISTRAR_HEALTHZ_PORT}"),
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some("healthz-reg".into()),
+            container_port: REGISTRAR_HEALTHZ_PORT,
+            protocol: Some("TCP".into()),
+            ..ContainerPort::default()
+        }]),
+        liveness_probe: Some(healthz_probe("healthz-reg")),
+        volume_mounts: Some(vec![
+            mount("plugin-dir", CSI_SOCKET_DIR, None),
+            mount("registration-dir", "/registration", None),
+        ]),
+        ..Container::default()
+    };
+
+    let liveness = Container {
+        name: "livenessprobe".into(),
+        image: Some(cfg.livenessprobe_image.clone()),
+        args: Some(vec![
+            format!("--csi-address={socket}"),
+            format!("--http-endpoint=:{HEALTHZ_PORT}"),
+        ]),
+        volume_mounts: Some(vec![mount("plugin-dir", CSI_SOCKET_DIR, None)]),
+        ..Container::default()
+    };
+
+    let volumes = host_volumes(cfg)
+        .into_iter()
+        .map(|v| Volume {
+            name: v.name.into(),
+            host_path: Some(HostPathVolumeSource {
+                path: v.host_path,
+                type_: v.type_.map(str::to_owned),
+            }),
+            ..Volume::default()
+        })
+        .collect();
+
+    let tolerations = &cluster.spec.tolerations;
+    let affinity =
+        node_selector_union(&cluster.spec.storage.device_classes).map(|selector| Affinity {
+            node_affinity: Some(NodeAffinity {
+                required_during_scheduling_ignored_during_execution: Some(selector),
+                preferred_during_scheduling_ignored_during_execution: None,
+            }),
+            ..Affinity::default()
+        });
+
+    DaemonSet {
+        metadata: owner.namespaced_meta(NODE_DAEMON_SET.into(), labels.clone()),
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                match_expressions: None,
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(NODE_SERVICE_ACCOUNT.into()),
+                    priority_class_name: Some(cfg.priority_class_name.clone()),
+                    tolerations: (!tolerations.is_empty()).then(|| tolerations.clone()),
+                    affinity,
+                    containers: vec![node, registrar, liveness],
+                    volumes: Some(volumes),
+                    ..PodSpec::default()
+                }),
+            },
+            ..DaemonSetSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// Whether `s` is a DNS-1123 subdomain (lowercase alphanumerics, `-` and `.`, alphanumeric at both
+/// ends, at most 253 characters).
+fn is_dns_subdomain(s: &str) -> bool {
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !s.is_empty()
+        && s.len() <= 253
+        && s.chars().all(|c| alnum(c) || c == '-' || c == '.')
+        && s.starts_with(alnum)
+        && s.ends_with(alnum)
+}
+
+#[cfg(test)]
+mod tests;
