@@ -305,9 +305,10 @@ impl<R: Runner> Filesystems<R> {
         self.run_checked(cmd.timeout(MKFS_TIMEOUT)).await.map(drop)
     }
 
-    /// Mounts `dev` at `target`: `mount -t <fstype> [-o <options>[,ro][,nouuid]] <dev> <target>`. For XFS
-    /// `nouuid` is added (a snapshot has its origin's filesystem UUID, and XFS refuses to mount a second
-    /// filesystem with the same UUID). Already mounted there with the same device and mode: `Ok`; with a
+    /// Mounts `dev` at `target`: `mount -t <fstype> [-o <options>[,ro][,nouuid][,norecovery]] <dev>
+    /// <target>`. For XFS `nouuid` is added (a snapshot has its origin's filesystem UUID, and XFS refuses to
+    /// mount a second filesystem with the same UUID), and `norecovery` when mounting a read-only device
+    /// read-only (XFS cannot replay its log there and would refuse the mount). Already mounted there with the same device and mode: `Ok`; with a
     /// different device or mode: [`Error::AlreadyExists`]. The target directory must exist.
     #[tracing::instrument(level = "debug", skip(self))]
     pub async fn mount(
@@ -348,6 +349,15 @@ impl<R: Runner> Filesystems<R> {
         }
         if fstype == Fstype::Xfs && !opts.iter().any(|o| o == "nouuid") {
             opts.push("nouuid".to_owned());
+        }
+        // XFS replays its log at mount, even read-only, and refuses a read-only device whose log needs
+        // it (a read-only thin snapshot of a mounted volume): mount what is on disk instead.
+        if fstype == Fstype::Xfs
+            && readonly
+            && device_is_read_only(dev).await
+            && !opts.iter().any(|o| o == "norecovery")
+        {
+            opts.push("norecovery".to_owned());
         }
         let mut args = vec!["-t".to_owned(), fstype_name(fstype).to_owned()];
         if !opts.is_empty() {
@@ -425,3 +435,17 @@ impl<R: Runner> Filesystems<R> {
 
 #[cfg(test)]
 mod tests;
+
+/// Whether the kernel reports the block device behind `dev` read-only (`/sys/class/block/<kname>/ro`).
+/// Unknown (no such device, no sysfs) counts as writable.
+async fn device_is_read_only(dev: &str) -> bool {
+    let Ok(real) = tokio::fs::canonicalize(dev).await else {
+        return false;
+    };
+    let Some(kname) = real.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    tokio::fs::read_to_string(format!("/sys/class/block/{kname}/ro"))
+        .await
+        .is_ok_and(|v| v.trim() == "1")
+}

@@ -123,6 +123,13 @@ fn bytes(n: u64) -> String {
     format!("{n}b")
 }
 
+/// A size argument (`--size`, `--virtualsize`, `--poolmetadatasize`): LVM rejects byte counts that are not a
+/// multiple of 512 ("Size is not a multiple of 512") before it rounds up to extents, so round up to 512 here.
+/// A CSI capacity range may ask for any byte count.
+fn size_arg(n: u64) -> String {
+    bytes(n.div_ceil(512).saturating_mul(512))
+}
+
 fn lv_path(vg: &str, lv: &str) -> String {
     format!("{vg}/{lv}")
 }
@@ -489,7 +496,7 @@ impl<R: Runner> Lvm<R> {
         match spec.size {
             PoolSize::Bytes(n) => {
                 check_size("thin pool size", n)?;
-                args.extend(["--size".to_owned(), bytes(n)]);
+                args.extend(["--size".to_owned(), size_arg(n)]);
             }
             PoolSize::PercentFree(p) => {
                 if !(1..=100).contains(&p) {
@@ -506,7 +513,7 @@ impl<R: Runner> Lvm<R> {
         }
         if let Some(m) = spec.metadata_size {
             check_size("metadata size", m)?;
-            args.extend(["--poolmetadatasize".to_owned(), bytes(m)]);
+            args.extend(["--poolmetadatasize".to_owned(), size_arg(m)]);
         }
         args.extend([
             "--zero".to_owned(),
@@ -548,7 +555,7 @@ impl<R: Runner> Lvm<R> {
             "lvextend".to_owned(),
             "--yes".to_owned(),
             "--poolmetadatasize".to_owned(),
-            bytes(new_size),
+            size_arg(new_size),
             lv_path(vg, name),
         ];
         match self.exec(args).await {
@@ -625,7 +632,7 @@ impl<R: Runner> Lvm<R> {
         }
         args.extend([
             "--size".to_owned(),
-            bytes(spec.size),
+            size_arg(spec.size),
             "--wipesignatures".to_owned(),
             "y".to_owned(),
         ]);
@@ -653,7 +660,7 @@ impl<R: Runner> Lvm<R> {
             .map(str::to_owned)
             .to_vec();
         args.extend([
-            bytes(virtual_size),
+            size_arg(virtual_size),
             "--thinpool".to_owned(),
             pool.to_owned(),
         ]);
@@ -722,7 +729,7 @@ impl<R: Runner> Lvm<R> {
             "lvextend".to_owned(),
             "--yes".to_owned(),
             "--size".to_owned(),
-            bytes(new_size),
+            size_arg(new_size),
             lv_path(vg, name),
         ];
         match self.exec(args).await {

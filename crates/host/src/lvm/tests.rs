@@ -663,6 +663,32 @@ async fn lv_create_linear() {
 }
 
 #[tokio::test]
+async fn lv_create_rounds_a_byte_size_up_to_a_multiple_of_512_as_lvm_requires() {
+    let (fake, lvm) = setup();
+    fake.expect(&[
+        "lvm",
+        "lvcreate",
+        "--yes",
+        "--type",
+        "linear",
+        "--size",
+        "10486272b",
+        "--wipesignatures",
+        "y",
+        "--addtag",
+        "lvms",
+        "--name",
+        "lv1",
+        "vg1",
+    ])
+    .succeeds();
+    let mut odd = spec(Layout::Linear);
+    odd.size = 10 * 1024 * 1024 + 1;
+    lvm.lv_create(&odd).await.unwrap();
+    fake.assert_done();
+}
+
+#[tokio::test]
 async fn lv_create_striped_with_and_without_stripe_size() {
     let (fake, lvm) = setup();
     fake.expect(&[
@@ -1051,7 +1077,7 @@ async fn lv_extend_raced_by_another_extend_is_ok() {
         "lvextend",
         "--yes",
         "--size",
-        "104857601b",
+        "104858112b",
         "vg1/lv1",
     ])
     .fails(5, stderr!("lvextend-same-size"));
