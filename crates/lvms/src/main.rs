@@ -67,6 +67,34 @@ enum Cmd {
         #[arg(long, value_name = "DIR")]
         split: Option<PathBuf>,
     },
+    /// Run the operator: the LVMCluster controller and the admission webhook.
+    Operator(OperatorArgs),
+}
+
+#[derive(clap::Args)]
+struct OperatorArgs {
+    /// The operator's namespace: the LVMCluster and the namespaced objects live here.
+    #[arg(long, env = "NAMESPACE")]
+    namespace: Option<String>,
+    /// Image of the node agent (this binary) for the node DaemonSet.
+    #[arg(long, env = "LVMS_IMAGE")]
+    image: String,
+    /// CSI driver name: the CSIDriver object and every StorageClass's provisioner.
+    #[arg(long, env = "CSI_DRIVER_NAME", default_value = lvms_api::DEFAULT_DRIVER_NAME)]
+    driver_name: String,
+    /// Directory holding the webhook's serving certificate (`tls.crt`, `tls.key`).
+    #[arg(
+        long,
+        env = "WEBHOOK_CERT_DIR",
+        default_value = "/tmp/k8s-webhook-server/serving-certs"
+    )]
+    webhook_cert_dir: PathBuf,
+    /// HTTPS port of the admission webhook (also serves `/healthz` and `/readyz`).
+    #[arg(long, env = "WEBHOOK_PORT", default_value_t = 9443)]
+    webhook_port: u16,
+    /// Port of `/metrics`.
+    #[arg(long, env = "METRICS_PORT", default_value_t = 8080)]
+    metrics_port: u16,
 }
 
 fn main() -> Result<()> {
@@ -80,8 +108,80 @@ fn main() -> Result<()> {
             Cmd::Converge { config, output } => cmd_converge(&config, output).await,
             Cmd::Devices { config, output } => cmd_devices(config.as_deref(), output).await,
             Cmd::Crd { split } => cmd_crd(split.as_deref()),
+            Cmd::Operator(args) => cmd_operator(args).await,
         }
     })
+}
+
+async fn cmd_operator(args: OperatorArgs) -> Result<()> {
+    let namespace = match args.namespace {
+        Some(ns) => ns,
+        None => std::env::var("OPERATOR_NAMESPACE")
+            .context("--namespace (or NAMESPACE / OPERATOR_NAMESPACE) is required")?,
+    };
+    let client = kube::Client::try_default()
+        .await
+        .context("building a Kubernetes client from the environment")?;
+    let mut cfg = lvms_operator::RenderConfig::new(namespace.clone(), args.image);
+    cfg.driver_name = args.driver_name;
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    };
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        let _ = stop_tx.send(true);
+    });
+
+    // TODO: `/metrics` on `--metrics-port` is not served yet (no metrics are collected yet).
+    tracing::info!(
+        metrics_port = args.metrics_port,
+        "metrics are not served yet"
+    );
+    let state = lvms_operator::webhook::WebhookState::new(
+        namespace,
+        lvms_operator::webhook::kube_cluster_lister(client.clone()),
+    );
+    let webhook = lvms_operator::webhook::serve_tls(
+        std::net::SocketAddr::from(([0, 0, 0, 0], args.webhook_port)),
+        args.webhook_cert_dir.join("tls.crt"),
+        args.webhook_cert_dir.join("tls.key"),
+        lvms_operator::webhook::router(state),
+        stopped(),
+    );
+    let controller = async {
+        lvms_operator::controller::run(client, cfg, stopped()).await;
+        Ok(())
+    };
+    // A webhook that cannot serve (e.g. no certificate) ends the process rather than leaving a
+    // controller whose LVMClusters can no longer be admitted.
+    tokio::try_join!(
+        async { webhook.await.context("serving the admission webhook") },
+        controller
+    )?;
+    Ok(())
+}
+
+/// Completes on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        if let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }
 
 fn init_tracing(format: LogFormat) {

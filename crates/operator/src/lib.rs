@@ -9,12 +9,17 @@
 //!   which nodes each device class selects ([`selector`] holds the Kubernetes matching rules).
 //! - [`finalizer`]: when deleting an `LVMCluster` may proceed, and what to clean up after nodes that no
 //!   longer exist.
+//!
+//! The planning modules above have no client and no async. [`controller`] is the thin I/O half that
+//! executes their plans against the API server (the `LVMCluster` reconciler and its `run` loop).
 #![forbid(unsafe_code)]
 
+pub mod controller;
 pub mod finalizer;
 pub mod render;
 pub mod selector;
 pub mod status;
+pub mod webhook;
 
 pub use finalizer::{DeletionPlan, NodeCleanup, ObjectKey, cluster_deletion, node_removal};
 pub use render::{RenderConfig, RenderError, Rendered, VolumeSnapshotClass, render};

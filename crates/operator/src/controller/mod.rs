@@ -1,0 +1,613 @@
+//! The `LVMCluster` reconciler: the I/O half. It reads the cluster, calls the pure planners
+//! ([`crate::render()`], [`crate::status::aggregate`], [`crate::finalizer::cluster_deletion`]) and
+//! executes what they decide, nothing more:
+//!
+//! - not being deleted: add the `lvmcluster.topolvm.io` finalizer (JSON merge patch with the
+//!   observed `resourceVersion` as precondition), discover the snapshot API and an existing default
+//!   StorageClass, render, server-side apply every object (field manager
+//!   [`OPERATOR_FIELD_MANAGER`], forced), delete the `LVMVolumeGroup`s and StorageClasses of classes
+//!   no longer in the spec, then aggregate and server-side apply `status`;
+//! - being deleted: count what still needs the storage, and follow the [`DeletionPlan`].
+//!
+//! Every step is idempotent: apply is declarative, deletes treat "not found" as done.
+
+use std::{collections::BTreeSet, fmt::Debug, future::Future, sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use k8s_openapi::{
+    api::{
+        apps::v1::DaemonSet,
+        core::v1::{Node, PersistentVolume, PersistentVolumeClaim},
+        storage::v1::{CSIDriver, StorageClass},
+    },
+    apimachinery::pkg::apis::meta::v1::Time,
+    jiff::Timestamp,
+};
+use kube::{
+    Client, Resource, ResourceExt,
+    api::{Api, DeleteParams, ListParams, Patch, PatchParams},
+    discovery,
+    runtime::{
+        Controller,
+        controller::Action,
+        events::{Event, EventType, Recorder, Reporter},
+        reflector::ObjectRef,
+        watcher,
+    },
+};
+use lvms_api::{
+    DEFAULT_STORAGE_CLASS_ANNOTATION, LABEL_OWNED_BY_NAME, LABEL_OWNED_BY_NAMESPACE,
+    LVMCLUSTER_FINALIZER, LVMCluster, LVMVolumeGroup, LVMVolumeGroupNodeStatus,
+    NODE_CLEANUP_FINALIZER_PREFIX, OPERATOR_FIELD_MANAGER, storage_class_name,
+};
+use serde::{Serialize, de::DeserializeOwned};
+use tracing::{info, instrument, warn};
+
+use crate::{
+    finalizer::{DeletionPlan, cluster_deletion},
+    render::{
+        NODE_DAEMON_SET, RenderConfig, RenderError, Rendered, SNAPSHOT_CLASS_KIND, SNAPSHOT_GROUP,
+        SNAPSHOT_VERSION, VolumeSnapshotClass, render,
+    },
+    status::{ResourceSync, aggregate, expected_nodes},
+};
+
+/// Requeue interval of a reconcile that succeeded.
+pub const REQUEUE: Duration = Duration::from_secs(60);
+/// Requeue interval after a failed reconcile.
+pub const ERROR_REQUEUE: Duration = Duration::from_secs(15);
+/// Requeue interval while a deletion waits for PVCs, PVs or node agents.
+pub const DELETION_REQUEUE: Duration = Duration::from_secs(10);
+
+/// Why a reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A Kubernetes API call failed; `action` says which.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What the operator was doing.
+        action: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The spec cannot be rendered.
+    #[error("rendering the LVMCluster's objects: {0}")]
+    Render(#[from] RenderError),
+    /// Some rendered objects could not be applied (the status says so too).
+    #[error("applying the LVMCluster's objects: {0}")]
+    Apply(String),
+    /// The `LVMCluster` read has no name or namespace.
+    #[error("the LVMCluster has no name or namespace")]
+    MissingMetadata,
+}
+
+/// `Result` with the controller's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let action = action.into();
+    move |source| Error::Kube { action, source }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// The operator's configuration; the observed fields are filled in on every reconcile.
+    pub config: RenderConfig,
+    /// Publishes events on the `LVMCluster`.
+    pub recorder: Recorder,
+}
+
+impl Context {
+    /// A context whose events are reported by `lvms-operator`.
+    pub fn new(client: Client, config: RenderConfig) -> Self {
+        let reporter = Reporter {
+            controller: OPERATOR_FIELD_MANAGER.to_owned(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            config,
+        }
+    }
+}
+
+/// Runs the `LVMCluster` controller in `ctx.config.namespace` until `shutdown` completes: it
+/// reconciles on changes of the `LVMCluster`, of the `LVMVolumeGroup`s and `DaemonSet` it owns, and
+/// of any `LVMVolumeGroupNodeStatus` in the namespace (mapped to every `LVMCluster` there; there is
+/// only one).
+pub async fn run(
+    client: Client,
+    config: RenderConfig,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let ns = config.namespace.clone();
+    let ctx = Arc::new(Context::new(client.clone(), config));
+    let clusters = Api::<LVMCluster>::namespaced(client.clone(), &ns);
+    let controller = Controller::new(clusters, watcher::Config::default());
+    let store = controller.store();
+    controller
+        .owns(
+            Api::<LVMVolumeGroup>::namespaced(client.clone(), &ns),
+            watcher::Config::default(),
+        )
+        .owns(
+            Api::<DaemonSet>::namespaced(client.clone(), &ns),
+            watcher::Config::default(),
+        )
+        .watches(
+            Api::<LVMVolumeGroupNodeStatus>::namespaced(client, &ns),
+            watcher::Config::default(),
+            move |_status| {
+                store
+                    .state()
+                    .iter()
+                    .map(|c| ObjectRef::from_obj(c.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok((obj, _)) => info!(lvmcluster = %obj.name, "reconciled"),
+                Err(e) => warn!(error = %e, "reconcile failed"),
+            }
+        })
+        .await;
+}
+
+/// Logs the failure and retries after [`ERROR_REQUEUE`].
+pub fn error_policy(cluster: Arc<LVMCluster>, error: &Error, _ctx: Arc<Context>) -> Action {
+    warn!(lvmcluster = %cluster.name_any(), error = %error, "reconcile failed, retrying");
+    Action::requeue(ERROR_REQUEUE)
+}
+
+/// Reconciles one `LVMCluster`: the deletion flow when it is being deleted, else finalizer, apply
+/// and status.
+#[instrument(skip_all, fields(lvmcluster = %cluster.name_any()))]
+pub async fn reconcile(cluster: Arc<LVMCluster>, ctx: Arc<Context>) -> Result<Action> {
+    let ns = cluster.namespace().ok_or(Error::MissingMetadata)?;
+    let name = cluster
+        .metadata
+        .name
+        .clone()
+        .ok_or(Error::MissingMetadata)?;
+    let r = Reconciler {
+        ctx: &ctx,
+        cluster: &cluster,
+        ns,
+        name,
+    };
+    if cluster.metadata.deletion_timestamp.is_some() {
+        r.delete().await
+    } else {
+        r.apply().await
+    }
+}
+
+struct Reconciler<'a> {
+    ctx: &'a Context,
+    cluster: &'a LVMCluster,
+    ns: String,
+    name: String,
+}
+
+impl Reconciler<'_> {
+    fn client(&self) -> Client {
+        self.ctx.client.clone()
+    }
+
+    fn clusters(&self) -> Api<LVMCluster> {
+        Api::namespaced(self.client(), &self.ns)
+    }
+
+    fn volume_groups(&self) -> Api<LVMVolumeGroup> {
+        Api::namespaced(self.client(), &self.ns)
+    }
+
+    fn finalizers(&self) -> Vec<String> {
+        self.cluster.finalizers().to_vec()
+    }
+
+    /// Sets `metadata.finalizers` with a merge patch that fails if the object changed since read.
+    async fn patch_finalizers(&self, finalizers: Vec<String>, action: &str) -> Result<()> {
+        let patch = serde_json::json!({
+            "metadata": {
+                "finalizers": finalizers,
+                "resourceVersion": self.cluster.resource_version(),
+            }
+        });
+        self.clusters()
+            .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube_err(action))?;
+        Ok(())
+    }
+
+    async fn event(&self, type_: EventType, reason: &str, action: &str, note: String) {
+        let ev = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self
+            .ctx
+            .recorder
+            .publish(&ev, &self.cluster.object_ref(&()))
+            .await
+        {
+            warn!(error = %e, reason, "publishing an event failed");
+        }
+    }
+
+    /// Whether the cluster serves `snapshot.storage.k8s.io/v1` `VolumeSnapshotClass`; any failure
+    /// to find out counts as "no" (snapshot classes are optional).
+    async fn snapshot_api_available(&self) -> bool {
+        let gvk =
+            kube::api::GroupVersionKind::gvk(SNAPSHOT_GROUP, SNAPSHOT_VERSION, SNAPSHOT_CLASS_KIND);
+        match discovery::pinned_kind(&self.client(), &gvk).await {
+            Ok(_) => true,
+            Err(e) => {
+                info!(error = %e, "snapshot API not available: no VolumeSnapshotClasses");
+                false
+            }
+        }
+    }
+
+    fn owns_cluster_scoped(&self, labels: &std::collections::BTreeMap<String, String>) -> bool {
+        labels.get(LABEL_OWNED_BY_NAME) == Some(&self.name)
+            && labels.get(LABEL_OWNED_BY_NAMESPACE) == Some(&self.ns)
+    }
+
+    fn owns_namespaced<K: Resource>(&self, obj: &K) -> bool {
+        let uid = self.cluster.metadata.uid.as_deref();
+        obj.owner_references()
+            .iter()
+            .any(|o| o.kind == "LVMCluster" && (Some(o.uid.as_str()) == uid || o.name == self.name))
+    }
+
+    async fn apply(&self) -> Result<Action> {
+        let mut finalizers = self.finalizers();
+        if !finalizers.iter().any(|f| f == LVMCLUSTER_FINALIZER) {
+            finalizers.push(LVMCLUSTER_FINALIZER.to_owned());
+            self.patch_finalizers(finalizers, "adding the LVMCluster finalizer")
+                .await?;
+        }
+
+        let mut cfg = self.ctx.config.clone();
+        cfg.snapshot_api_available = self.snapshot_api_available().await;
+        let storage_classes = Api::<StorageClass>::all(self.client())
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("listing StorageClasses"))?;
+        cfg.existing_default_storage_class = storage_classes
+            .items
+            .iter()
+            .find(|sc| {
+                sc.annotations()
+                    .get(DEFAULT_STORAGE_CLASS_ANNOTATION)
+                    .is_some_and(|v| v == "true")
+                    && !self.owns_cluster_scoped(sc.labels())
+            })
+            .map(|sc| sc.name_any());
+
+        let rendered = render(self.cluster, &cfg)?;
+        let failures = self.apply_all(&rendered).await;
+
+        // Classes no longer in the spec.
+        let keep: BTreeSet<String> = rendered
+            .storage_classes
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect();
+        let mut failures = failures;
+        for sc in &storage_classes.items {
+            let name = sc.name_any();
+            if self.owns_cluster_scoped(sc.labels()) && !keep.contains(&name) {
+                let api = Api::<StorageClass>::all(self.client());
+                if let Err(e) = delete(&api, &name).await {
+                    failures.push(format!("deleting StorageClass {name}: {e}"));
+                }
+            }
+        }
+        let keep: BTreeSet<String> = rendered
+            .volume_groups
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect();
+        let vgs = self
+            .volume_groups()
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("listing LVMVolumeGroups"))?;
+        for vg in &vgs.items {
+            let name = vg.name_any();
+            if self.owns_namespaced(vg)
+                && !keep.contains(&name)
+                && vg.metadata.deletion_timestamp.is_none()
+                && let Err(e) = delete(&self.volume_groups(), &name).await
+            {
+                failures.push(format!("deleting LVMVolumeGroup {name}: {e}"));
+            }
+        }
+
+        let sync = if failures.is_empty() {
+            ResourceSync::Applied
+        } else {
+            ResourceSync::Failed(failures.join("; "))
+        };
+        self.update_status(&sync).await?;
+        if let ResourceSync::Failed(message) = sync {
+            self.event(
+                EventType::Warning,
+                "ResourcesSyncFailed",
+                "Apply",
+                message.clone(),
+            )
+            .await;
+            return Err(Error::Apply(message));
+        }
+        Ok(Action::requeue(REQUEUE))
+    }
+
+    /// Applies every rendered object; returns what failed, in words.
+    async fn apply_all(&self, rendered: &Rendered) -> Vec<String> {
+        let mut failures = Vec::new();
+        let client = self.client();
+        for vg in &rendered.volume_groups {
+            push_err(&mut failures, ssa(&self.volume_groups(), vg).await);
+        }
+        let scs = Api::<StorageClass>::all(client.clone());
+        for sc in &rendered.storage_classes {
+            push_err(&mut failures, ssa(&scs, sc).await);
+        }
+        let vscs = Api::<VolumeSnapshotClass>::all(client.clone());
+        for vsc in &rendered.snapshot_classes {
+            push_err(&mut failures, ssa(&vscs, vsc).await);
+        }
+        push_err(
+            &mut failures,
+            ssa(&Api::<CSIDriver>::all(client.clone()), &rendered.csi_driver).await,
+        );
+        push_err(
+            &mut failures,
+            ssa(
+                &Api::<DaemonSet>::namespaced(client, &self.ns),
+                &rendered.daemon_set,
+            )
+            .await,
+        );
+        failures
+    }
+
+    async fn update_status(&self, sync: &ResourceSync) -> Result<()> {
+        let node_statuses = Api::<LVMVolumeGroupNodeStatus>::namespaced(self.client(), &self.ns)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("listing LVMVolumeGroupNodeStatuses"))?;
+        let nodes = Api::<Node>::all(self.client())
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("listing Nodes"))?;
+        let expected = expected_nodes(self.cluster, &nodes.items);
+        let status = aggregate(
+            self.cluster,
+            &node_statuses.items,
+            &expected,
+            sync,
+            &Time(Timestamp::now()),
+        );
+        let patch = serde_json::json!({
+            "apiVersion": LVMCluster::api_version(&()),
+            "kind": LVMCluster::kind(&()),
+            "status": status,
+        });
+        self.clusters()
+            .patch_status(
+                &self.name,
+                &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+            .map_err(kube_err("applying the LVMCluster status"))?;
+        Ok(())
+    }
+
+    async fn delete(&self) -> Result<Action> {
+        if !self.finalizers().iter().any(|f| f == LVMCLUSTER_FINALIZER) {
+            return Ok(Action::await_change());
+        }
+        let ours: BTreeSet<String> = self
+            .cluster
+            .spec
+            .storage
+            .device_classes
+            .iter()
+            .map(|c| storage_class_name(&c.name))
+            .collect();
+        let pvcs = Api::<PersistentVolumeClaim>::all(self.client())
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("listing PersistentVolumeClaims"))?;
+        let pvcs_using = pvcs
+            .items
+            .iter()
+            .filter(|pvc| {
+                pvc.spec
+                    .as_ref()
+                    .and_then(|s| s.storage_class_name.as_ref())
+                    .is_some_and(|sc| ours.contains(sc))
+            })
+            .count();
+        let pvs = Api::<PersistentVolume>::all(self.client())
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("listing PersistentVolumes"))?;
+        let retained = pvs
+            .items
+            .iter()
+            .filter_map(|pv| pv.spec.as_ref())
+            .filter(|spec| {
+                spec.persistent_volume_reclaim_policy.as_deref() == Some("Retain")
+                    && (spec
+                        .csi
+                        .as_ref()
+                        .is_some_and(|c| c.driver == self.ctx.config.driver_name)
+                        || spec
+                            .storage_class_name
+                            .as_ref()
+                            .is_some_and(|sc| ours.contains(sc)))
+            })
+            .count();
+        let vgs = self
+            .volume_groups()
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("listing LVMVolumeGroups"))?;
+        let vgs: Vec<LVMVolumeGroup> = vgs
+            .items
+            .into_iter()
+            .filter(|vg| self.owns_namespaced(vg))
+            .collect();
+        let pending: Vec<String> = vgs
+            .iter()
+            .flat_map(|vg| vg.finalizers().iter())
+            .filter(|f| f.starts_with(NODE_CLEANUP_FINALIZER_PREFIX))
+            .cloned()
+            .collect();
+
+        match cluster_deletion(self.cluster, pvcs_using, retained, &pending) {
+            DeletionPlan::AddFinalizer | DeletionPlan::Nothing => Ok(Action::await_change()),
+            DeletionPlan::Block { reason } => {
+                info!(%reason, "deletion blocked");
+                self.event(EventType::Warning, "DeletionBlocked", "Delete", reason)
+                    .await;
+                Ok(Action::requeue(DELETION_REQUEUE))
+            }
+            DeletionPlan::WaitForNodeCleanup { reason, .. } => {
+                info!(%reason, "deletion waits for node cleanup");
+                self.delete_storage(&vgs).await?;
+                self.event(EventType::Normal, "WaitingForNodeCleanup", "Delete", reason)
+                    .await;
+                Ok(Action::requeue(DELETION_REQUEUE))
+            }
+            DeletionPlan::RemoveFinalizer => {
+                self.delete_storage(&vgs).await?;
+                let client = self.client();
+                let driver = self.ctx.config.driver_name.clone();
+                delete(&Api::<CSIDriver>::all(client.clone()), &driver)
+                    .await
+                    .map_err(kube_err(format!("deleting CSIDriver {driver}")))?;
+                delete(
+                    &Api::<DaemonSet>::namespaced(client, &self.ns),
+                    NODE_DAEMON_SET,
+                )
+                .await
+                .map_err(kube_err(format!("deleting DaemonSet {NODE_DAEMON_SET}")))?;
+                let finalizers = self
+                    .finalizers()
+                    .into_iter()
+                    .filter(|f| f != LVMCLUSTER_FINALIZER)
+                    .collect();
+                self.patch_finalizers(finalizers, "removing the LVMCluster finalizer")
+                    .await?;
+                info!("deletion complete, finalizer removed");
+                Ok(Action::await_change())
+            }
+        }
+    }
+
+    /// Deletes the `LVMVolumeGroup`s (unless already being deleted), the StorageClasses and, when
+    /// the snapshot API exists, the VolumeSnapshotClasses.
+    async fn delete_storage(&self, vgs: &[LVMVolumeGroup]) -> Result<()> {
+        for vg in vgs {
+            if vg.metadata.deletion_timestamp.is_none() {
+                let name = vg.name_any();
+                delete(&self.volume_groups(), &name)
+                    .await
+                    .map_err(kube_err(format!("deleting LVMVolumeGroup {name}")))?;
+            }
+        }
+        let mut cfg = self.ctx.config.clone();
+        cfg.snapshot_api_available = self.snapshot_api_available().await;
+        // Names come from the renderer; a spec that no longer renders still names its classes.
+        let (classes, snapshot_classes) = match render(self.cluster, &cfg) {
+            Ok(r) => (
+                r.storage_classes
+                    .iter()
+                    .map(ResourceExt::name_any)
+                    .collect(),
+                r.snapshot_classes
+                    .iter()
+                    .filter_map(|c| c.metadata.name.clone())
+                    .collect(),
+            ),
+            Err(_) => (
+                self.cluster
+                    .spec
+                    .storage
+                    .device_classes
+                    .iter()
+                    .map(|c| storage_class_name(&c.name))
+                    .collect::<Vec<_>>(),
+                Vec::new(),
+            ),
+        };
+        let scs = Api::<StorageClass>::all(self.client());
+        for name in classes {
+            delete(&scs, &name)
+                .await
+                .map_err(kube_err(format!("deleting StorageClass {name}")))?;
+        }
+        let vscs = Api::<VolumeSnapshotClass>::all(self.client());
+        for name in snapshot_classes {
+            delete(&vscs, &name)
+                .await
+                .map_err(kube_err(format!("deleting VolumeSnapshotClass {name}")))?;
+        }
+        Ok(())
+    }
+}
+
+fn push_err(failures: &mut Vec<String>, res: Result<()>) {
+    if let Err(e) = res {
+        failures.push(e.to_string());
+    }
+}
+
+/// Server-side applies `obj` (field manager [`OPERATOR_FIELD_MANAGER`], forced).
+async fn ssa<K>(api: &Api<K>, obj: &K) -> Result<()>
+where
+    K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + Debug,
+{
+    let name = obj.meta().name.clone().unwrap_or_default();
+    api.patch(
+        &name,
+        &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(),
+        &Patch::Apply(obj),
+    )
+    .await
+    .map_err(kube_err(format!("applying {} {name}", K::kind(&()))))?;
+    Ok(())
+}
+
+/// Deletes `name`; "not found" counts as done.
+async fn delete<K>(api: &Api<K>, name: &str) -> Result<(), kube::Error>
+where
+    K: Resource + DeserializeOwned + Clone + Debug,
+{
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests;

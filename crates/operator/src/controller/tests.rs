@@ -1,0 +1,436 @@
+//! The reconciler against a mocked API server (tower-test), asserting the exact requests, as
+//! kube-rs's reference controller does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use http::{Method, Request, Response, StatusCode};
+use kube::{Client, client::Body, runtime::controller::Action};
+use lvms_api::{LVMCLUSTER_FINALIZER, LVMCluster};
+use serde_json::{Value, json};
+use tower_test::mock::{self, Handle};
+
+use super::{Context, DELETION_REQUEUE, REQUEUE, reconcile};
+use crate::render::RenderConfig;
+
+type ApiServer = Handle<Request<Body>, Response<Body>>;
+
+const NS: &str = "lvms";
+const CLUSTER_PATH: &str =
+    "/apis/lvm.topolvm.io/v1alpha1/namespaces/lvms/lvmclusters/my-lvmcluster";
+
+fn context() -> (Arc<Context>, ApiServer) {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, NS);
+    let cfg = RenderConfig::new(NS, "quay.io/lvms/lvms:test");
+    (Arc::new(Context::new(client, cfg)), handle)
+}
+
+fn cluster_json() -> Value {
+    json!({
+        "apiVersion": "lvm.topolvm.io/v1alpha1",
+        "kind": "LVMCluster",
+        "metadata": {"name": "my-lvmcluster", "namespace": NS, "uid": "uid-1", "resourceVersion": "1"},
+        "spec": {"storage": {"deviceClasses": [{
+            "name": "vg1",
+            "default": true,
+            "fstype": "xfs",
+            "deviceSelector": {"paths": ["/dev/sdb"]},
+            "thinPoolConfig": {"name": "thin-pool-1", "sizePercent": 90, "overprovisionRatio": 10}
+        }]}}
+    })
+}
+
+fn cluster() -> LVMCluster {
+    serde_json::from_value(cluster_json()).unwrap()
+}
+
+fn finalized() -> LVMCluster {
+    let mut c = cluster();
+    c.metadata.finalizers = Some(vec![LVMCLUSTER_FINALIZER.to_owned()]);
+    c
+}
+
+fn deleting() -> LVMCluster {
+    let mut c = finalized();
+    c.metadata.resource_version = Some("2".into());
+    c.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+    ));
+    c
+}
+
+fn list(items: Vec<Value>) -> Value {
+    json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "1"}, "items": items})
+}
+
+fn not_found() -> (StatusCode, Value) {
+    (
+        StatusCode::NOT_FOUND,
+        json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "NotFound",
+               "message": "not found", "code": 404}),
+    )
+}
+
+/// One request as the API server saw it.
+#[derive(Debug)]
+struct Seen {
+    method: Method,
+    path: String,
+    query: BTreeMap<String, String>,
+    content_type: Option<String>,
+    body: Value,
+}
+
+/// Takes the next request, answers it with `respond(&request)`, and returns it.
+async fn next(server: &mut ApiServer, respond: impl FnOnce(&Seen) -> (StatusCode, Value)) -> Seen {
+    let (request, send) = tokio::time::timeout(Duration::from_secs(5), server.next_request())
+        .await
+        .expect("a request within 5 s")
+        .expect("the client is alive");
+    let (parts, body) = request.into_parts();
+    let bytes = body.collect_bytes().await.unwrap();
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap()
+    };
+    let query = parts
+        .uri
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (k.to_owned(), v.to_owned())
+        })
+        .collect();
+    let seen = Seen {
+        method: parts.method,
+        path: parts.uri.path().to_owned(),
+        query,
+        content_type: parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_owned()),
+        body,
+    };
+    let (status, response) = respond(&seen);
+    send.send_response(
+        Response::builder()
+            .status(status)
+            .body(Body::from(serde_json::to_vec(&response).unwrap()))
+            .unwrap(),
+    );
+    seen
+}
+
+/// Asserts `seen` is a forced server-side apply by `lvms-operator` to `path`.
+fn assert_ssa(seen: &Seen, path: &str) {
+    assert_eq!(seen.method, Method::PATCH, "{path}");
+    assert_eq!(seen.path, path);
+    assert_eq!(
+        seen.query.get("fieldManager").map(String::as_str),
+        Some("lvms-operator")
+    );
+    assert_eq!(seen.query.get("force").map(String::as_str), Some("true"));
+    assert_eq!(
+        seen.content_type.as_deref(),
+        Some("application/apply-patch+yaml")
+    );
+}
+
+fn assert_get(seen: &Seen, path: &str) {
+    assert_eq!((&seen.method, seen.path.as_str()), (&Method::GET, path));
+}
+
+/// Asserts that the reconciler sends nothing more once it is done.
+async fn assert_no_more_requests(server: &mut ApiServer) {
+    if let Ok(Some((request, _))) =
+        tokio::time::timeout(Duration::from_millis(200), server.next_request()).await
+    {
+        panic!("unexpected request {} {}", request.method(), request.uri());
+    }
+}
+
+#[tokio::test]
+async fn new_cluster_gets_finalizer_then_every_object_is_applied_and_status_patched() {
+    let (ctx, mut server) = context();
+    let task = tokio::spawn(reconcile(Arc::new(cluster()), ctx.clone()));
+
+    let seen = next(&mut server, |_| {
+        (StatusCode::OK, serde_json::to_value(finalized()).unwrap())
+    })
+    .await;
+    assert_eq!(seen.method, Method::PATCH);
+    assert_eq!(seen.path, CLUSTER_PATH);
+    assert_eq!(
+        seen.content_type.as_deref(),
+        Some("application/merge-patch+json")
+    );
+    assert_eq!(
+        seen.body,
+        json!({"metadata": {"finalizers": ["lvmcluster.topolvm.io"], "resourceVersion": "1"}})
+    );
+
+    // Snapshot API discovery: absent, which must not fail anything.
+    let seen = next(&mut server, |_| not_found()).await;
+    assert_get(&seen, "/apis/snapshot.storage.k8s.io/v1");
+    let seen = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    assert_get(&seen, "/apis/storage.k8s.io/v1/storageclasses");
+
+    let echo = |s: &Seen| (StatusCode::OK, s.body.clone());
+    let seen = next(&mut server, echo).await;
+    assert_ssa(
+        &seen,
+        "/apis/lvm.topolvm.io/v1alpha1/namespaces/lvms/lvmvolumegroups/vg1",
+    );
+    assert_eq!(seen.body["kind"], "LVMVolumeGroup");
+    assert_eq!(seen.body["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+    let seen = next(&mut server, echo).await;
+    assert_ssa(&seen, "/apis/storage.k8s.io/v1/storageclasses/lvms-vg1");
+    assert_eq!(seen.body["provisioner"], "topolvm.io");
+    assert_eq!(seen.body["parameters"]["topolvm.io/device-class"], "vg1");
+    let seen = next(&mut server, echo).await;
+    assert_ssa(&seen, "/apis/storage.k8s.io/v1/csidrivers/topolvm.io");
+    assert_eq!(seen.body["spec"]["attachRequired"], false);
+    let seen = next(&mut server, echo).await;
+    assert_ssa(&seen, "/apis/apps/v1/namespaces/lvms/daemonsets/vg-manager");
+    assert_eq!(seen.body["kind"], "DaemonSet");
+
+    // Stale volume groups, then what status is made of.
+    let seen = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    assert_get(
+        &seen,
+        "/apis/lvm.topolvm.io/v1alpha1/namespaces/lvms/lvmvolumegroups",
+    );
+    let seen = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    assert_get(
+        &seen,
+        "/apis/lvm.topolvm.io/v1alpha1/namespaces/lvms/lvmvolumegroupnodestatuses",
+    );
+    let seen = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    assert_get(&seen, "/api/v1/nodes");
+
+    let seen = next(&mut server, |_| {
+        (StatusCode::OK, serde_json::to_value(finalized()).unwrap())
+    })
+    .await;
+    assert_ssa(&seen, &format!("{CLUSTER_PATH}/status"));
+    assert_eq!(seen.body["apiVersion"], "lvm.topolvm.io/v1alpha1");
+    assert_eq!(seen.body["kind"], "LVMCluster");
+    let conditions = seen.body["status"]["conditions"].as_array().unwrap();
+    let resources = conditions
+        .iter()
+        .find(|c| c["type"] == "ResourcesAvailable")
+        .unwrap();
+    assert_eq!(resources["status"], "True");
+
+    assert_eq!(task.await.unwrap().unwrap(), Action::requeue(REQUEUE));
+    assert_no_more_requests(&mut server).await;
+}
+
+#[tokio::test]
+async fn volume_snapshot_class_is_applied_when_the_snapshot_api_exists() {
+    let (ctx, mut server) = context();
+    let task = tokio::spawn(reconcile(Arc::new(finalized()), ctx.clone()));
+    let seen = next(&mut server, |_| {
+        (
+            StatusCode::OK,
+            json!({"kind": "APIResourceList", "apiVersion": "v1",
+                   "groupVersion": "snapshot.storage.k8s.io/v1",
+                   "resources": [{"name": "volumesnapshotclasses", "singularName": "volumesnapshotclass",
+                                  "namespaced": false, "kind": "VolumeSnapshotClass",
+                                  "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]}]}),
+        )
+    })
+    .await;
+    assert_get(&seen, "/apis/snapshot.storage.k8s.io/v1");
+    let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await; // storage classes
+    let echo = |s: &Seen| (StatusCode::OK, s.body.clone());
+    let _ = next(&mut server, echo).await; // LVMVolumeGroup
+    let _ = next(&mut server, echo).await; // StorageClass
+    let seen = next(&mut server, echo).await;
+    assert_ssa(
+        &seen,
+        "/apis/snapshot.storage.k8s.io/v1/volumesnapshotclasses/lvms-vg1",
+    );
+    assert_eq!(seen.body["kind"], "VolumeSnapshotClass");
+    assert_eq!(seen.body["driver"], "topolvm.io");
+    let seen = next(&mut server, echo).await;
+    assert_ssa(&seen, "/apis/storage.k8s.io/v1/csidrivers/topolvm.io");
+    let seen = next(&mut server, echo).await;
+    assert_ssa(&seen, "/apis/apps/v1/namespaces/lvms/daemonsets/vg-manager");
+    for _ in 0..3 {
+        let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    }
+    let seen = next(&mut server, |_| {
+        (StatusCode::OK, serde_json::to_value(finalized()).unwrap())
+    })
+    .await;
+    assert_ssa(&seen, &format!("{CLUSTER_PATH}/status"));
+    assert_eq!(task.await.unwrap().unwrap(), Action::requeue(REQUEUE));
+    assert_no_more_requests(&mut server).await;
+}
+
+#[tokio::test]
+async fn stale_volume_group_of_a_removed_class_is_deleted() {
+    let (ctx, mut server) = context();
+    let task = tokio::spawn(reconcile(Arc::new(finalized()), ctx.clone()));
+    let _ = next(&mut server, |_| not_found()).await; // snapshot discovery
+    let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await; // storage classes
+    for _ in 0..4 {
+        let _ = next(&mut server, |s| (StatusCode::OK, s.body.clone())).await;
+    }
+    let stale = json!({
+        "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
+        "metadata": {"name": "old", "namespace": NS, "ownerReferences": [{
+            "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMCluster", "name": "my-lvmcluster",
+            "uid": "uid-1", "controller": true}]},
+        "spec": {}
+    });
+    let _ = next(&mut server, |_| (StatusCode::OK, list(vec![stale.clone()]))).await;
+    let seen = next(&mut server, |_| (StatusCode::OK, stale.clone())).await;
+    assert_eq!(seen.method, Method::DELETE);
+    assert_eq!(
+        seen.path,
+        "/apis/lvm.topolvm.io/v1alpha1/namespaces/lvms/lvmvolumegroups/old"
+    );
+    let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    let seen = next(&mut server, |_| {
+        (StatusCode::OK, serde_json::to_value(finalized()).unwrap())
+    })
+    .await;
+    assert_ssa(&seen, &format!("{CLUSTER_PATH}/status"));
+    assert_eq!(task.await.unwrap().unwrap(), Action::requeue(REQUEUE));
+}
+
+#[tokio::test]
+async fn deletion_with_a_pvc_on_our_storage_class_keeps_the_finalizer() {
+    let (ctx, mut server) = context();
+    let task = tokio::spawn(reconcile(Arc::new(deleting()), ctx.clone()));
+
+    let pvc = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "data", "namespace": "app"},
+        "spec": {"storageClassName": "lvms-vg1"}});
+    let seen = next(&mut server, |_| (StatusCode::OK, list(vec![pvc]))).await;
+    assert_get(&seen, "/api/v1/persistentvolumeclaims");
+    let seen = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    assert_get(&seen, "/api/v1/persistentvolumes");
+    let seen = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    assert_get(
+        &seen,
+        "/apis/lvm.topolvm.io/v1alpha1/namespaces/lvms/lvmvolumegroups",
+    );
+    // A warning event on the LVMCluster, and nothing else: no delete, no finalizer patch.
+    let seen = next(&mut server, |s| (StatusCode::OK, s.body.clone())).await;
+    assert_eq!(seen.method, Method::POST);
+    assert_eq!(seen.path, "/apis/events.k8s.io/v1/namespaces/lvms/events");
+    assert_eq!(seen.body["type"], "Warning");
+    assert_eq!(seen.body["reason"], "DeletionBlocked");
+    assert!(
+        seen.body["note"]
+            .as_str()
+            .unwrap()
+            .contains("1 PersistentVolumeClaim still uses")
+    );
+
+    assert_eq!(
+        task.await.unwrap().unwrap(),
+        Action::requeue(DELETION_REQUEUE)
+    );
+    assert_no_more_requests(&mut server).await;
+}
+
+#[tokio::test]
+async fn deletion_when_nothing_remains_removes_the_finalizer() {
+    let (ctx, mut server) = context();
+    let task = tokio::spawn(reconcile(Arc::new(deleting()), ctx.clone()));
+
+    let seen = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    assert_get(&seen, "/api/v1/persistentvolumeclaims");
+    let seen = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    assert_get(&seen, "/api/v1/persistentvolumes");
+    let seen = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    assert_get(
+        &seen,
+        "/apis/lvm.topolvm.io/v1alpha1/namespaces/lvms/lvmvolumegroups",
+    );
+    let seen = next(&mut server, |_| not_found()).await;
+    assert_get(&seen, "/apis/snapshot.storage.k8s.io/v1");
+    // Already gone counts as deleted.
+    for path in [
+        "/apis/storage.k8s.io/v1/storageclasses/lvms-vg1",
+        "/apis/storage.k8s.io/v1/csidrivers/topolvm.io",
+        "/apis/apps/v1/namespaces/lvms/daemonsets/vg-manager",
+    ] {
+        let seen = next(&mut server, |_| not_found()).await;
+        assert_eq!((&seen.method, seen.path.as_str()), (&Method::DELETE, path));
+    }
+    let seen = next(&mut server, |_| {
+        (StatusCode::OK, serde_json::to_value(cluster()).unwrap())
+    })
+    .await;
+    assert_eq!(seen.method, Method::PATCH);
+    assert_eq!(seen.path, CLUSTER_PATH);
+    assert_eq!(
+        seen.content_type.as_deref(),
+        Some("application/merge-patch+json")
+    );
+    assert_eq!(
+        seen.body,
+        json!({"metadata": {"finalizers": [], "resourceVersion": "2"}})
+    );
+
+    assert_eq!(task.await.unwrap().unwrap(), Action::await_change());
+    assert_no_more_requests(&mut server).await;
+}
+
+#[tokio::test]
+async fn deletion_waiting_for_node_cleanup_deletes_volume_groups_and_keeps_the_finalizer() {
+    let (ctx, mut server) = context();
+    let task = tokio::spawn(reconcile(Arc::new(deleting()), ctx.clone()));
+
+    let vg = json!({
+        "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
+        "metadata": {"name": "vg1", "namespace": NS,
+            "finalizers": ["cleanup.vgmanager.node.topolvm.io/node-a"],
+            "ownerReferences": [{
+                "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMCluster",
+                "name": "my-lvmcluster", "uid": "uid-1", "controller": true}]},
+        "spec": {}
+    });
+    let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await; // PVCs
+    let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await; // PVs
+    let _ = next(&mut server, |_| (StatusCode::OK, list(vec![vg.clone()]))).await;
+    let seen = next(&mut server, |_| (StatusCode::OK, vg.clone())).await;
+    assert_eq!(
+        (&seen.method, seen.path.as_str()),
+        (
+            &Method::DELETE,
+            "/apis/lvm.topolvm.io/v1alpha1/namespaces/lvms/lvmvolumegroups/vg1"
+        )
+    );
+    let seen = next(&mut server, |_| not_found()).await;
+    assert_get(&seen, "/apis/snapshot.storage.k8s.io/v1");
+    let seen = next(&mut server, |_| not_found()).await;
+    assert_eq!(
+        (&seen.method, seen.path.as_str()),
+        (
+            &Method::DELETE,
+            "/apis/storage.k8s.io/v1/storageclasses/lvms-vg1"
+        )
+    );
+    let seen = next(&mut server, |s| (StatusCode::OK, s.body.clone())).await;
+    assert_eq!(seen.method, Method::POST);
+    assert_eq!(seen.body["reason"], "WaitingForNodeCleanup");
+    assert!(seen.body["note"].as_str().unwrap().contains("node-a"));
+
+    assert_eq!(
+        task.await.unwrap().unwrap(),
+        Action::requeue(DELETION_REQUEUE)
+    );
+    assert_no_more_requests(&mut server).await;
+}
