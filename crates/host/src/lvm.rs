@@ -119,6 +119,13 @@ pub struct Lvm<R> {
     timeout: Duration,
 }
 
+/// What [`Lvm::extend`] grows.
+#[derive(Debug, Clone, Copy)]
+enum Grow {
+    Data,
+    PoolMetadata,
+}
+
 fn bytes(n: u64) -> String {
     format!("{n}b")
 }
@@ -529,7 +536,7 @@ impl<R: Runner> Lvm<R> {
     /// Already that big: no-op. Missing: [`Error::NotFound`].
     #[tracing::instrument(level = "debug", skip(self))]
     pub async fn thin_pool_extend(&self, vg: &str, name: &str, new_size: u64) -> Result<()> {
-        self.extend(vg, name, new_size).await
+        self.extend(vg, name, new_size, Grow::Data).await
     }
 
     /// Grows a thin pool's metadata to at least `new_size` bytes
@@ -541,29 +548,7 @@ impl<R: Runner> Lvm<R> {
         name: &str,
         new_size: u64,
     ) -> Result<()> {
-        check_vg_lv(vg, name)?;
-        check_size("metadata size", new_size)?;
-        let lv = self
-            .lv(vg, name)
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("thin pool {vg}/{name}")))?;
-        if lv.metadata_size.is_some_and(|m| m >= new_size) {
-            tracing::debug!(vg, name, ?lv.metadata_size, new_size, "metadata already big enough");
-            return Ok(());
-        }
-        let args = vec![
-            "lvextend".to_owned(),
-            "--yes".to_owned(),
-            "--poolmetadatasize".to_owned(),
-            size_arg(new_size),
-            lv_path(vg, name),
-        ];
-        match self.exec(args).await {
-            Err(Error::CommandFailed { stderr, .. }) if errors::is_size_not_larger(&stderr) => {
-                Ok(())
-            }
-            other => other.map(drop),
-        }
+        self.extend(vg, name, new_size, Grow::PoolMetadata).await
     }
 
     // ---- logical volumes ----
@@ -711,24 +696,35 @@ impl<R: Runner> Lvm<R> {
     /// Missing: [`Error::NotFound`].
     #[tracing::instrument(level = "debug", skip(self))]
     pub async fn lv_extend(&self, vg: &str, name: &str, new_size: u64) -> Result<()> {
-        self.extend(vg, name, new_size).await
+        self.extend(vg, name, new_size, Grow::Data).await
     }
 
-    async fn extend(&self, vg: &str, name: &str, new_size: u64) -> Result<()> {
+    /// Grows a volume's data (`--size`) or a thin pool's metadata (`--poolmetadatasize`) to at least
+    /// `new_size`: looks first (already that big: no-op), and treats LVM's "not larger" answer after a
+    /// racing extend as success.
+    async fn extend(&self, vg: &str, name: &str, new_size: u64, what: Grow) -> Result<()> {
         check_vg_lv(vg, name)?;
-        check_size("new size", new_size)?;
+        let (size_label, object, flag) = match what {
+            Grow::Data => ("new size", "logical volume", "--size"),
+            Grow::PoolMetadata => ("metadata size", "thin pool", "--poolmetadatasize"),
+        };
+        check_size(size_label, new_size)?;
         let lv = self
             .lv(vg, name)
             .await?
-            .ok_or_else(|| Error::NotFound(format!("logical volume {vg}/{name}")))?;
-        if lv.size >= new_size {
-            tracing::debug!(vg, name, size = lv.size, new_size, "already big enough");
+            .ok_or_else(|| Error::NotFound(format!("{object} {vg}/{name}")))?;
+        let current = match what {
+            Grow::Data => Some(lv.size),
+            Grow::PoolMetadata => lv.metadata_size,
+        };
+        if current.is_some_and(|c| c >= new_size) {
+            tracing::debug!(vg, name, ?current, new_size, "already big enough");
             return Ok(());
         }
         let args = vec![
             "lvextend".to_owned(),
             "--yes".to_owned(),
-            "--size".to_owned(),
+            flag.to_owned(),
             size_arg(new_size),
             lv_path(vg, name),
         ];
