@@ -138,31 +138,58 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
         let _ = stop_tx.send(true);
     });
 
-    // TODO: `/metrics` on `--metrics-port` is not served yet (no metrics are collected yet).
-    tracing::info!(
-        metrics_port = args.metrics_port,
-        "metrics are not served yet"
-    );
+    let metrics = std::sync::Arc::new(lvms_operator::metrics::Metrics::new());
+    let readiness = lvms_operator::metrics::Readiness::default();
+    let metrics_addr = std::net::SocketAddr::from(([0, 0, 0, 0], args.metrics_port));
+    let metrics_listener = tokio::net::TcpListener::bind(metrics_addr)
+        .await
+        .with_context(|| format!("binding the metrics port {metrics_addr}"))?;
+    let metrics_server = {
+        let served = lvms_operator::metrics::serve(
+            metrics_listener,
+            metrics.clone(),
+            readiness.clone(),
+            stopped(),
+        );
+        async {
+            served
+                .await
+                .context("serving /metrics, /healthz and /readyz")
+        }
+    };
     let state = lvms_operator::webhook::WebhookState::new(
-        namespace,
+        namespace.clone(),
         lvms_operator::webhook::kube_cluster_lister(client.clone()),
-    );
+    )
+    .with_metrics(metrics.clone());
     let webhook = lvms_operator::webhook::serve_tls(
         std::net::SocketAddr::from(([0, 0, 0, 0], args.webhook_port)),
         args.webhook_cert_dir.join("tls.crt"),
         args.webhook_cert_dir.join("tls.key"),
         lvms_operator::webhook::router(state),
         stopped(),
+        readiness.clone(),
+    );
+    let node_removal = lvms_operator::controller::node_removal::run(
+        client.clone(),
+        namespace,
+        metrics.clone(),
+        stopped(),
     );
     let controller = async {
-        lvms_operator::controller::run(client, cfg, stopped()).await;
+        lvms_operator::controller::run(client, cfg, metrics, readiness, stopped()).await;
         Ok(())
     };
     // A webhook that cannot serve (e.g. no certificate) ends the process rather than leaving a
     // controller whose LVMClusters can no longer be admitted.
     tokio::try_join!(
         async { webhook.await.context("serving the admission webhook") },
-        controller
+        metrics_server,
+        controller,
+        async {
+            node_removal.await;
+            Ok(())
+        },
     )?;
     Ok(())
 }

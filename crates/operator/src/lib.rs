@@ -16,6 +16,7 @@
 
 pub mod controller;
 pub mod finalizer;
+pub mod metrics;
 pub mod render;
 pub mod selector;
 pub mod status;

@@ -60,6 +60,8 @@ use rustls::{
 };
 use serde_json::Value;
 
+use crate::metrics::{Metrics, Readiness};
+
 /// The validating webhook's path, as LVMS serves it.
 pub const VALIDATE_PATH: &str = "/validate-lvm-topolvm-io-v1alpha1-lvmcluster";
 /// The mutating webhook's path, as LVMS serves it.
@@ -150,6 +152,8 @@ pub struct WebhookState {
     pub operator_namespace: String,
     /// The LVMClusters that exist.
     pub clusters: Arc<dyn ClusterLister>,
+    /// Counts the reviews.
+    pub metrics: Arc<Metrics>,
 }
 
 impl WebhookState {
@@ -158,7 +162,15 @@ impl WebhookState {
         Self {
             operator_namespace: operator_namespace.into(),
             clusters,
+            metrics: Arc::new(Metrics::new()),
         }
+    }
+
+    /// The same state, counting reviews in `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 }
 
@@ -274,9 +286,23 @@ fn require(object: Option<Result<LVMCluster, String>>, what: &str) -> Result<LVM
 async fn validate(State(state): State<WebhookState>, body: Bytes) -> Response {
     let decoded = match decode(&body) {
         Ok(decoded) => decoded,
-        Err(message) => return bad_request(message),
+        Err(message) => {
+            state.metrics.webhook_request("validate", "error");
+            return bad_request(message);
+        }
     };
-    respond(review_validation(&state, decoded).await)
+    let response = review_validation(&state, decoded).await;
+    count(&state, "validate", &response);
+    respond(response)
+}
+
+fn count(state: &WebhookState, operation: &str, response: &AdmissionResponse) {
+    let result = if response.allowed {
+        "allowed"
+    } else {
+        "denied"
+    };
+    state.metrics.webhook_request(operation, result);
 }
 
 async fn review_validation(state: &WebhookState, decoded: Decoded) -> AdmissionResponse {
@@ -359,12 +385,17 @@ fn answer(base: AdmissionResponse, review: Review) -> AdmissionResponse {
 }
 
 #[tracing::instrument(skip_all)]
-async fn mutate(body: Bytes) -> Response {
+async fn mutate(State(state): State<WebhookState>, body: Bytes) -> Response {
     let decoded = match decode(&body) {
         Ok(decoded) => decoded,
-        Err(message) => return bad_request(message),
+        Err(message) => {
+            state.metrics.webhook_request("mutate", "error");
+            return bad_request(message);
+        }
     };
-    respond(review_mutation(decoded))
+    let response = review_mutation(decoded);
+    count(&state, "mutate", &response);
+    respond(response)
 }
 
 fn review_mutation(decoded: Decoded) -> AdmissionResponse {
@@ -427,25 +458,28 @@ async fn read(path: &Path) -> Result<Vec<u8>> {
 
 /// Serves `router` over HTTPS on `addr` with the PEM certificate chain and key at `cert_path` and
 /// `key_path`, re-read every [`CERT_RELOAD_INTERVAL`], until `shutdown` completes (then in-flight
-/// requests get a grace period). Fails at once if the pair does not load.
+/// requests get a grace period). Fails at once if the pair does not load. `readiness` learns when
+/// the webhook listens with a loaded certificate.
 pub async fn serve_tls(
     addr: SocketAddr,
     cert_path: impl AsRef<Path>,
     key_path: impl AsRef<Path>,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    readiness: Readiness,
 ) -> Result<()> {
     let listener = std::net::TcpListener::bind(addr).map_err(|source| Error::Serve {
         addr: addr.to_string(),
         source,
     })?;
-    serve_tls_on(
+    serve(
         listener,
         cert_path.as_ref(),
         key_path.as_ref(),
         router,
         shutdown,
         CERT_RELOAD_INTERVAL,
+        Some(readiness),
     )
     .await
 }
@@ -458,6 +492,27 @@ pub async fn serve_tls_on(
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
     reload_interval: Duration,
+) -> Result<()> {
+    serve(
+        listener,
+        cert_path,
+        key_path,
+        router,
+        shutdown,
+        reload_interval,
+        None,
+    )
+    .await
+}
+
+async fn serve(
+    listener: std::net::TcpListener,
+    cert_path: &Path,
+    key_path: &Path,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    reload_interval: Duration,
+    readiness: Option<Readiness>,
 ) -> Result<()> {
     let addr = listener
         .local_addr()
@@ -510,6 +565,9 @@ pub async fn serve_tls_on(
         })
     };
     tracing::info!(%addr, "serving the admission webhook");
+    if let Some(readiness) = readiness {
+        readiness.webhook_listening();
+    }
     let served = server
         .handle(handle)
         .serve(router.into_make_service())

@@ -25,14 +25,14 @@ use k8s_openapi::{
 };
 use kube::{
     Client, Resource, ResourceExt,
-    api::{Api, DeleteParams, ListParams, Patch, PatchParams},
+    api::{Api, DeleteParams, ListParams, PartialObjectMeta, Patch, PatchParams},
     discovery,
     runtime::{
-        Controller,
+        Controller, WatchStreamExt,
         controller::Action,
         events::{Event, EventType, Recorder, Reporter},
         reflector::ObjectRef,
-        watcher,
+        watcher::{self, watcher},
     },
 };
 use lvms_api::{
@@ -45,6 +45,7 @@ use tracing::{info, instrument, warn};
 
 use crate::{
     finalizer::{DeletionPlan, cluster_deletion},
+    metrics::{Metrics, Readiness},
     render::{
         NODE_DAEMON_SET, RenderConfig, RenderError, Rendered, SNAPSHOT_CLASS_KIND, SNAPSHOT_GROUP,
         SNAPSHOT_VERSION, VolumeSnapshotClass, render,
@@ -58,6 +59,9 @@ pub const REQUEUE: Duration = Duration::from_secs(60);
 pub const ERROR_REQUEUE: Duration = Duration::from_secs(15);
 /// Requeue interval while a deletion waits for PVCs, PVs or node agents.
 pub const DELETION_REQUEUE: Duration = Duration::from_secs(10);
+
+/// The `controller` label of the `LVMCluster` reconciler's metrics.
+pub const LVMCLUSTER_CONTROLLER: &str = "lvmcluster";
 
 /// Why a reconcile failed.
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +102,8 @@ pub struct Context {
     pub config: RenderConfig,
     /// Publishes events on the `LVMCluster`.
     pub recorder: Recorder,
+    /// Counts reconciles and records the clusters' states.
+    pub metrics: Arc<Metrics>,
 }
 
 impl Context {
@@ -111,24 +117,51 @@ impl Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             config,
+            metrics: Arc::new(Metrics::new()),
         }
+    }
+
+    /// The same context, recording into `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 }
 
 /// Runs the `LVMCluster` controller in `ctx.config.namespace` until `shutdown` completes: it
-/// reconciles on changes of the `LVMCluster`, of the `LVMVolumeGroup`s and `DaemonSet` it owns, and
-/// of any `LVMVolumeGroupNodeStatus` in the namespace (mapped to every `LVMCluster` there; there is
-/// only one).
+/// reconciles on changes of the `LVMCluster`, of the `LVMVolumeGroup`s and `DaemonSet` it owns, of
+/// any `LVMVolumeGroupNodeStatus` in the namespace, and when a Node appears, goes or changes its
+/// labels (the last two mapped to every `LVMCluster` there; there is only one). `readiness` learns
+/// when the controller's cache has synced.
 pub async fn run(
     client: Client,
     config: RenderConfig,
+    metrics: Arc<Metrics>,
+    readiness: Readiness,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let ns = config.namespace.clone();
-    let ctx = Arc::new(Context::new(client.clone(), config));
+    let ctx = Arc::new(Context::new(client.clone(), config).with_metrics(metrics));
     let clusters = Api::<LVMCluster>::namespaced(client.clone(), &ns);
     let controller = Controller::new(clusters, watcher::Config::default());
     let store = controller.store();
+    let node_store = store.clone();
+    let ready_store = store.clone();
+    tokio::spawn(async move {
+        if ready_store.wait_until_ready().await.is_ok() {
+            readiness.controller_synced();
+        }
+    });
+    let all_clusters = move |store: &kube::runtime::reflector::Store<LVMCluster>| {
+        store
+            .state()
+            .iter()
+            .map(|c| ObjectRef::from_obj(c.as_ref()))
+            .collect::<Vec<_>>()
+    };
+    let node_changes = node_label_changes(Api::all(client.clone()))
+        .map(move |res| res.map(|()| all_clusters(&node_store)));
     controller
         .owns(
             Api::<LVMVolumeGroup>::namespaced(client.clone(), &ns),
@@ -141,16 +174,15 @@ pub async fn run(
         .watches(
             Api::<LVMVolumeGroupNodeStatus>::namespaced(client, &ns),
             watcher::Config::default(),
-            move |_status| {
-                store
-                    .state()
-                    .iter()
-                    .map(|c| ObjectRef::from_obj(c.as_ref()))
-                    .collect::<Vec<_>>()
-            },
+            move |_status| all_clusters(&store),
+        )
+        .reconcile_all_on(
+            node_changes
+                .filter_map(|res| async move { res.ok() })
+                .map(|_| ()),
         )
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
+        .run(timed_reconcile, error_policy, ctx)
         .for_each(|res| async move {
             match res {
                 Ok((obj, _)) => info!(lvmcluster = %obj.name, "reconciled"),
@@ -158,6 +190,42 @@ pub async fn run(
             }
         })
         .await;
+}
+
+/// Yields once per Node that appears, goes, or changes its labels (what decides which nodes a
+/// device class selects); status-only updates are skipped. Watch errors are retried with backoff.
+fn node_label_changes(
+    nodes: Api<PartialObjectMeta<Node>>,
+) -> impl futures::Stream<Item = Result<(), watcher::Error>> + Send {
+    let mut seen: std::collections::HashMap<String, std::collections::BTreeMap<String, String>> =
+        std::collections::HashMap::new();
+    watcher(nodes, watcher::Config::default())
+        .default_backoff()
+        .filter_map(move |event| {
+            let changed = match event {
+                Err(e) => Some(Err(e)),
+                Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => {
+                    let name = node.name_any();
+                    let labels = node.metadata.labels.clone().unwrap_or_default();
+                    (seen.insert(name, labels.clone()).as_ref() != Some(&labels)).then_some(Ok(()))
+                }
+                Ok(watcher::Event::Delete(node)) => {
+                    seen.remove(&node.name_any());
+                    Some(Ok(()))
+                }
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
+            };
+            futures::future::ready(changed)
+        })
+}
+
+/// [`reconcile`], counted and timed in the context's metrics.
+async fn timed_reconcile(cluster: Arc<LVMCluster>, ctx: Arc<Context>) -> Result<Action> {
+    let started = std::time::Instant::now();
+    let res = reconcile(cluster, ctx.clone()).await;
+    ctx.metrics
+        .reconciled(LVMCLUSTER_CONTROLLER, res.is_ok(), started.elapsed());
+    res
 }
 
 /// Logs the failure and retries after [`ERROR_REQUEUE`].
@@ -403,6 +471,12 @@ impl Reconciler<'_> {
             sync,
             &Time(Timestamp::now()),
         );
+        self.ctx.metrics.cluster_status(
+            &self.ns,
+            &self.name,
+            status.ready,
+            status.state.map_or("Unknown", |s| s.as_str()),
+        );
         let patch = serde_json::json!({
             "apiVersion": LVMCluster::api_version(&()),
             "kind": LVMCluster::kind(&()),
@@ -517,6 +591,7 @@ impl Reconciler<'_> {
                     .collect();
                 self.patch_finalizers(finalizers, "removing the LVMCluster finalizer")
                     .await?;
+                self.ctx.metrics.cluster_deleted(&self.ns, &self.name);
                 info!("deletion complete, finalizer removed");
                 Ok(Action::await_change())
             }
@@ -608,6 +683,8 @@ where
         Err(e) => Err(e),
     }
 }
+
+pub mod node_removal;
 
 #[cfg(test)]
 mod tests;

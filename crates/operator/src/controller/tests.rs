@@ -434,3 +434,190 @@ async fn deletion_waiting_for_node_cleanup_deletes_volume_groups_and_keeps_the_f
     );
     assert_no_more_requests(&mut server).await;
 }
+
+fn client() -> (Client, ApiServer) {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    (Client::new(service, NS), handle)
+}
+
+fn node_meta(name: &str) -> Value {
+    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+           "metadata": {"name": name, "resourceVersion": "5"}})
+}
+
+const NODE_STATUSES_PATH: &str =
+    "/apis/lvm.topolvm.io/v1alpha1/namespaces/lvms/lvmvolumegroupnodestatuses";
+const VOLUME_GROUPS_PATH: &str = "/apis/lvm.topolvm.io/v1alpha1/namespaces/lvms/lvmvolumegroups";
+
+fn node_status(node: &str, finalizers: &[&str]) -> Value {
+    json!({"apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroupNodeStatus",
+           "metadata": {"name": node, "namespace": NS, "resourceVersion": format!("rv-{node}"),
+                        "finalizers": finalizers},
+           "spec": {}})
+}
+
+fn volume_group(name: &str, finalizers: &[&str]) -> Value {
+    json!({"apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
+           "metadata": {"name": name, "namespace": NS, "resourceVersion": format!("rv-{name}"),
+                        "finalizers": finalizers},
+           "spec": {"deviceSelector": {"paths": ["/dev/sdb"]}}})
+}
+
+#[tokio::test]
+async fn gone_node_loses_its_finalizers_and_node_status_while_present_nodes_keep_theirs() {
+    let (client, mut server) = client();
+    let task =
+        tokio::spawn(async move { super::node_removal::release_gone_nodes(&client, NS).await });
+
+    let seen = next(&mut server, |_| {
+        (StatusCode::OK, list(vec![node_meta("node-a")]))
+    })
+    .await;
+    assert_get(&seen, "/api/v1/nodes");
+    let seen = next(&mut server, |_| {
+        (
+            StatusCode::OK,
+            list(vec![
+                node_status("node-a", &["delete-protection.lvm.openshift.io"]),
+                node_status(
+                    "node-b",
+                    &["delete-protection.lvm.openshift.io", "other.io/keep"],
+                ),
+            ]),
+        )
+    })
+    .await;
+    assert_get(&seen, NODE_STATUSES_PATH);
+    let seen = next(&mut server, |_| {
+        (
+            StatusCode::OK,
+            list(vec![
+                volume_group(
+                    "vg1",
+                    &[
+                        "cleanup.vgmanager.node.topolvm.io/node-a",
+                        "cleanup.vgmanager.node.topolvm.io/node-b",
+                    ],
+                ),
+                volume_group("vg2", &["cleanup.vgmanager.node.topolvm.io/node-a"]),
+            ]),
+        )
+    })
+    .await;
+    assert_get(&seen, VOLUME_GROUPS_PATH);
+
+    // vg1 loses node-b's finalizer only, guarded by the resourceVersion read.
+    let seen = next(&mut server, |_| (StatusCode::OK, volume_group("vg1", &[]))).await;
+    assert_eq!(seen.method, Method::PATCH);
+    assert_eq!(seen.path, format!("{VOLUME_GROUPS_PATH}/vg1"));
+    assert_eq!(
+        seen.content_type.as_deref(),
+        Some("application/merge-patch+json")
+    );
+    assert_eq!(
+        seen.body,
+        json!({"metadata": {
+            "finalizers": ["cleanup.vgmanager.node.topolvm.io/node-a"],
+            "resourceVersion": "rv-vg1"
+        }})
+    );
+    // node-b's status loses our delete protection (other finalizers stay), then is deleted.
+    let seen = next(&mut server, |_| {
+        (StatusCode::OK, node_status("node-b", &[]))
+    })
+    .await;
+    assert_eq!(
+        (&seen.method, seen.path.as_str()),
+        (
+            &Method::PATCH,
+            format!("{NODE_STATUSES_PATH}/node-b").as_str()
+        )
+    );
+    assert_eq!(
+        seen.body,
+        json!({"metadata": {"finalizers": ["other.io/keep"], "resourceVersion": "rv-node-b"}})
+    );
+    let seen = next(&mut server, |_| {
+        (StatusCode::OK, node_status("node-b", &[]))
+    })
+    .await;
+    assert_eq!(
+        (&seen.method, seen.path.as_str()),
+        (
+            &Method::DELETE,
+            format!("{NODE_STATUSES_PATH}/node-b").as_str()
+        )
+    );
+
+    let cleanups = task.await.unwrap().unwrap();
+    assert_eq!(
+        cleanups.iter().map(|c| c.node.as_str()).collect::<Vec<_>>(),
+        ["node-b"]
+    );
+    assert_no_more_requests(&mut server).await;
+}
+
+#[tokio::test]
+async fn node_removal_conflict_stops_the_pass_with_the_objects_name() {
+    let (client, mut server) = client();
+    let task =
+        tokio::spawn(async move { super::node_removal::release_gone_nodes(&client, NS).await });
+    next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    next(&mut server, |_| {
+        (
+            StatusCode::OK,
+            list(vec![volume_group(
+                "vg1",
+                &["cleanup.vgmanager.node.topolvm.io/gone"],
+            )]),
+        )
+    })
+    .await;
+    let seen = next(&mut server, |_| {
+        (
+            StatusCode::CONFLICT,
+            json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "Conflict",
+                   "message": "the object has been modified", "code": 409}),
+        )
+    })
+    .await;
+    assert_eq!(
+        seen.body["metadata"]["finalizers"],
+        json!([]),
+        "the only finalizer was the gone node's"
+    );
+    let err = task.await.unwrap().unwrap_err().to_string();
+    assert!(
+        err.contains("LVMVolumeGroup vg1") && err.contains("gone node gone"),
+        "{err}"
+    );
+    assert_no_more_requests(&mut server).await;
+}
+
+#[tokio::test]
+async fn node_removal_with_every_node_present_changes_nothing() {
+    let (client, mut server) = client();
+    let task =
+        tokio::spawn(async move { super::node_removal::release_gone_nodes(&client, NS).await });
+    next(&mut server, |_| {
+        (StatusCode::OK, list(vec![node_meta("node-a")]))
+    })
+    .await;
+    next(&mut server, |_| {
+        (StatusCode::OK, list(vec![node_status("node-a", &[])]))
+    })
+    .await;
+    next(&mut server, |_| {
+        (
+            StatusCode::OK,
+            list(vec![volume_group(
+                "vg1",
+                &["cleanup.vgmanager.node.topolvm.io/node-a"],
+            )]),
+        )
+    })
+    .await;
+    assert!(task.await.unwrap().unwrap().is_empty());
+    assert_no_more_requests(&mut server).await;
+}
