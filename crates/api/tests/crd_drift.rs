@@ -53,11 +53,38 @@ fn deploy_crds_holds_no_file_the_types_do_not_generate() {
                 .to_string_lossy()
                 .into_owned()
         })
-        .filter(|name| !expected.contains(name))
+        .filter(|name| !expected.contains(name) && name != KUSTOMIZATION)
         .collect();
     assert!(
         extra.is_empty(),
         "deploy/crds has files no type generates: {extra:?}; delete them, then {REGENERATE}"
+    );
+}
+
+/// Lists the CRD files for `kubectl kustomize` (deploy/base uses it).
+const KUSTOMIZATION: &str = "kustomization.yaml";
+
+#[test]
+fn crds_kustomization_lists_exactly_the_generated_files() {
+    let mut expected: Vec<String> = lvms_api::crd::files()
+        .expect("CRDs render")
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    expected.sort();
+    let text = std::fs::read_to_string(crds_dir().join(KUSTOMIZATION))
+        .expect("deploy/crds/kustomization.yaml exists");
+    let doc: serde_json::Value = serde_norway::from_str(&text).expect("valid YAML");
+    let mut listed: Vec<String> = doc["resources"]
+        .as_array()
+        .expect("a resources list")
+        .iter()
+        .map(|r| r.as_str().expect("a file name").to_owned())
+        .collect();
+    listed.sort();
+    assert_eq!(
+        listed, expected,
+        "deploy/crds/kustomization.yaml must list every generated CRD file and nothing else"
     );
 }
 

@@ -1,0 +1,26 @@
+//! End-to-end tests against the cluster in `KUBECONFIG`, run only when `LVMS_E2E=1`:
+//!
+//! ```text
+//! LVMS_E2E=1 KUBECONFIG=~/.kube/config cargo test -p lvms-operator --test e2e -- --nocapture
+//! ```
+//!
+//! They need cluster-admin and a control plane (API server, controller-manager); no kubelet: Nodes
+//! are created as plain API objects. Each test works in its own namespace with unique names, so
+//! they run concurrently; CRDs are server-side applied and left installed. The webhook test serves
+//! the admission webhook in this process on `127.0.0.1` (`LVMS_E2E_WEBHOOK_HOST` names another
+//! address the API server can reach) and registers it for its own namespace only.
+//!
+//! - [`crds`]: the generated CRDs install, and the API server enforces their bounds and CEL rules;
+//! - [`webhook`]: LVMS's sample manifests are admitted, invalid clusters are denied with field
+//!   paths, the mutating webhook defaults the discovery policy, update rules apply;
+//! - [`operator`]: the LVMCluster controller renders every object, aggregates a hand-written node
+//!   status into `LVMCluster.status`, and runs the deletion flow (PVCs and Retain PVs block it, node
+//!   cleanup finalizers are awaited);
+//! - [`node_removal`]: deleting a Node releases its node status and cleanup finalizers.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod crds;
+mod node_removal;
+mod operator;
+mod support;
+mod webhook;

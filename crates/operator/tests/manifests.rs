@@ -1,0 +1,716 @@
+//! The install manifests, `deploy/base` (with the CRDs of `deploy/crds`): the operator's RBAC is
+//! exactly the API calls it makes, the webhook configurations reach the webhook the operator
+//! serves, and the Deployment runs it as the binary expects, with a locked-down container.
+//!
+//! The objects are `kubectl kustomize deploy/base` when kubectl is on `PATH`. Without kubectl (CI
+//! has none) the kustomizations' `resources:` are followed here and the files parsed as they are;
+//! that is why every namespaced object in `deploy/base` names its namespace even though the
+//! kustomization sets it. `LVMS_REQUIRE_KUBECTL=1` turns a missing kubectl into a failure.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{
+    collections::BTreeSet,
+    io::ErrorKind,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::LazyLock,
+};
+
+use lvms_operator::{
+    render::NODE_SERVICE_ACCOUNT,
+    webhook::{MUTATE_PATH, VALIDATE_PATH},
+};
+use serde::Deserialize;
+use serde_json::Value;
+
+const NAMESPACE: &str = "lvms-system";
+const OPERATOR: &str = "lvms-operator";
+const WEBHOOK_SERVICE: &str = "lvms-webhook-service";
+const WEBHOOK_CERT_SECRET: &str = "lvms-webhook-cert";
+const WEBHOOK_PORT: i64 = 9443;
+const METRICS_PORT: i64 = 8080;
+const PART_OF: (&str, &str) = ("app.kubernetes.io/part-of", "lvms-provisioner");
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Scope {
+    /// Granted by a ClusterRoleBinding: in every namespace, and cluster-scoped resources.
+    Cluster,
+    /// Granted by a RoleBinding in the operator's namespace.
+    Namespace,
+}
+
+/// Every API call the operator makes, as `(group, resource, verbs, scope)`. Server-side apply of
+/// an object that does not exist yet needs `create` besides `patch`.
+const OPERATOR_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
+    // The controller: the LVMCluster, its finalizer (merge patch), status (server-side apply),
+    // owner references with blockOwnerDeletion (`<resource>/finalizers` update).
+    (
+        "lvm.topolvm.io",
+        "lvmclusters",
+        &["get", "list", "watch", "patch"],
+        Scope::Namespace,
+    ),
+    (
+        "lvm.topolvm.io",
+        "lvmclusters/status",
+        &["patch"],
+        Scope::Namespace,
+    ),
+    (
+        "lvm.topolvm.io",
+        "lvmclusters/finalizers",
+        &["update"],
+        Scope::Namespace,
+    ),
+    // The webhook: "only one LVMCluster" counts the LVMClusters of every namespace.
+    ("lvm.topolvm.io", "lvmclusters", &["list"], Scope::Cluster),
+    (
+        "lvm.topolvm.io",
+        "lvmvolumegroups",
+        &["get", "list", "watch", "create", "patch", "delete"],
+        Scope::Namespace,
+    ),
+    (
+        "lvm.topolvm.io",
+        "lvmvolumegroupnodestatuses",
+        &["get", "list", "watch", "patch", "delete"],
+        Scope::Namespace,
+    ),
+    (
+        "apps",
+        "daemonsets",
+        &["get", "list", "watch", "create", "patch", "delete"],
+        Scope::Namespace,
+    ),
+    // kube-runtime's Recorder (events.k8s.io/v1): create, then patch a series.
+    (
+        "events.k8s.io",
+        "events",
+        &["create", "patch"],
+        Scope::Namespace,
+    ),
+    (
+        "storage.k8s.io",
+        "storageclasses",
+        &["get", "list", "watch", "create", "patch", "delete"],
+        Scope::Cluster,
+    ),
+    (
+        "storage.k8s.io",
+        "csidrivers",
+        &["get", "list", "watch", "create", "patch", "delete"],
+        Scope::Cluster,
+    ),
+    (
+        "snapshot.storage.k8s.io",
+        "volumesnapshotclasses",
+        &["get", "list", "create", "patch", "delete"],
+        Scope::Cluster,
+    ),
+    ("", "nodes", &["get", "list", "watch"], Scope::Cluster),
+    (
+        "",
+        "persistentvolumeclaims",
+        &["get", "list"],
+        Scope::Cluster,
+    ),
+    ("", "persistentvolumes", &["get", "list"], Scope::Cluster),
+];
+
+type Permission = (String, String, String, Scope);
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn base_dir() -> PathBuf {
+    workspace().join("deploy/base")
+}
+
+fn kubectl_required() -> bool {
+    std::env::var("LVMS_REQUIRE_KUBECTL").is_ok_and(|v| v == "1")
+}
+
+/// `kubectl kustomize deploy/base`, or `None` when kubectl is not installed.
+fn kubectl_kustomize() -> Option<String> {
+    match Command::new("kubectl")
+        .arg("kustomize")
+        .arg(base_dir())
+        .output()
+    {
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            assert!(
+                !kubectl_required(),
+                "LVMS_REQUIRE_KUBECTL=1 but kubectl is not on PATH"
+            );
+            None
+        }
+        Err(e) => panic!("cannot run kubectl: {e}"),
+        Ok(out) => {
+            assert!(
+                out.status.success(),
+                "`kubectl kustomize deploy/base` failed ({}):\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Some(String::from_utf8(out.stdout).expect("kubectl prints UTF-8"))
+        }
+    }
+}
+
+static RENDERED: LazyLock<Option<String>> = LazyLock::new(kubectl_kustomize);
+
+/// Every object of the base: rendered by kubectl if there is one, else read from the files.
+static OBJECTS: LazyLock<Vec<Value>> = LazyLock::new(|| match RENDERED.as_deref() {
+    Some(yaml) => parse_documents(yaml, "`kubectl kustomize deploy/base`"),
+    None => {
+        eprintln!("kubectl is not on PATH: checking the files of deploy/base as they are");
+        read_kustomization(&base_dir())
+    }
+});
+
+fn parse_documents(yaml: &str, origin: &str) -> Vec<Value> {
+    serde_norway::Deserializer::from_str(yaml)
+        .map(|doc| {
+            Value::deserialize(doc).unwrap_or_else(|e| panic!("{origin} is not valid YAML: {e}"))
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn read_yaml(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    parse_documents(&text, &path.display().to_string())
+}
+
+/// The `resources:` of `dir/kustomization.yaml`, directories followed, files parsed.
+fn kustomization_resources(dir: &Path) -> Vec<PathBuf> {
+    let kustomization = read_yaml(&dir.join("kustomization.yaml"));
+    let [kustomization] = kustomization.as_slice() else {
+        panic!("{}/kustomization.yaml is not one document", dir.display());
+    };
+    kustomization["resources"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{}/kustomization.yaml has no resources", dir.display()))
+        .iter()
+        .map(|r| dir.join(r.as_str().expect("a resource is a path")))
+        .collect()
+}
+
+fn read_kustomization(dir: &Path) -> Vec<Value> {
+    kustomization_resources(dir)
+        .iter()
+        .flat_map(|path| {
+            if path.is_dir() {
+                read_kustomization(path)
+            } else {
+                read_yaml(path)
+            }
+        })
+        .collect()
+}
+
+fn objects() -> &'static [Value] {
+    &OBJECTS
+}
+
+fn describe(obj: &Value) -> String {
+    let ns = obj["metadata"]["namespace"]
+        .as_str()
+        .map_or_else(String::new, |ns| format!("{ns}/"));
+    format!(
+        "{} {ns}{}",
+        obj["kind"].as_str().unwrap_or("?"),
+        obj["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
+
+fn all_of<'a>(kind: &'a str) -> impl Iterator<Item = &'static Value> + 'a {
+    objects().iter().filter(move |o| o["kind"] == kind)
+}
+
+/// The one object of `kind` named `name` (in `lvms-system` if `namespaced`).
+fn find(kind: &str, name: &str, namespaced: bool) -> &'static Value {
+    let found: Vec<&Value> = all_of(kind)
+        .filter(|o| o["metadata"]["name"] == name)
+        .filter(|o| !namespaced || o["metadata"]["namespace"] == NAMESPACE)
+        .collect();
+    match found.as_slice() {
+        [one] => one,
+        _ => panic!(
+            "expected one {kind} {name}{}, found {}; the manifests hold: {:?}",
+            if namespaced { " in lvms-system" } else { "" },
+            found.len(),
+            objects().iter().map(describe).collect::<Vec<_>>()
+        ),
+    }
+}
+
+/// The string at JSON `pointer` in `obj`, or a failure naming the object and the field.
+fn str_at<'a>(obj: &'a Value, pointer: &str) -> &'a str {
+    obj.pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("{}: {pointer} is not a string", describe(obj)))
+}
+
+fn at<'a>(obj: &'a Value, pointer: &str) -> &'a Value {
+    obj.pointer(pointer)
+        .unwrap_or_else(|| panic!("{}: {pointer} is missing", describe(obj)))
+}
+
+fn strings(value: &Value) -> Vec<&str> {
+    value
+        .as_array()
+        .map(|items| items.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+fn deployment() -> &'static Value {
+    find("Deployment", OPERATOR, true)
+}
+
+fn operator_container() -> &'static Value {
+    let deploy = deployment();
+    let containers = at(deploy, "/spec/template/spec/containers")
+        .as_array()
+        .expect("containers is a list");
+    let [container] = containers.as_slice() else {
+        panic!("{}: expected one container", describe(deploy));
+    };
+    container
+}
+
+/// The container port `port` (a number or a port name) stands for.
+fn container_port(port: &Value) -> i64 {
+    if let Some(number) = port.as_i64() {
+        return number;
+    }
+    let name = port.as_str().expect("a port is a number or a name");
+    let container = operator_container();
+    container["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == name)
+        .and_then(|p| p["containerPort"].as_i64())
+        .unwrap_or_else(|| panic!("the operator container has no port named {name}"))
+}
+
+fn env<'a>(container: &'a Value, name: &str) -> &'a Value {
+    container["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == name)
+        .unwrap_or_else(|| panic!("the operator container has no env {name}"))
+}
+
+fn is_operator_account(subject: &Value) -> bool {
+    subject["kind"] == "ServiceAccount"
+        && subject["name"] == OPERATOR
+        && subject["namespace"] == NAMESPACE
+}
+
+/// What the roles bound to the operator's service account grant.
+fn operator_grants() -> BTreeSet<Permission> {
+    let mut granted = BTreeSet::new();
+    let bindings = all_of("ClusterRoleBinding").chain(all_of("RoleBinding"));
+    for binding in bindings.filter(|b| binds_operator(b)) {
+        let scope = if binding["kind"] == "ClusterRoleBinding" {
+            Scope::Cluster
+        } else {
+            assert_eq!(
+                binding["metadata"]["namespace"],
+                NAMESPACE,
+                "{} binds the operator outside its namespace",
+                describe(binding)
+            );
+            Scope::Namespace
+        };
+        let role_kind = str_at(binding, "/roleRef/kind");
+        let role = find(
+            role_kind,
+            str_at(binding, "/roleRef/name"),
+            role_kind == "Role",
+        );
+        assert!(
+            role.get("aggregationRule").is_none(),
+            "{}: an aggregated role grants what other roles say",
+            describe(role)
+        );
+        for rule in role["rules"].as_array().into_iter().flatten() {
+            for field in ["resourceNames", "nonResourceURLs"] {
+                assert!(
+                    rule.get(field).is_none(),
+                    "{}: {field} is not modelled by this test's table: {rule}",
+                    describe(role)
+                );
+            }
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    for verb in strings(&rule["verbs"]) {
+                        granted.insert((group.into(), resource.into(), verb.into(), scope));
+                    }
+                }
+            }
+        }
+    }
+    granted
+}
+
+fn binds_operator(binding: &Value) -> bool {
+    binding["subjects"]
+        .as_array()
+        .is_some_and(|subjects| subjects.iter().any(is_operator_account))
+}
+
+fn expected_grants() -> BTreeSet<Permission> {
+    OPERATOR_PERMISSIONS
+        .iter()
+        .flat_map(|(group, resource, verbs, scope)| {
+            verbs
+                .iter()
+                .map(move |verb| ((*group).into(), (*resource).into(), (*verb).into(), *scope))
+        })
+        .collect()
+}
+
+fn show(permissions: &BTreeSet<&Permission>) -> String {
+    permissions
+        .iter()
+        .map(|(group, resource, verb, scope)| {
+            let group = if group.is_empty() { "core" } else { group };
+            format!("\n  {verb} {group}/{resource} ({scope:?})")
+        })
+        .collect()
+}
+
+#[test]
+fn operator_is_granted_every_api_call_it_makes() {
+    let expected = expected_grants();
+    let granted = operator_grants();
+    let missing: BTreeSet<&Permission> = expected.difference(&granted).collect();
+    assert!(
+        missing.is_empty(),
+        "the operator's roles do not grant:{}",
+        show(&missing)
+    );
+}
+
+#[test]
+fn operator_is_granted_nothing_beyond_the_api_calls_it_makes() {
+    let expected = expected_grants();
+    let granted = operator_grants();
+    let extra: BTreeSet<&Permission> = granted.difference(&expected).collect();
+    assert!(
+        extra.is_empty(),
+        "the operator's roles grant more than it uses:{}",
+        show(&extra)
+    );
+}
+
+#[test]
+fn rbac_rules_use_no_wildcards() {
+    for role in all_of("ClusterRole").chain(all_of("Role")) {
+        for rule in role["rules"].as_array().into_iter().flatten() {
+            for field in [
+                "apiGroups",
+                "resources",
+                "verbs",
+                "resourceNames",
+                "nonResourceURLs",
+            ] {
+                assert!(
+                    !strings(&rule[field]).iter().any(|s| s.contains('*')),
+                    "{}: wildcard in {field}: {rule}",
+                    describe(role)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn service_accounts_of_the_operator_and_the_node_agent_exist() {
+    find("ServiceAccount", OPERATOR, true);
+    // The node DaemonSet the operator renders runs as this account; without it no pod is admitted.
+    find("ServiceAccount", NODE_SERVICE_ACCOUNT, true);
+    assert_eq!(
+        str_at(deployment(), "/spec/template/spec/serviceAccountName"),
+        OPERATOR
+    );
+}
+
+/// The one webhook of the one `kind` configuration: LVMClusters on `operations`, at `path` of the
+/// webhook Service, answering fast and failing closed.
+fn check_webhook(kind: &str, path: &str, operations: &[&str]) {
+    let configs: Vec<&Value> = all_of(kind).collect();
+    let [config] = configs.as_slice() else {
+        panic!("expected one {kind}, found {}", configs.len());
+    };
+    let webhooks = at(config, "/webhooks").as_array().expect("a list");
+    let [webhook] = webhooks.as_slice() else {
+        panic!("{}: expected one webhook", describe(config));
+    };
+    let what = describe(config);
+    let rules = webhook["rules"].as_array().expect("rules is a list");
+    let [rule] = rules.as_slice() else {
+        panic!("{what}: expected one rule");
+    };
+    assert_eq!(strings(&rule["apiGroups"]), ["lvm.topolvm.io"], "{what}");
+    assert_eq!(strings(&rule["apiVersions"]), ["v1alpha1"], "{what}");
+    assert_eq!(strings(&rule["resources"]), ["lvmclusters"], "{what}");
+    assert_eq!(strings(&rule["operations"]), operations, "{what}");
+
+    let service = &webhook["clientConfig"]["service"];
+    assert_eq!(service["path"], path, "{what}: path");
+    assert_eq!(service["name"], WEBHOOK_SERVICE, "{what}: service");
+    assert_eq!(service["namespace"], NAMESPACE, "{what}: service");
+    assert_eq!(service["port"], 443, "{what}: service port");
+    assert!(
+        webhook["clientConfig"].get("url").is_none(),
+        "{what}: url and service exclude each other"
+    );
+    assert_eq!(
+        strings(&webhook["admissionReviewVersions"]),
+        ["v1"],
+        "{what}"
+    );
+    assert_eq!(webhook["sideEffects"], "None", "{what}");
+    assert_eq!(webhook["failurePolicy"], "Fail", "{what}");
+    assert_eq!(webhook["timeoutSeconds"], 10, "{what}");
+}
+
+#[test]
+fn validating_webhook_sends_creates_and_updates_to_the_operators_validate_path() {
+    check_webhook(
+        "ValidatingWebhookConfiguration",
+        VALIDATE_PATH,
+        &["CREATE", "UPDATE"],
+    );
+}
+
+#[test]
+fn mutating_webhook_sends_creates_to_the_operators_mutate_path() {
+    check_webhook("MutatingWebhookConfiguration", MUTATE_PATH, &["CREATE"]);
+}
+
+#[test]
+fn webhook_service_reaches_the_operator_pods_on_the_webhook_port() {
+    let service = find("Service", WEBHOOK_SERVICE, true);
+    let ports = at(service, "/spec/ports").as_array().expect("a list");
+    let port = ports
+        .iter()
+        .find(|p| p["port"] == 443)
+        .unwrap_or_else(|| panic!("{}: no port 443", describe(service)));
+    assert_eq!(
+        container_port(&port["targetPort"]),
+        WEBHOOK_PORT,
+        "{}: targetPort",
+        describe(service)
+    );
+    assert_eq!(
+        container_port(&Value::from("webhook")),
+        WEBHOOK_PORT,
+        "the container's webhook port is the binary's default --webhook-port"
+    );
+
+    let selector = at(service, "/spec/selector")
+        .as_object()
+        .expect("an object");
+    assert!(!selector.is_empty(), "{}: no selector", describe(service));
+    let pod_labels = at(deployment(), "/spec/template/metadata/labels");
+    for (key, value) in selector {
+        assert_eq!(
+            &pod_labels[key],
+            value,
+            "{} selects {key}={value}; the operator's pods are labelled {pod_labels}",
+            describe(service)
+        );
+    }
+    assert_eq!(pod_labels["app.kubernetes.io/name"], OPERATOR);
+}
+
+#[test]
+fn operator_probes_hit_healthz_and_readyz_on_the_metrics_port() {
+    let container = operator_container();
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        let get = &container[probe]["httpGet"];
+        assert_eq!(get["path"], path, "{probe}: {}", container[probe]);
+        assert_eq!(
+            container_port(&get["port"]),
+            METRICS_PORT,
+            "{probe}: {}",
+            container[probe]
+        );
+        assert!(
+            get.get("scheme").is_none_or(|s| s == "HTTP"),
+            "{probe}: the metrics port is plain HTTP: {}",
+            container[probe]
+        );
+    }
+}
+
+#[test]
+fn operator_container_runs_unprivileged_with_a_read_only_root() {
+    let container = operator_container();
+    let sc = &container["securityContext"];
+    assert_eq!(sc["runAsNonRoot"], true, "securityContext: {sc}");
+    assert_eq!(sc["readOnlyRootFilesystem"], true, "securityContext: {sc}");
+    assert_eq!(
+        sc["allowPrivilegeEscalation"], false,
+        "securityContext: {sc}"
+    );
+    assert_eq!(
+        strings(&sc["capabilities"]["drop"]),
+        ["ALL"],
+        "securityContext: {sc}"
+    );
+    assert!(
+        sc["capabilities"].get("add").is_none(),
+        "securityContext: {sc}"
+    );
+    assert_eq!(
+        sc["seccompProfile"]["type"], "RuntimeDefault",
+        "securityContext: {sc}"
+    );
+    assert_ne!(sc["privileged"], true, "securityContext: {sc}");
+}
+
+#[test]
+fn operator_reads_the_webhook_certificate_from_the_mounted_secret() {
+    let container = operator_container();
+    let cert_dir = str_at(env(container, "WEBHOOK_CERT_DIR"), "/value");
+    let volumes = at(deployment(), "/spec/template/spec/volumes")
+        .as_array()
+        .expect("a list");
+    let volume = volumes
+        .iter()
+        .find(|v| v["secret"]["secretName"] == WEBHOOK_CERT_SECRET)
+        .unwrap_or_else(|| panic!("no volume from the Secret {WEBHOOK_CERT_SECRET}"));
+    let mount = container["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["name"] == volume["name"])
+        .unwrap_or_else(|| panic!("volume {} is not mounted", volume["name"]));
+    assert_eq!(mount["mountPath"], cert_dir, "WEBHOOK_CERT_DIR vs mount");
+    assert_eq!(mount["readOnly"], true, "{mount}");
+}
+
+#[test]
+fn operator_learns_its_namespace_pod_name_and_node_image_from_its_env() {
+    let container = operator_container();
+    assert_eq!(strings(&container["args"]), ["operator"]);
+    for (name, field) in [
+        ("NAMESPACE", "metadata.namespace"),
+        ("POD_NAME", "metadata.name"),
+    ] {
+        assert_eq!(
+            str_at(env(container, name), "/valueFrom/fieldRef/fieldPath"),
+            field,
+            "env {name}"
+        );
+    }
+    assert_eq!(
+        str_at(env(container, "LVMS_IMAGE"), "/value"),
+        str_at(container, "/image"),
+        "the node agent runs the operator's image"
+    );
+}
+
+#[test]
+fn manifests_hold_the_crds_and_put_every_namespaced_object_in_lvms_system() {
+    let expected: BTreeSet<String> = lvms_api::crd::all()
+        .expect("CRDs render")
+        .into_iter()
+        .filter_map(|crd| crd.metadata.name)
+        .collect();
+    let found: BTreeSet<String> = all_of("CustomResourceDefinition")
+        .map(|crd| str_at(crd, "/metadata/name").to_owned())
+        .collect();
+    assert_eq!(found, expected, "CRDs in the manifests vs the types");
+    assert_eq!(expected.len(), 4);
+
+    let namespace = find("Namespace", NAMESPACE, false);
+    assert_eq!(
+        namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "privileged",
+        "the node DaemonSet is privileged"
+    );
+
+    let cluster_scoped = [
+        "Namespace",
+        "CustomResourceDefinition",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+    ];
+    for obj in objects() {
+        let kind = str_at(obj, "/kind");
+        if cluster_scoped.contains(&kind) {
+            assert!(
+                obj["metadata"].get("namespace").is_none(),
+                "{} is cluster-scoped but has a namespace",
+                describe(obj)
+            );
+        } else {
+            assert_eq!(
+                obj["metadata"]["namespace"],
+                NAMESPACE,
+                "{} is not in lvms-system",
+                describe(obj)
+            );
+        }
+    }
+}
+
+#[test]
+fn kubectl_kustomize_renders_the_base_with_the_part_of_label() {
+    let Some(rendered) = RENDERED.as_deref() else {
+        eprintln!("skipped: kubectl is not on PATH (LVMS_REQUIRE_KUBECTL=1 makes this a failure)");
+        return;
+    };
+    let objects = parse_documents(rendered, "`kubectl kustomize deploy/base`");
+    assert!(!objects.is_empty());
+    for obj in &objects {
+        assert_eq!(
+            obj["metadata"]["labels"][PART_OF.0],
+            PART_OF.1,
+            "{}",
+            describe(obj)
+        );
+    }
+    // The common label must not reach selectors: the Service would select nothing it had not
+    // before, and a Deployment's selector is immutable.
+    assert!(
+        deployment()["spec"]["selector"]["matchLabels"]
+            .get(PART_OF.0)
+            .is_none()
+    );
+    assert!(
+        find("Service", WEBHOOK_SERVICE, true)["spec"]["selector"]
+            .get(PART_OF.0)
+            .is_none()
+    );
+}
+
+#[test]
+fn kustomizations_list_every_manifest_file() {
+    for dir in [base_dir(), workspace().join("deploy/crds")] {
+        let listed: BTreeSet<PathBuf> = kustomization_resources(&dir).into_iter().collect();
+        for entry in std::fs::read_dir(&dir).expect("the directory exists") {
+            let path = entry.expect("a directory entry").path();
+            let is_yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
+            if is_yaml && path.file_name().is_some_and(|n| n != "kustomization.yaml") {
+                assert!(
+                    listed.contains(&path),
+                    "{} is not in the resources of {}/kustomization.yaml",
+                    path.display(),
+                    dir.display()
+                );
+            }
+        }
+    }
+}
