@@ -1,0 +1,171 @@
+//! Where volumes are made: the [`Backend`] trait the Controller and Node services are written against.
+//! [`crate::local::LocalBackend`] makes them with LVM on this node (standalone mode, and the node agent
+//! later); the Kubernetes controller (LogicalVolume objects answered by node agents) will be another
+//! implementation.
+
+use std::future::Future;
+
+use lvms_core::lvattr::LvHealth;
+
+pub use crate::ids::Source;
+
+/// One device class as the driver serves it: a volume group, with or without a thin pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassInfo {
+    /// The class name, which is also the volume group's name.
+    pub name: String,
+    /// The thin pool volumes are made in; `None` for a thick class.
+    pub thin_pool: Option<String>,
+    /// Thin classes: how far the pool may be overprovisioned (virtual size ÷ pool size).
+    pub overprovision_ratio: u32,
+    /// Used when a request names no class.
+    pub default: bool,
+}
+
+/// How a thick volume lays out its extents (thin volumes have no choice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LvType {
+    /// Linear (the default).
+    #[default]
+    Linear,
+    /// Striped over `stripes` physical volumes.
+    Striped {
+        stripes: u32,
+        stripe_size: Option<u64>,
+    },
+    /// RAID1 with `mirrors` extra copies.
+    Mirror { mirrors: u32 },
+    /// A RAID level.
+    Raid {
+        level: lvms_core::config::RaidType,
+        mirrors: Option<u32>,
+        stripes: Option<u32>,
+        stripe_size: Option<u64>,
+    },
+}
+
+/// A volume or snapshot as found on disk.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Volume {
+    /// The volume (or snapshot) id, which is the LV name.
+    pub id: String,
+    /// The device class (volume group) it lives in.
+    pub class: String,
+    /// Size in bytes (a snapshot: the size of its source when taken).
+    pub size: u64,
+    /// The CO's name for it, from its tag.
+    pub name: Option<String>,
+    /// Its content source, from its tag.
+    pub source: Option<Source>,
+    /// Whether it is a snapshot.
+    pub snapshot: bool,
+    /// Whether it is a thin volume.
+    pub thin: bool,
+    /// Creation time, seconds since the Unix epoch (snapshots record it).
+    pub created: Option<u64>,
+    /// Health from `lv_attr`.
+    pub health: LvHealth,
+    /// The block device, `/dev/<vg>/<lv>` (present once active).
+    pub device: String,
+}
+
+/// A volume to make.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewVolume {
+    /// The CO's name.
+    pub name: String,
+    /// The class; already resolved (never empty).
+    pub class: String,
+    /// Bytes, already rounded as the backend needs.
+    pub size: u64,
+    /// Thick classes: the layout.
+    pub lv_type: LvType,
+    /// Thin classes: the snapshot or volume to start from (same class, same node).
+    pub source: Option<Source>,
+}
+
+/// A snapshot to take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewSnapshot {
+    /// The CO's name.
+    pub name: String,
+    /// The volume to snapshot.
+    pub source_volume: String,
+}
+
+/// What a class can still hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capacity {
+    /// Bytes a new volume may take now (thick: VG free; thin: overprovisioned free capped by the pool).
+    pub available: u64,
+    /// The largest single volume that fits now.
+    pub maximum_volume_size: u64,
+    /// The smallest volume worth making (one extent).
+    pub minimum_volume_size: u64,
+}
+
+/// Why a backend call failed; the services map it to a gRPC code.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// No such volume, snapshot or class.
+    #[error("{0}")]
+    NotFound(String),
+    /// The request cannot be honoured as asked (a thick class asked for a snapshot, a source in another
+    /// class, a size the layout cannot make).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// Not enough space.
+    #[error("{0}")]
+    InsufficientSpace(String),
+    /// Something on disk contradicts the request (an LV with our name but not ours).
+    #[error("{0}")]
+    Conflict(String),
+    /// The operation cannot run now (a volume in use, the class not converged).
+    #[error("{0}")]
+    Unavailable(String),
+    /// LVM or the host failed.
+    #[error(transparent)]
+    Host(#[from] lvms_host::Error),
+}
+
+/// `Result` with [`BackendError`].
+pub type Result<T, E = BackendError> = std::result::Result<T, E>;
+
+/// Makes, finds, grows and removes volumes and snapshots. Every method is idempotent on what is on
+/// disk; callers serialise operations on one volume ([`crate::locks`]).
+pub trait Backend: Send + Sync + 'static {
+    /// The node this backend's volumes live on.
+    fn node_id(&self) -> &str;
+
+    /// The classes served.
+    fn classes(&self) -> &[ClassInfo];
+
+    /// Whether every class is ready to serve (volume group and pool exist).
+    fn ready(&self) -> impl Future<Output = Result<bool>> + Send;
+
+    /// The volume or snapshot with this id.
+    fn get(&self, id: &str) -> impl Future<Output = Result<Option<Volume>>> + Send;
+
+    /// Every volume and snapshot of ours, sorted by id.
+    fn list(&self) -> impl Future<Output = Result<Vec<Volume>>> + Send;
+
+    /// Makes a volume; when its LV exists already, returns it as found (the caller checks that it is
+    /// compatible).
+    fn create_volume(&self, req: &NewVolume) -> impl Future<Output = Result<Volume>> + Send;
+
+    /// Takes a read-only snapshot; when its LV exists already, returns it as found.
+    fn create_snapshot(&self, req: &NewSnapshot) -> impl Future<Output = Result<Volume>> + Send;
+
+    /// Removes a volume or snapshot; `Ok(false)` when it did not exist.
+    fn delete(&self, id: &str) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Grows a volume to at least `size` bytes; returns the new size.
+    fn expand(&self, id: &str, size: u64) -> impl Future<Output = Result<u64>> + Send;
+
+    /// What `class` can still hold.
+    fn capacity(&self, class: &str) -> impl Future<Output = Result<Capacity>> + Send;
+
+    /// Activates the volume so its block device exists (thin snapshots and what was restored from
+    /// them skip activation by default); returns the device path.
+    fn activate(&self, id: &str) -> impl Future<Output = Result<String>> + Send;
+}

@@ -1,0 +1,223 @@
+//! From the names a CO gives to the LVM names and tags on disk, and back. Everything the driver knows
+//! about a volume is on disk, so a restart finds every volume again:
+//!
+//! - the LV name is `csi-` (volumes) or `snap-` (snapshots) followed by 26 base32 characters of the
+//!   sha256 of the CO's name (130 bits): deterministic, so a retried `CreateVolume` finds the LV a
+//!   crashed attempt left, and a valid LVM name whatever the CO's name holds;
+//! - the volume (or snapshot) id is the LV name: at most 31 bytes, unique on the node;
+//! - tags record the rest: [`OWNER_TAG`] (ours), [`NAME_TAG_PREFIX`] + the hex of the CO's name,
+//!   [`SOURCE_TAG_PREFIX`] + the content source, [`SNAPSHOT_TAG`], and [`CREATED_TAG_PREFIX`] + the
+//!   creation time in seconds since the epoch.
+
+use sha2::{Digest, Sha256};
+
+/// Tag on every LV the driver creates (the same tag marks its volume groups).
+pub const OWNER_TAG: &str = lvms_core::config::VG_OWNER_TAG;
+/// Prefix of the tag carrying the CO's name, hex-encoded (tags allow only `[A-Za-z0-9_+.-/=!:&#]`).
+pub const NAME_TAG_PREFIX: &str = "lvms.name=";
+/// Prefix of the tag carrying the content source: `vol:<id>` or `snap:<id>`.
+pub const SOURCE_TAG_PREFIX: &str = "lvms.src=";
+/// Tag on snapshot LVs.
+pub const SNAPSHOT_TAG: &str = "lvms.snapshot";
+/// Prefix of the tag carrying the creation time (seconds since the Unix epoch).
+pub const CREATED_TAG_PREFIX: &str = "lvms.created=";
+/// Prefix of volume LV names.
+pub const VOLUME_PREFIX: &str = "csi-";
+/// Prefix of snapshot LV names.
+pub const SNAPSHOT_PREFIX: &str = "snap-";
+/// The longest name, id or parameter a CO may send (the CSI spec's limit for CO-provided strings).
+pub const MAX_STRING_BYTES: usize = 128;
+
+const BASE32: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
+
+/// 26 lowercase base32 characters of the sha256 of `name` (130 bits).
+fn digest(name: &str) -> String {
+    let hash = Sha256::digest(name.as_bytes());
+    let mut out = String::with_capacity(26);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for byte in hash.iter() {
+        acc = (acc << 8) | u32::from(*byte);
+        bits += 8;
+        while bits >= 5 && out.len() < 26 {
+            bits -= 5;
+            out.push(char::from(BASE32[((acc >> bits) & 31) as usize]));
+        }
+        acc &= (1 << bits) - 1;
+        if out.len() == 26 {
+            break;
+        }
+    }
+    out
+}
+
+/// The LV name (and volume id) for the volume the CO calls `name`.
+pub fn volume_lv_name(name: &str) -> String {
+    format!("{VOLUME_PREFIX}{}", digest(name))
+}
+
+/// The LV name (and snapshot id) for the snapshot the CO calls `name`.
+pub fn snapshot_lv_name(name: &str) -> String {
+    format!("{SNAPSHOT_PREFIX}{}", digest(name))
+}
+
+/// Whether `id` has the shape of a volume id this driver hands out.
+pub fn is_volume_id(id: &str) -> bool {
+    id.strip_prefix(VOLUME_PREFIX).is_some_and(is_digest)
+}
+
+/// Whether `id` has the shape of a snapshot id this driver hands out.
+pub fn is_snapshot_id(id: &str) -> bool {
+    id.strip_prefix(SNAPSHOT_PREFIX).is_some_and(is_digest)
+}
+
+fn is_digest(s: &str) -> bool {
+    s.len() == 26 && s.bytes().all(|b| BASE32.contains(&b))
+}
+
+/// The tag recording the CO's `name`.
+pub fn name_tag(name: &str) -> String {
+    let mut tag = String::with_capacity(NAME_TAG_PREFIX.len() + 2 * name.len());
+    tag.push_str(NAME_TAG_PREFIX);
+    for b in name.as_bytes() {
+        tag.push_str(&format!("{b:02x}"));
+    }
+    tag
+}
+
+/// The CO's name recorded in `tags`, if any.
+pub fn name_from_tags(tags: &[String]) -> Option<String> {
+    let hex = tags.iter().find_map(|t| t.strip_prefix(NAME_TAG_PREFIX))?;
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect();
+    String::from_utf8(bytes?).ok()
+}
+
+/// Where a volume's content came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// Restored from the snapshot with this id.
+    Snapshot(String),
+    /// Cloned from the volume with this id.
+    Volume(String),
+}
+
+impl Source {
+    /// The tag recording this source.
+    pub fn tag(&self) -> String {
+        match self {
+            Self::Snapshot(id) => format!("{SOURCE_TAG_PREFIX}snap:{id}"),
+            Self::Volume(id) => format!("{SOURCE_TAG_PREFIX}vol:{id}"),
+        }
+    }
+
+    /// The source recorded in `tags`, if any.
+    pub fn from_tags(tags: &[String]) -> Option<Self> {
+        let value = tags
+            .iter()
+            .find_map(|t| t.strip_prefix(SOURCE_TAG_PREFIX))?;
+        if let Some(id) = value.strip_prefix("snap:") {
+            Some(Self::Snapshot(id.to_owned()))
+        } else {
+            value
+                .strip_prefix("vol:")
+                .map(|id| Self::Volume(id.to_owned()))
+        }
+    }
+
+    /// The id of the source volume or snapshot.
+    pub fn id(&self) -> &str {
+        match self {
+            Self::Snapshot(id) | Self::Volume(id) => id,
+        }
+    }
+}
+
+/// The tag recording a creation time.
+pub fn created_tag(unix_seconds: u64) -> String {
+    format!("{CREATED_TAG_PREFIX}{unix_seconds}")
+}
+
+/// The creation time recorded in `tags`, if any.
+pub fn created_from_tags(tags: &[String]) -> Option<u64> {
+    tags.iter()
+        .find_map(|t| t.strip_prefix(CREATED_TAG_PREFIX))
+        .and_then(|s| s.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn lv_names_are_deterministic_valid_lvm_names_that_fit_an_id() {
+        let a = volume_lv_name("pvc-0b1c5b1e-8f0e-4a57-a3a5-7d0e6a3f7c11");
+        assert_eq!(
+            a,
+            volume_lv_name("pvc-0b1c5b1e-8f0e-4a57-a3a5-7d0e6a3f7c11")
+        );
+        assert_ne!(a, volume_lv_name("pvc-other"));
+        assert_eq!(a.len(), 30);
+        assert!(is_volume_id(&a) && !is_snapshot_id(&a));
+        lvms_core::names::validate_lvm_name(&a).unwrap();
+        let s = snapshot_lv_name("snapshot-1");
+        assert!(is_snapshot_id(&s) && !is_volume_id(&s));
+        lvms_core::names::validate_lvm_name(&s).unwrap();
+    }
+
+    #[test]
+    fn hostile_names_never_reach_the_lv_name() {
+        for name in [
+            "../../etc",
+            "a b;rm -rf /",
+            "--force",
+            "vg/lv",
+            "\u{0}",
+            "é",
+        ] {
+            let lv = volume_lv_name(name);
+            lvms_core::names::validate_lvm_name(&lv).unwrap();
+            assert!(!lv.contains(name), "{lv}");
+        }
+    }
+
+    #[test]
+    fn ids_of_other_shapes_are_not_ours() {
+        for id in [
+            "",
+            "csi-",
+            "csi-ABCDEFGHIJKLMNOPQRSTUVWXYZ",
+            "csi-abc",
+            "vol-aaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "csi-aaaaaaaaaaaaaaaaaaaaaaaaa1",
+        ] {
+            assert!(!is_volume_id(id), "{id}");
+        }
+    }
+
+    #[test]
+    fn source_round_trips_through_its_tag() {
+        for s in [
+            Source::Snapshot("snap-x".into()),
+            Source::Volume("csi-y".into()),
+        ] {
+            assert_eq!(Source::from_tags(&["lvms".into(), s.tag()]), Some(s));
+        }
+        assert_eq!(Source::from_tags(&["lvms".into()]), None);
+    }
+
+    proptest! {
+        #[test]
+        fn name_round_trips_through_its_tag(name in ".{0,128}") {
+            let tag = name_tag(&name);
+            prop_assert!(tag.bytes().all(|b| b.is_ascii_alphanumeric() || b"_+.-/=!:&#".contains(&b)));
+            prop_assert_eq!(name_from_tags(&[created_tag(1), tag]), Some(name));
+        }
+    }
+}

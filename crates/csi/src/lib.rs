@@ -1,0 +1,28 @@
+//! The lvms-rs CSI driver (spec package `csi.v1`, vendored in `lvms-csi-proto`).
+//!
+//! - [`identity`]: plugin info, capabilities, `Probe` (ready once the node's classes are converged);
+//! - [`controller`]: volumes, snapshots, clones, expansion, capacity, over a [`backend::Backend`];
+//! - [`node`]: stage/publish (mount and block), stats, expansion, on this node;
+//! - [`local`]: the [`backend::Backend`] that makes volumes with LVM on this node;
+//! - [`server`]: all of it on a Unix socket; [`ids`]: names, ids and tags on disk; [`locks`]: one
+//!   operation per volume at a time; [`params`]: StorageClass-style parameters.
+#![forbid(unsafe_code)]
+
+pub mod backend;
+pub mod controller;
+pub mod identity;
+pub mod ids;
+pub mod local;
+pub mod locks;
+pub mod node;
+pub mod params;
+pub mod server;
+
+pub use lvms_csi_proto::v1 as csi;
+
+/// The driver name when none is configured: what LVMS clusters and their StorageClasses use.
+pub const DEFAULT_DRIVER_NAME: &str = "topolvm.io";
+/// The topology key of the node a volume lives on.
+pub const TOPOLOGY_NODE_KEY: &str = "topology.topolvm.io/node";
+/// Volume context key naming the device class.
+pub const DEVICE_CLASS_KEY: &str = "topolvm.io/device-class";
