@@ -1,5 +1,7 @@
 //! `lvms`: one binary, one subcommand per role.
 
+mod csi_cli;
+
 use std::{collections::BTreeSet, path::PathBuf, sync::Arc};
 
 use anyhow::{Context, Result};
@@ -69,6 +71,8 @@ enum Cmd {
     },
     /// Run the operator: the LVMCluster controller and the admission webhook.
     Operator(OperatorArgs),
+    /// Call one CSI RPC on a CSI endpoint (a small CSI client).
+    Csi(csi_cli::CsiArgs),
 }
 
 #[derive(clap::Args)]
@@ -109,6 +113,7 @@ fn main() -> Result<()> {
             Cmd::Devices { config, output } => cmd_devices(config.as_deref(), output).await,
             Cmd::Crd { split } => cmd_crd(split.as_deref()),
             Cmd::Operator(args) => cmd_operator(args).await,
+            Cmd::Csi(args) => csi_cli::run(args).await,
         }
     })
 }
