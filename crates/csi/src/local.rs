@@ -1,1 +1,862 @@
-//! TODO(in progress)
+//! [`LocalBackend`]: volumes and snapshots made with LVM on this node.
+//!
+//! # On disk
+//! Thin classes make thin volumes in the class's pool (`lvcreate --type thin`), thick classes make
+//! linear, striped or RAID volumes in the class's volume group. Names and tags come from [`crate::ids`]:
+//! the LV name is derived from the CO's name, and the tags say that the LV is ours ([`ids::OWNER_TAG`]),
+//! which CO name it answers to, where its content came from and whether it is a snapshot. Nothing else is
+//! kept, so a restarted driver finds every volume. LVs without our owner tag are never changed or removed.
+//!
+//! Snapshots need a thin class: a snapshot is a read-only thin snapshot of the volume (created with the
+//! activation-skip flag, so [`Backend::activate`] passes `--ignoreactivationskip`). A restore or clone is
+//! a writable thin snapshot of the snapshot or volume, grown with `lvextend` when more was asked for than
+//! the source holds (the node grows the filesystem). Thin snapshots are independent volumes in LVM, so
+//! a volume with snapshots (or clones) can be deleted.
+//!
+//! # Idempotency
+//! | call | already done | answer |
+//! |---|---|---|
+//! | `create_volume`, `create_snapshot` | an LV with the name, our owner tag and the same name tag | returned as found (the caller checks compatibility) |
+//! | `create_volume`, `create_snapshot` | an LV with the name that is not ours | [`BackendError::Conflict`] |
+//! | `create_volume` from a source | the LV is there but smaller than asked (interrupted between snapshot and extend) | the extend is finished |
+//! | `delete` | no such LV | `Ok(false)` |
+//! | `expand` | already that big | `Ok` with the current size |
+//!
+//! # Cost: one cached report, mutations queued per volume group
+//! Reads ([`Backend::get`], [`Backend::list`], [`Backend::capacity`], [`Backend::ready`]) and the looks
+//! before a mutation use one cached report of the classes' volume groups and logical volumes (`lvm vgs`
+//! and `lvm lvs`: two processes, whatever the number of LVs). The report is
+//!
+//! - invalidated by every mutation this backend makes (also a failed one: it may have done part of its
+//!   work); `create_volume`, `create_snapshot` and `expand` read their result back from a fresh report
+//!   at once, `delete` and `activate` leave the refresh to the next read;
+//! - refreshed when older than the TTL ([`DEFAULT_CACHE_TTL`], 60 s; [`LocalBackend::with_cache_ttl`]),
+//!   to notice changes made by others (a disk that failed, an administrator's `lvremove`);
+//! - refreshed before a mutation gives up on a volume, snapshot or volume group it did not find in it,
+//!   so a stale report never makes a delete skip an LV or a create fail on a new class.
+//!
+//! An idle driver therefore spawns two LVM processes per TTL at most, however many volumes it has (the
+//! CO's periodic `GetCapacity` and `ListVolumes` are answered from the cache).
+//!
+//! Mutations of one volume group run one at a time (a [`tokio::sync::Mutex`] per volume group), instead
+//! of racing for LVM's own volume-group lock: measured in the test VM, four parallel `lvcreate`s gave only
+//! 1.37× the throughput of one, and four parallel `lvremove`s 0.67×. Different volume groups proceed in
+//! parallel. Reads never wait for a mutation: they answer from the report of before it.
+//!
+//! A report is kept together with the mutation counter it was started under: a mutation that finishes
+//! while a report is being taken makes that report stale at once, so a report never hides a mutation that
+//! finished before the read that returned it started.
+//!
+//! # Capacity
+//! Thick classes offer the volume group's free space, thin classes
+//! [`lvms_core::capacity::thin_capacity`] of the pool with the class's overprovision ratio; new thin
+//! volumes, snapshots and expansions that would exceed it are refused with
+//! [`BackendError::InsufficientSpace`] (LVM itself only warns when a pool is overprovisioned). Sizes are
+//! rounded up to whole extents of the volume group.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use lvms_core::{
+    capacity::{ThinPoolUsage, max_volume_size, min_volume_size, thick_available, thin_capacity},
+    lvattr::{LvAttr, LvHealth},
+    model::{LogicalVolume, VolumeGroup},
+    size::{ByteSize, round_up_to_extent},
+};
+use lvms_host::{
+    lvm::{Layout, LvSpec, Lvm},
+    runner::Runner,
+};
+use tokio::{sync::Mutex, time::Instant};
+
+use crate::{
+    backend::{
+        Backend, BackendError, Capacity, ClassInfo, LvType, NewSnapshot, NewVolume, Result, Source,
+        Volume,
+    },
+    ids,
+};
+
+/// How long a report of the volume groups and logical volumes is used before it is taken again.
+pub const DEFAULT_CACHE_TTL: Duration = Duration::from_secs(60);
+
+/// A class that is not ready (volume group or pool missing) is looked at again after this long, so
+/// readiness follows the node engine quickly without an LVM call on every probe.
+const NOT_READY_RECHECK: Duration = Duration::from_secs(5);
+
+/// Segment type of thin volumes.
+const THIN: &str = "thin";
+/// Segment type of thin pools.
+const THIN_POOL: &str = "thin-pool";
+
+/// Maps a host error to the backend's: out of space and not found keep their meaning, the rest is a
+/// host failure.
+fn host(e: lvms_host::Error) -> BackendError {
+    match e {
+        lvms_host::Error::InsufficientSpace(msg) => BackendError::InsufficientSpace(msg),
+        lvms_host::Error::NotFound(msg) => BackendError::NotFound(msg),
+        other => BackendError::Host(other),
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn layout(t: LvType) -> Layout {
+    match t {
+        LvType::Linear => Layout::Linear,
+        LvType::Striped {
+            stripes,
+            stripe_size,
+        } => Layout::Striped {
+            stripes,
+            stripe_size,
+        },
+        LvType::Mirror { mirrors } => Layout::Mirror { mirrors },
+        LvType::Raid {
+            level,
+            mirrors,
+            stripes,
+            stripe_size,
+        } => Layout::Raid {
+            level,
+            mirrors,
+            stripes,
+            stripe_size,
+        },
+    }
+}
+
+fn has_tag(lv: &LogicalVolume, tag: &str) -> bool {
+    lv.tags.iter().any(|t| t == tag)
+}
+
+fn is_ours(lv: &LogicalVolume) -> bool {
+    has_tag(lv, ids::OWNER_TAG)
+}
+
+fn is_our_id(id: &str) -> bool {
+    ids::is_volume_id(id) || ids::is_snapshot_id(id)
+}
+
+/// A size for messages: `1Gi (1073741824 bytes)`.
+struct Bytes(u64);
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({} bytes)", ByteSize(self.0), self.0)
+    }
+}
+
+/// The volume or snapshot an LV of ours is.
+fn to_volume(lv: &LogicalVolume) -> Volume {
+    Volume {
+        id: lv.name.clone(),
+        class: lv.vg_name.clone(),
+        size: lv.size,
+        name: ids::name_from_tags(&lv.tags),
+        source: Source::from_tags(&lv.tags),
+        snapshot: has_tag(lv, ids::SNAPSHOT_TAG),
+        thin: lv.segtype == THIN,
+        created: ids::created_from_tags(&lv.tags),
+        health: LvAttr::parse(&lv.attr).map_or(LvHealth::Unknown, |a| a.health()),
+        device: format!("/dev/{}/{}", lv.vg_name, lv.name),
+    }
+}
+
+/// What LVM reported about the classes' volume groups.
+#[derive(Debug)]
+struct Report {
+    /// The classes' volume groups that exist.
+    vgs: Vec<VolumeGroup>,
+    /// The visible logical volumes of those volume groups (ours and others).
+    lvs: Vec<LogicalVolume>,
+    taken: Instant,
+}
+
+impl Report {
+    fn vg(&self, name: &str) -> Option<&VolumeGroup> {
+        self.vgs.iter().find(|vg| vg.name == name)
+    }
+
+    fn lv(&self, vg: &str, name: &str) -> Option<&LogicalVolume> {
+        self.lvs
+            .iter()
+            .find(|lv| lv.vg_name == vg && lv.name == name)
+    }
+
+    /// The LV called `name` in any of the classes' volume groups.
+    fn find(&self, name: &str) -> Option<&LogicalVolume> {
+        self.lvs.iter().find(|lv| lv.name == name)
+    }
+
+    /// The thin pool of a thin class, if it exists.
+    fn pool(&self, class: &ClassInfo) -> Option<&LogicalVolume> {
+        let pool = class.thin_pool.as_deref()?;
+        self.lv(&class.name, pool)
+            .filter(|lv| lv.segtype == THIN_POOL)
+    }
+
+    /// Whether the class's volume group (and pool) exist.
+    fn converged(&self, class: &ClassInfo) -> bool {
+        self.vg(&class.name).is_some() && (class.thin_pool.is_none() || self.pool(class).is_some())
+    }
+}
+
+/// The cached [`Report`] and the mutation counter that makes it stale.
+#[derive(Debug)]
+struct ReportCache {
+    ttl: Duration,
+    /// Counts finished mutations.
+    mutations: AtomicU64,
+    /// The last report and the value of `mutations` when it was started. A tokio mutex: one refresh at a
+    /// time, readers that find it stale wait for that refresh instead of starting their own.
+    slot: Mutex<Option<(u64, Arc<Report>)>>,
+}
+
+impl ReportCache {
+    fn invalidate(&self) {
+        self.mutations.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A [`Backend`] making volumes with LVM on this node. See the [module documentation](self).
+#[derive(Debug)]
+pub struct LocalBackend<R> {
+    node_id: String,
+    classes: Vec<ClassInfo>,
+    lvm: Lvm<R>,
+    /// One per class volume group: mutations of one volume group run one at a time.
+    vg_locks: HashMap<String, Mutex<()>>,
+    cache: ReportCache,
+    /// Seconds since the Unix epoch, for the creation tag of snapshots.
+    clock: fn() -> u64,
+}
+
+impl<R: Runner> LocalBackend<R> {
+    /// A backend serving `classes` on node `node_id` through `lvm`.
+    pub fn new(node_id: impl Into<String>, classes: Vec<ClassInfo>, lvm: Lvm<R>) -> Self {
+        let vg_locks = classes
+            .iter()
+            .map(|c| (c.name.clone(), Mutex::new(())))
+            .collect();
+        Self {
+            node_id: node_id.into(),
+            classes,
+            lvm,
+            vg_locks,
+            cache: ReportCache {
+                ttl: DEFAULT_CACHE_TTL,
+                mutations: AtomicU64::new(0),
+                slot: Mutex::new(None),
+            },
+            clock: unix_now,
+        }
+    }
+
+    /// How long a report is used before it is taken again (default [`DEFAULT_CACHE_TTL`]).
+    #[must_use]
+    pub fn with_cache_ttl(mut self, ttl: Duration) -> Self {
+        self.cache.ttl = ttl;
+        self
+    }
+
+    /// The clock for the creation tag of snapshots, in seconds since the Unix epoch (default: the system
+    /// clock).
+    #[must_use]
+    pub fn with_clock(mut self, clock: fn() -> u64) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The LVM commands this backend runs.
+    pub fn lvm(&self) -> &Lvm<R> {
+        &self.lvm
+    }
+
+    fn class(&self, name: &str) -> Result<&ClassInfo> {
+        self.classes.iter().find(|c| c.name == name).ok_or_else(|| {
+            BackendError::NotFound(format!(
+                "device class {name} is not served on node {}",
+                self.node_id
+            ))
+        })
+    }
+
+    // ---- the report ----
+
+    /// The cached report, taken again when a mutation or the TTL made it stale.
+    async fn report(&self) -> Result<Arc<Report>> {
+        let mut slot = self.cache.slot.lock().await;
+        let now = self.cache.mutations.load(Ordering::SeqCst);
+        if let Some((taken_at, report)) = slot.as_ref()
+            && *taken_at == now
+            && report.taken.elapsed() < self.cache.ttl
+        {
+            return Ok(report.clone());
+        }
+        let report = Arc::new(self.fetch().await?);
+        *slot = Some((now, report.clone()));
+        Ok(report)
+    }
+
+    /// A report taken now.
+    async fn fresh_report(&self) -> Result<Arc<Report>> {
+        self.cache.invalidate();
+        self.report().await
+    }
+
+    async fn fetch(&self) -> Result<Report> {
+        let taken = Instant::now();
+        let ours = |vg: &str| self.classes.iter().any(|c| c.name == vg);
+        let vgs = self.lvm.vgs().await.map_err(host)?;
+        let lvs = self.lvm.lvs(None).await.map_err(host)?;
+        tracing::debug!(
+            node = %self.node_id,
+            vgs = vgs.len(),
+            lvs = lvs.len(),
+            "took the LVM report"
+        );
+        Ok(Report {
+            vgs: vgs.into_iter().filter(|vg| ours(&vg.name)).collect(),
+            lvs: lvs.into_iter().filter(|lv| ours(&lv.vg_name)).collect(),
+            taken,
+        })
+    }
+
+    /// Runs a mutation and marks the report stale whatever its outcome.
+    async fn mutate<T>(
+        &self,
+        op: impl Future<Output = lvms_host::Result<T>>,
+    ) -> lvms_host::Result<T> {
+        let result = op.await;
+        self.cache.invalidate();
+        result
+    }
+
+    /// The report with `class`'s volume group (and pool) in it, taking it again when they are missing
+    /// from a report older than [`NOT_READY_RECHECK`]; `Unavailable` if they are still missing.
+    async fn converged_report(&self, class: &ClassInfo) -> Result<Arc<Report>> {
+        let mut report = self.report().await?;
+        if !report.converged(class) && report.taken.elapsed() >= NOT_READY_RECHECK {
+            report = self.fresh_report().await?;
+        }
+        if report.vg(&class.name).is_none() {
+            return Err(BackendError::Unavailable(format!(
+                "volume group {} of device class {} does not exist on node {} (yet)",
+                class.name, class.name, self.node_id
+            )));
+        }
+        if let Some(pool) = &class.thin_pool
+            && report.pool(class).is_none()
+        {
+            return Err(BackendError::Unavailable(format!(
+                "thin pool {}/{pool} of device class {} does not exist on node {} (yet)",
+                class.name, class.name, self.node_id
+            )));
+        }
+        Ok(report)
+    }
+
+    /// Our LV with this id, from the report; a miss is checked against a fresh report, so a mutation never
+    /// acts on a stale "not there".
+    async fn locate(&self, id: &str) -> Result<Option<LogicalVolume>> {
+        let report = self.report().await?;
+        if let Some(lv) = report.find(id) {
+            return Ok(Some(lv.clone()).filter(is_ours));
+        }
+        let report = self.fresh_report().await?;
+        Ok(report.find(id).filter(|lv| is_ours(lv)).cloned())
+    }
+
+    async fn lock_vg(&self, vg: &str) -> Result<tokio::sync::MutexGuard<'_, ()>> {
+        match self.vg_locks.get(vg) {
+            Some(lock) => Ok(lock.lock().await),
+            None => Err(BackendError::NotFound(format!(
+                "volume group {vg} is not a device class on node {}",
+                self.node_id
+            ))),
+        }
+    }
+
+    fn extent_size(&self, report: &Report, vg: &str) -> Result<u64> {
+        report
+            .vg(vg)
+            .map(|v| v.extent_size)
+            .filter(|e| *e > 0)
+            .ok_or_else(|| {
+                BackendError::Unavailable(format!(
+                    "volume group {vg} does not exist on node {} (yet)",
+                    self.node_id
+                ))
+            })
+    }
+
+    /// `size` rounded up to whole extents (at least one).
+    fn round(&self, size: u64, extent: u64) -> Result<u64> {
+        round_up_to_extent(size.max(1), extent).ok_or_else(|| {
+            BackendError::InvalidArgument(format!(
+                "size {} is too large to round up to extents of {}",
+                Bytes(size),
+                Bytes(extent)
+            ))
+        })
+    }
+
+    /// Refuses to promise `more` bytes of a thin class's pool beyond what its overprovision ratio allows.
+    fn check_thin_space(&self, report: &Report, class: &ClassInfo, more: u64) -> Result<()> {
+        let Some(pool) = report.pool(class) else {
+            return Err(BackendError::Unavailable(format!(
+                "the thin pool of device class {} does not exist on node {} (yet)",
+                class.name, self.node_id
+            )));
+        };
+        let usage = ThinPoolUsage::from_lvs(pool, &report.lvs, class.overprovision_ratio);
+        let available = thin_capacity(&usage).available;
+        if more > available {
+            return Err(BackendError::InsufficientSpace(format!(
+                "thin pool {}/{} on node {} can promise {} more with overprovision ratio {} \
+                 (pool {}, {:.2}% used, {} promised); {} requested",
+                class.name,
+                pool.name,
+                self.node_id,
+                Bytes(available),
+                class.overprovision_ratio,
+                Bytes(pool.size),
+                usage.data_percent,
+                Bytes(usage.virtual_used),
+                Bytes(more),
+            )));
+        }
+        Ok(())
+    }
+
+    /// An LV found under the name of `name`: ours (owner and name tags) or a conflict.
+    fn adopt(&self, lv: &LogicalVolume, name: &str) -> Result<Volume> {
+        if is_ours(lv) && has_tag(lv, &ids::name_tag(name)) {
+            tracing::debug!(
+                volume_id = %lv.name,
+                device_class = %lv.vg_name,
+                "found, created before"
+            );
+            return Ok(to_volume(lv));
+        }
+        let whose = if is_ours(lv) {
+            "it belongs to another name of this driver"
+        } else {
+            "it does not carry this driver's tag"
+        };
+        Err(BackendError::Conflict(format!(
+            "logical volume {}/{} on node {} exists but is not {name}: {whose} (tags: {})",
+            lv.vg_name,
+            lv.name,
+            self.node_id,
+            if lv.tags.is_empty() {
+                "none".to_owned()
+            } else {
+                lv.tags.join(",")
+            }
+        )))
+    }
+
+    /// The LV `name` read back from a fresh report after creating or growing it.
+    async fn read_back(&self, vg: &str, name: &str) -> Result<Volume> {
+        let report = self.fresh_report().await?;
+        report.lv(vg, name).map(to_volume).ok_or_else(|| {
+            BackendError::NotFound(format!(
+                "logical volume {vg}/{name} on node {} is missing right after it was made",
+                self.node_id
+            ))
+        })
+    }
+
+    /// Creates with `op`; when LVM says the LV exists already (made by someone else since the report),
+    /// adopts it or reports the conflict.
+    async fn create_or_adopt(
+        &self,
+        op: impl Future<Output = lvms_host::Result<()>>,
+        vg: &str,
+        lv_name: &str,
+        name: &str,
+    ) -> Result<Volume> {
+        match self.mutate(op).await {
+            Ok(()) => self.read_back(vg, lv_name).await,
+            Err(lvms_host::Error::AlreadyExists(msg)) => {
+                let report = self.fresh_report().await?;
+                match report.find(lv_name) {
+                    Some(lv) => self.adopt(lv, name),
+                    None => Err(BackendError::Conflict(msg)),
+                }
+            }
+            Err(e) => Err(host(e)),
+        }
+    }
+
+    /// A writable thin snapshot of `req.source`, grown to `size`.
+    async fn restore(
+        &self,
+        mut report: Arc<Report>,
+        class: &ClassInfo,
+        req: &NewVolume,
+        source: &Source,
+        lv_name: &str,
+        size: u64,
+    ) -> Result<Volume> {
+        let find = |r: &Report| {
+            r.find(source.id())
+                .filter(|lv| is_ours(lv))
+                .filter(|lv| match source {
+                    Source::Snapshot(_) => has_tag(lv, ids::SNAPSHOT_TAG),
+                    Source::Volume(_) => !has_tag(lv, ids::SNAPSHOT_TAG),
+                })
+                .cloned()
+        };
+        if find(&report).is_none() {
+            // Not in the report: make sure with a fresh one.
+            report = self.fresh_report().await?;
+        }
+        let src = find(&report).ok_or_else(|| self.source_not_found(source))?;
+        if src.vg_name != class.name {
+            return Err(BackendError::InvalidArgument(format!(
+                "{} is in device class {}, the new volume {} in device class {}: a volume can only be \
+                 restored or cloned within its device class",
+                describe(source),
+                src.vg_name,
+                req.name,
+                class.name
+            )));
+        }
+        if class.thin_pool.is_none() || src.segtype != THIN {
+            return Err(BackendError::InvalidArgument(format!(
+                "device class {} is thick: restoring a snapshot or cloning a volume needs a thin device \
+                 class",
+                class.name
+            )));
+        }
+        if size < src.size {
+            return Err(BackendError::InvalidArgument(format!(
+                "{} holds {}: the new volume {} cannot be smaller ({} requested)",
+                describe(source),
+                Bytes(src.size),
+                req.name,
+                Bytes(size)
+            )));
+        }
+        self.check_thin_space(&report, class, size)?;
+        let tags = vec![
+            ids::OWNER_TAG.to_owned(),
+            ids::name_tag(&req.name),
+            source.tag(),
+        ];
+        let vol = self
+            .create_or_adopt(
+                self.lvm
+                    .thin_snapshot(&class.name, &src.name, lv_name, false, &tags),
+                &class.name,
+                lv_name,
+                &req.name,
+            )
+            .await?;
+        if vol.size < size {
+            return self.grow(&class.name, lv_name, size).await;
+        }
+        Ok(vol)
+    }
+
+    fn source_not_found(&self, source: &Source) -> BackendError {
+        BackendError::NotFound(format!(
+            "{} does not exist on node {}",
+            describe(source),
+            self.node_id
+        ))
+    }
+
+    /// `lvextend` to `size`, then the volume as it is now.
+    async fn grow(&self, vg: &str, lv: &str, size: u64) -> Result<Volume> {
+        self.mutate(self.lvm.lv_extend(vg, lv, size))
+            .await
+            .map_err(host)?;
+        self.read_back(vg, lv).await
+    }
+}
+
+fn describe(source: &Source) -> String {
+    match source {
+        Source::Snapshot(id) => format!("source snapshot {id}"),
+        Source::Volume(id) => format!("source volume {id}"),
+    }
+}
+
+impl<R: Runner> Backend for LocalBackend<R> {
+    fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    fn classes(&self) -> &[ClassInfo] {
+        &self.classes
+    }
+
+    #[tracing::instrument(skip(self), fields(node = %self.node_id))]
+    async fn ready(&self) -> Result<bool> {
+        let mut report = self.report().await?;
+        let all = |r: &Report| self.classes.iter().all(|c| r.converged(c));
+        if !all(&report) && report.taken.elapsed() >= NOT_READY_RECHECK {
+            report = self.fresh_report().await?;
+        }
+        Ok(all(&report))
+    }
+
+    #[tracing::instrument(skip(self), fields(node = %self.node_id))]
+    async fn get(&self, id: &str) -> Result<Option<Volume>> {
+        if !is_our_id(id) {
+            return Ok(None);
+        }
+        let report = self.report().await?;
+        Ok(report.find(id).filter(|lv| is_ours(lv)).map(to_volume))
+    }
+
+    #[tracing::instrument(skip(self), fields(node = %self.node_id))]
+    async fn list(&self) -> Result<Vec<Volume>> {
+        let report = self.report().await?;
+        let mut out: Vec<Volume> = report
+            .lvs
+            .iter()
+            .filter(|lv| is_ours(lv) && is_our_id(&lv.name))
+            .map(to_volume)
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    #[tracing::instrument(
+        skip(self, req),
+        fields(node = %self.node_id, name = %req.name, device_class = %req.class, size = req.size)
+    )]
+    async fn create_volume(&self, req: &NewVolume) -> Result<Volume> {
+        let class = self.class(&req.class)?;
+        let lv_name = ids::volume_lv_name(&req.name);
+        let _queued = self.lock_vg(&class.name).await?;
+        let report = self.report().await?;
+        if let Some(lv) = report.find(&lv_name) {
+            let vol = self.adopt(lv, &req.name)?;
+            // A restore interrupted between the snapshot and the extend: finish it.
+            if req.source.is_some() && vol.source == req.source && vol.class == class.name {
+                let extent = self.extent_size(&report, &class.name)?;
+                let size = self.round(req.size, extent)?;
+                if vol.size < size {
+                    tracing::info!(volume_id = %lv_name, "finishing an interrupted restore");
+                    return self.grow(&class.name, &lv_name, size).await;
+                }
+            }
+            return Ok(vol);
+        }
+        let report = self.converged_report(class).await?;
+        let extent = self.extent_size(&report, &class.name)?;
+        let size = self.round(req.size, extent)?;
+        if let Some(source) = &req.source {
+            return self
+                .restore(report, class, req, source, &lv_name, size)
+                .await;
+        }
+        let tags = vec![ids::OWNER_TAG.to_owned(), ids::name_tag(&req.name)];
+        match &class.thin_pool {
+            Some(pool) => {
+                self.check_thin_space(&report, class, size)?;
+                self.create_or_adopt(
+                    self.lvm
+                        .thin_lv_create(&class.name, pool, &lv_name, size, &tags),
+                    &class.name,
+                    &lv_name,
+                    &req.name,
+                )
+                .await
+            }
+            None => {
+                let spec = LvSpec {
+                    vg: class.name.clone(),
+                    name: lv_name.clone(),
+                    size,
+                    layout: layout(req.lv_type),
+                    tags,
+                };
+                self.create_or_adopt(self.lvm.lv_create(&spec), &class.name, &lv_name, &req.name)
+                    .await
+            }
+        }
+    }
+
+    #[tracing::instrument(
+        skip(self, req),
+        fields(node = %self.node_id, name = %req.name, source = %req.source_volume)
+    )]
+    async fn create_snapshot(&self, req: &NewSnapshot) -> Result<Volume> {
+        let source = Source::Volume(req.source_volume.clone());
+        if !ids::is_volume_id(&req.source_volume) {
+            return Err(self.source_not_found(&source));
+        }
+        let lv_name = ids::snapshot_lv_name(&req.name);
+        if let Some(lv) = self.report().await?.find(&lv_name) {
+            return self.adopt(lv, &req.name);
+        }
+        let src = self
+            .locate(&req.source_volume)
+            .await?
+            .ok_or_else(|| self.source_not_found(&source))?;
+        let class = self.class(&src.vg_name)?;
+        let Some(pool) = &class.thin_pool else {
+            return Err(BackendError::InvalidArgument(format!(
+                "volume {} is in device class {}, which is thick: snapshots need a thin device class",
+                req.source_volume, class.name
+            )));
+        };
+        let _queued = self.lock_vg(&class.name).await?;
+        let report = self.report().await?;
+        if let Some(lv) = report.find(&lv_name) {
+            return self.adopt(lv, &req.name);
+        }
+        let report = self.converged_report(class).await?;
+        let src = report
+            .lv(&class.name, &req.source_volume)
+            .filter(|lv| is_ours(lv))
+            .ok_or_else(|| self.source_not_found(&source))?;
+        if src.segtype != THIN {
+            return Err(BackendError::InvalidArgument(format!(
+                "volume {} is not a thin volume of pool {}/{pool}: snapshots need a thin volume",
+                req.source_volume, class.name
+            )));
+        }
+        self.check_thin_space(&report, class, src.size)?;
+        let tags = vec![
+            ids::OWNER_TAG.to_owned(),
+            ids::name_tag(&req.name),
+            ids::SNAPSHOT_TAG.to_owned(),
+            ids::created_tag((self.clock)()),
+            source.tag(),
+        ];
+        self.create_or_adopt(
+            self.lvm
+                .thin_snapshot(&class.name, &req.source_volume, &lv_name, true, &tags),
+            &class.name,
+            &lv_name,
+            &req.name,
+        )
+        .await
+    }
+
+    #[tracing::instrument(skip(self), fields(node = %self.node_id))]
+    async fn delete(&self, id: &str) -> Result<bool> {
+        if !is_our_id(id) {
+            return Ok(false);
+        }
+        let mut report = self.report().await?;
+        if report.find(id).is_none() {
+            // Not in the report: make sure with a fresh one.
+            report = self.fresh_report().await?;
+        }
+        let Some(vg) = report.find(id).map(|lv| lv.vg_name.clone()) else {
+            tracing::debug!(volume_id = id, "nothing to delete");
+            return Ok(false);
+        };
+        let _queued = self.lock_vg(&vg).await?;
+        // Look at the LV itself before removing it: never remove an LV that is not ours.
+        let Some(lv) = self.lvm.lv(&vg, id).await.map_err(host)? else {
+            self.cache.invalidate();
+            return Ok(false);
+        };
+        if !is_ours(&lv) {
+            return Err(BackendError::NotFound(format!(
+                "logical volume {vg}/{id} on node {} does not carry the tag {}: not a volume of this \
+                 driver, left alone",
+                self.node_id,
+                ids::OWNER_TAG
+            )));
+        }
+        self.mutate(self.lvm.lv_remove(&vg, id))
+            .await
+            .map_err(host)?;
+        tracing::info!(volume_id = id, device_class = %vg, "deleted");
+        Ok(true)
+    }
+
+    #[tracing::instrument(skip(self), fields(node = %self.node_id))]
+    async fn expand(&self, id: &str, size: u64) -> Result<u64> {
+        let missing = || {
+            BackendError::NotFound(format!(
+                "volume {id} does not exist on node {}",
+                self.node_id
+            ))
+        };
+        if !ids::is_volume_id(id) {
+            return Err(missing());
+        }
+        let lv = self.locate(id).await?.ok_or_else(missing)?;
+        let class = self.class(&lv.vg_name)?;
+        let _queued = self.lock_vg(&class.name).await?;
+        let report = self.report().await?;
+        let lv = report
+            .lv(&class.name, id)
+            .filter(|lv| is_ours(lv))
+            .ok_or_else(missing)?;
+        let extent = self.extent_size(&report, &class.name)?;
+        let size = self.round(size, extent)?;
+        if size <= lv.size {
+            return Ok(lv.size);
+        }
+        if class.thin_pool.is_some() {
+            self.check_thin_space(&report, class, size - lv.size)?;
+        }
+        Ok(self.grow(&class.name, id, size).await?.size)
+    }
+
+    #[tracing::instrument(skip(self), fields(node = %self.node_id))]
+    async fn capacity(&self, class: &str) -> Result<Capacity> {
+        let class = self.class(class)?;
+        let report = self.converged_report(class).await?;
+        let extent = self.extent_size(&report, &class.name)?;
+        // `converged_report` made sure the volume group (and a thin class's pool) exist.
+        let available = match report.pool(class) {
+            Some(pool) => {
+                let usage = ThinPoolUsage::from_lvs(pool, &report.lvs, class.overprovision_ratio);
+                thin_capacity(&usage).available
+            }
+            None => report.vg(&class.name).map_or(0, thick_available),
+        };
+        Ok(Capacity {
+            available,
+            maximum_volume_size: max_volume_size(available, extent),
+            minimum_volume_size: min_volume_size(extent),
+        })
+    }
+
+    #[tracing::instrument(skip(self), fields(node = %self.node_id))]
+    async fn activate(&self, id: &str) -> Result<String> {
+        let missing = || {
+            BackendError::NotFound(format!(
+                "volume or snapshot {id} does not exist on node {}",
+                self.node_id
+            ))
+        };
+        if !is_our_id(id) {
+            return Err(missing());
+        }
+        let lv = self.locate(id).await?.ok_or_else(missing)?;
+        let _queued = self.lock_vg(&lv.vg_name).await?;
+        self.mutate(self.lvm.lv_activate(&lv.vg_name, id, true))
+            .await
+            .map_err(host)?;
+        Ok(format!("/dev/{}/{id}", lv.vg_name))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,1 +1,1019 @@
-//! TODO(in progress)
+//! The CSI Node service: stage (activate, format when blank, mount), publish (bind mounts, filesystem or
+//! block), unpublish and unstage, stats with the volume's condition, and online filesystem growth.
+//!
+//! Every decision is read from `/proc/self/mountinfo` ([`table`]), never kept only in memory, so a
+//! restarted driver answers retries as the one before it would have. Requests are checked before
+//! anything runs ([`request`]); one operation per volume runs at a time ([`InFlight`]), a second gets
+//! ABORTED.
+
+pub mod request;
+pub mod table;
+
+use std::{
+    collections::HashMap,
+    io::{self, SeekFrom},
+    sync::Arc,
+};
+
+use lvms_core::config::Fstype;
+use lvms_host::{
+    fs::{Filesystems, MountInfo, find_mount_by_target, fstype_name, statvfs},
+    runner::Runner,
+};
+use tokio::io::AsyncSeekExt as _;
+use tonic::{Code, Request, Response, Status};
+
+use self::{
+    request::{Access, Invalid, known_fstype},
+    table::{DeviceIds, Mounted, Publish, Stage, Unmount},
+};
+use crate::{
+    backend::{Backend, BackendError, Volume},
+    csi::{
+        self, NodeExpandVolumeRequest, NodeExpandVolumeResponse, NodeGetCapabilitiesRequest,
+        NodeGetCapabilitiesResponse, NodeGetInfoRequest, NodeGetInfoResponse,
+        NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse, NodePublishVolumeRequest,
+        NodePublishVolumeResponse, NodeServiceCapability, NodeStageVolumeRequest,
+        NodeStageVolumeResponse, NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse,
+        NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, Topology, VolumeCondition,
+        VolumeUsage, node_service_capability, volume_usage::Unit,
+    },
+    locks::{Guard, InFlight},
+};
+
+/// How many mounts stacked at one path unpublish and unstage take off before giving up.
+const MAX_STACKED_MOUNTS: usize = 8;
+
+/// How the Node service is set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeOptions {
+    /// The filesystem made on a blank volume when the capability names none.
+    pub default_fstype: Fstype,
+}
+
+impl Default for NodeOptions {
+    /// ext4, as TopoLVM and LVMS default to.
+    fn default() -> Self {
+        Self {
+            default_fstype: Fstype::Ext4,
+        }
+    }
+}
+
+/// The CSI Node service over a volume [`Backend`] and the host's filesystem tools.
+#[derive(Debug)]
+pub struct NodeService<B, R> {
+    backend: Arc<B>,
+    fs: Filesystems<R>,
+    in_flight: InFlight,
+    options: NodeOptions,
+}
+
+// ---- errors ----
+
+/// The message of an error and all its causes, each once.
+fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut msg = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        source = s.source();
+    }
+    msg
+}
+
+fn host_code(e: &lvms_host::Error) -> Code {
+    use lvms_host::Error as E;
+    match e {
+        E::InvalidName(_) | E::InvalidDevicePath { .. } | E::InvalidArgument(_) => {
+            Code::InvalidArgument
+        }
+        E::NotFound(_) => Code::NotFound,
+        E::AlreadyExists(_) => Code::AlreadyExists,
+        E::InsufficientSpace(_) => Code::ResourceExhausted,
+        E::InUse(_) | E::SignatureExists { .. } => Code::FailedPrecondition,
+        _ => Code::Internal,
+    }
+}
+
+fn backend_code(e: &BackendError) -> Code {
+    match e {
+        BackendError::NotFound(_) => Code::NotFound,
+        BackendError::InvalidArgument(_) => Code::InvalidArgument,
+        BackendError::InsufficientSpace(_) => Code::ResourceExhausted,
+        BackendError::Conflict(_) => Code::FailedPrecondition,
+        BackendError::Unavailable(_) => Code::Unavailable,
+        BackendError::Host(h) => host_code(h),
+    }
+}
+
+/// Failures every volume RPC shares.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// A required field is missing or malformed (INVALID_ARGUMENT).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// Not a volume of ours, or no such volume (NOT_FOUND).
+    #[error("{0}")]
+    NotFound(String),
+    /// Another operation on the volume is running (ABORTED).
+    #[error("an operation on volume {0} is in progress; retry later")]
+    Busy(String),
+    /// The backend could not look the volume up.
+    #[error("looking up volume {id}")]
+    Lookup {
+        id: String,
+        #[source]
+        source: BackendError,
+    },
+    /// `/proc/self/mountinfo` could not be read (INTERNAL).
+    #[error("reading the mount table")]
+    Mounts(#[source] lvms_host::Error),
+    /// The volume's device could not be examined (INTERNAL).
+    #[error("examining device {device} of the volume")]
+    Device {
+        device: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl RequestError {
+    fn code(&self) -> Code {
+        match self {
+            Self::InvalidArgument(_) => Code::InvalidArgument,
+            Self::NotFound(_) => Code::NotFound,
+            Self::Busy(_) => Code::Aborted,
+            Self::Lookup { source, .. } => backend_code(source),
+            Self::Mounts(_) | Self::Device { .. } => Code::Internal,
+        }
+    }
+}
+
+impl From<Invalid> for RequestError {
+    fn from(e: Invalid) -> Self {
+        match e {
+            Invalid::Argument(m) => Self::InvalidArgument(m),
+            Invalid::NotOurs(m) => Self::NotFound(m),
+        }
+    }
+}
+
+/// Implements `From<Invalid>` (through [`RequestError`]) and `From<$e> for Status`.
+macro_rules! rpc_error {
+    ($e:ident) => {
+        impl From<Invalid> for $e {
+            fn from(e: Invalid) -> Self {
+                Self::Request(e.into())
+            }
+        }
+
+        impl From<$e> for Status {
+            fn from(e: $e) -> Self {
+                Status::new(e.code(), chain(&e))
+            }
+        }
+    };
+}
+
+/// Why `NodeStageVolume` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// The staging directory is not there (INVALID_ARGUMENT).
+    #[error("staging_target_path {0} is not an existing directory")]
+    StagingPath(String, #[source] io::Error),
+    /// The staging path is not a directory (INVALID_ARGUMENT).
+    #[error("staging_target_path {0} is not a directory")]
+    StagingNotDir(String),
+    /// Staged at the path with other arguments, or another volume is there (ALREADY_EXISTS).
+    #[error("{0}")]
+    Incompatible(String),
+    /// The device has another filesystem than asked for (FAILED_PRECONDITION).
+    #[error(
+        "{device} has a {found} filesystem, not the {wanted} asked for: refusing to reformat it"
+    )]
+    WrongFilesystem {
+        device: String,
+        found: String,
+        wanted: &'static str,
+    },
+    /// The device has a signature that is no filesystem this node mounts (FAILED_PRECONDITION).
+    #[error(
+        "{device} has a {found} signature, which is neither ext4 nor xfs: refusing to mount or reformat it"
+    )]
+    UnsupportedSignature { device: String, found: String },
+    /// Activating the volume failed.
+    #[error("activating volume {id}")]
+    Activate {
+        id: String,
+        #[source]
+        source: BackendError,
+    },
+    /// Probing, formatting, mounting or growing failed.
+    #[error("{step} {device}")]
+    Host {
+        step: &'static str,
+        device: String,
+        #[source]
+        source: lvms_host::Error,
+    },
+}
+
+impl StageError {
+    fn code(&self) -> Code {
+        match self {
+            Self::Request(e) => e.code(),
+            Self::StagingPath(..) | Self::StagingNotDir(_) => Code::InvalidArgument,
+            Self::Incompatible(_) => Code::AlreadyExists,
+            Self::WrongFilesystem { .. } | Self::UnsupportedSignature { .. } => {
+                Code::FailedPrecondition
+            }
+            Self::Activate { source, .. } => backend_code(source),
+            Self::Host { source, .. } => host_code(source),
+        }
+    }
+}
+rpc_error!(StageError);
+
+/// Why `NodeUnstageVolume` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UnstageError {
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// Something else is mounted at the path (FAILED_PRECONDITION).
+    #[error("{0}")]
+    Foreign(String),
+    /// `umount` failed (busy: FAILED_PRECONDITION).
+    #[error("unmounting {0}")]
+    Unmount(String, #[source] lvms_host::Error),
+    /// Mounts kept appearing at the path (INTERNAL).
+    #[error("{0} is still mounted after {MAX_STACKED_MOUNTS} unmounts")]
+    StillMounted(String),
+}
+
+impl UnstageError {
+    fn code(&self) -> Code {
+        match self {
+            Self::Request(e) => e.code(),
+            Self::Foreign(_) => Code::FailedPrecondition,
+            Self::Unmount(_, e) => host_code(e),
+            Self::StillMounted(_) => Code::Internal,
+        }
+    }
+}
+rpc_error!(UnstageError);
+
+/// Why `NodePublishVolume` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// No staging path though the node stages volumes (FAILED_PRECONDITION, as the spec's table says).
+    #[error("staging_target_path is required: this node stages volumes (STAGE_UNSTAGE_VOLUME)")]
+    StagingRequired,
+    /// Published at the target with other arguments, or something else is there (ALREADY_EXISTS).
+    #[error("{0}")]
+    Incompatible(String),
+    /// Published at another target and the access mode allows one (FAILED_PRECONDITION).
+    #[error("{0}")]
+    PublishedElsewhere(String),
+    /// Not staged (FAILED_PRECONDITION).
+    #[error("{0}")]
+    NotStaged(String),
+    /// The target exists as the wrong kind of file (FAILED_PRECONDITION).
+    #[error("{0}")]
+    TargetKind(String),
+    /// The target could not be created (INTERNAL).
+    #[error("creating target path {0}")]
+    CreateTarget(String, #[source] io::Error),
+    /// The bind mount failed.
+    #[error("bind-mounting {src} at {target}")]
+    Bind {
+        src: String,
+        target: String,
+        #[source]
+        source: lvms_host::Error,
+    },
+}
+
+impl PublishError {
+    fn code(&self) -> Code {
+        match self {
+            Self::Request(e) => e.code(),
+            Self::Incompatible(_) => Code::AlreadyExists,
+            Self::StagingRequired
+            | Self::PublishedElsewhere(_)
+            | Self::NotStaged(_)
+            | Self::TargetKind(_) => Code::FailedPrecondition,
+            Self::CreateTarget(..) => Code::Internal,
+            Self::Bind { source, .. } => host_code(source),
+        }
+    }
+}
+rpc_error!(PublishError);
+
+/// Why `NodeUnpublishVolume` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UnpublishError {
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// Something else is mounted at the target (FAILED_PRECONDITION).
+    #[error("{0}")]
+    Foreign(String),
+    /// `umount` failed (busy: FAILED_PRECONDITION).
+    #[error("unmounting {0}")]
+    Unmount(String, #[source] lvms_host::Error),
+    /// Mounts kept appearing at the target (INTERNAL).
+    #[error("{0} is still mounted after {MAX_STACKED_MOUNTS} unmounts")]
+    StillMounted(String),
+    /// The target could not be removed (a directory not empty once unmounted: INTERNAL).
+    #[error("removing target path {0}")]
+    RemoveTarget(String, #[source] io::Error),
+}
+
+impl UnpublishError {
+    fn code(&self) -> Code {
+        match self {
+            Self::Request(e) => e.code(),
+            Self::Foreign(_) => Code::FailedPrecondition,
+            Self::Unmount(_, e) => host_code(e),
+            Self::StillMounted(_) | Self::RemoveTarget(..) => Code::Internal,
+        }
+    }
+}
+rpc_error!(UnpublishError);
+
+/// Why `NodeGetVolumeStats` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StatsError {
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// The path does not hold the volume (NOT_FOUND).
+    #[error("{0}")]
+    NotMounted(String),
+    /// `statvfs` failed (INTERNAL).
+    #[error("reading the usage of {0}")]
+    Statvfs(String, #[source] lvms_host::Error),
+}
+
+impl StatsError {
+    fn code(&self) -> Code {
+        match self {
+            Self::Request(e) => e.code(),
+            Self::NotMounted(_) => Code::NotFound,
+            Self::Statvfs(..) => Code::Internal,
+        }
+    }
+}
+rpc_error!(StatsError);
+
+/// Why `NodeExpandVolume` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExpandError {
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// The path does not hold the volume (NOT_FOUND).
+    #[error("{0}")]
+    NotMounted(String),
+    /// The device is not the size asked for (OUT_OF_RANGE).
+    #[error("{0}")]
+    OutOfRange(String),
+    /// The filesystem cannot be grown here (FAILED_PRECONDITION).
+    #[error("{0}")]
+    CannotGrow(String),
+    /// Growing the filesystem failed.
+    #[error("growing the filesystem of {device} at {path}")]
+    Grow {
+        device: String,
+        path: String,
+        #[source]
+        source: lvms_host::Error,
+    },
+}
+
+impl ExpandError {
+    fn code(&self) -> Code {
+        match self {
+            Self::Request(e) => e.code(),
+            Self::NotMounted(_) => Code::NotFound,
+            Self::OutOfRange(_) => Code::OutOfRange,
+            Self::CannotGrow(_) => Code::FailedPrecondition,
+            Self::Grow { source, .. } => host_code(source),
+        }
+    }
+}
+rpc_error!(ExpandError);
+
+// ---- devices and files ----
+
+fn dev_pair(dev: u64) -> (u32, u32) {
+    (rustix::fs::major(dev), rustix::fs::minor(dev))
+}
+
+/// How the mount table shows `device` ([`DeviceIds`]); `Ok(None)` when it does not exist.
+fn device_ids(device: &str) -> Result<Option<DeviceIds>, RequestError> {
+    let err = |source| RequestError::Device {
+        device: device.to_owned(),
+        source,
+    };
+    if device.is_empty() {
+        return Ok(None);
+    }
+    let real = match std::fs::canonicalize(device) {
+        Ok(real) => real,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(err(e)),
+    };
+    let st = rustix::fs::stat(&real).map_err(|e| err(e.into()))?;
+    #[allow(clippy::useless_conversion)] // st_rdev and st_dev are not u64 on every target
+    let (rdev, dev) = (u64::from(st.st_rdev), u64::from(st.st_dev));
+    Ok(Some(DeviceIds {
+        rdev: dev_pair(rdev),
+        node_fs: dev_pair(dev),
+        node_name: real
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    }))
+}
+
+/// The size of a block device in bytes (its end, found by seeking).
+async fn device_size(device: &str) -> Result<u64, RequestError> {
+    let err = |source| RequestError::Device {
+        device: device.to_owned(),
+        source,
+    };
+    let mut f = tokio::fs::File::open(device).await.map_err(err)?;
+    f.seek(SeekFrom::End(0)).await.map_err(err)
+}
+
+fn i64_of(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Creates the publish target when missing: a directory for a filesystem, a file for a block device.
+/// Returns whether it was created.
+async fn prepare_target(target: &str, block: bool) -> Result<bool, PublishError> {
+    let (want, want_name) = if block {
+        (true, "a file")
+    } else {
+        (false, "a directory")
+    };
+    match tokio::fs::symlink_metadata(target).await {
+        Ok(md) if (block && md.is_file()) || (!block && md.is_dir()) => Ok(false),
+        Ok(md) => Err(PublishError::TargetKind(format!(
+            "target path {target} exists and is not {want_name} ({:?}), which {} access needs",
+            md.file_type(),
+            if want { "block" } else { "mount" }
+        ))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let create = |e| PublishError::CreateTarget(target.to_owned(), e);
+            if let Some(parent) = std::path::Path::new(target).parent() {
+                tokio::fs::create_dir_all(parent).await.map_err(create)?;
+            }
+            if block {
+                tokio::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(target)
+                    .await
+                    .map_err(create)?;
+            } else {
+                tokio::fs::create_dir(target).await.map_err(create)?;
+            }
+            Ok(true)
+        }
+        Err(e) => Err(PublishError::CreateTarget(target.to_owned(), e)),
+    }
+}
+
+/// Removes the file or (empty) directory publish created; a missing target is fine. Never removes
+/// anything recursively: a directory with content is an error.
+async fn remove_target(target: &str) -> io::Result<()> {
+    let result = match tokio::fs::symlink_metadata(target).await {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+        Ok(md) if md.is_dir() => tokio::fs::remove_dir(target).await,
+        Ok(_) => tokio::fs::remove_file(target).await,
+    };
+    match result {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+fn condition(vol: &Volume) -> VolumeCondition {
+    VolumeCondition {
+        abnormal: vol.health.is_abnormal(),
+        message: format!("{:?}: {}", vol.health, vol.health.message()),
+    }
+}
+
+// ---- the service ----
+
+impl<B: Backend, R: Runner> NodeService<B, R> {
+    /// A Node service for the volumes of `backend`, mounting with `fs`.
+    pub fn new(backend: Arc<B>, fs: Filesystems<R>, options: NodeOptions) -> Self {
+        Self {
+            backend,
+            fs,
+            in_flight: InFlight::default(),
+            options,
+        }
+    }
+
+    /// The volume, or NOT_FOUND.
+    async fn lookup(&self, id: &str) -> Result<Volume, RequestError> {
+        self.backend
+            .get(id)
+            .await
+            .map_err(|source| RequestError::Lookup {
+                id: id.to_owned(),
+                source,
+            })?
+            .ok_or_else(|| {
+                RequestError::NotFound(format!(
+                    "volume {id} does not exist on node {}",
+                    self.backend.node_id()
+                ))
+            })
+    }
+
+    /// Claims the volume for this operation (ABORTED when another one runs), then looks it up.
+    async fn begin(&self, id: &str) -> Result<(Guard, Volume), RequestError> {
+        let guard = self
+            .in_flight
+            .try_claim(&[id])
+            .map_err(RequestError::Busy)?;
+        Ok((guard, self.lookup(id).await?))
+    }
+
+    async fn mounts(&self) -> Result<Vec<MountInfo>, RequestError> {
+        self.fs.mounts().await.map_err(RequestError::Mounts)
+    }
+
+    /// `NodeStageVolume`: activates the volume; for a filesystem also formats it when blank, mounts it
+    /// at the staging path, and grows a filesystem smaller than its device (a restore or clone larger
+    /// than its source, or a volume expanded while unstaged).
+    #[tracing::instrument(skip_all, fields(volume_id = %req.volume_id, staging = %req.staging_target_path))]
+    pub async fn stage(
+        &self,
+        req: &NodeStageVolumeRequest,
+    ) -> Result<NodeStageVolumeResponse, StageError> {
+        request::volume_id(&req.volume_id)?;
+        request::path("staging_target_path", &req.staging_target_path)?;
+        let cap = request::capability(req.volume_capability.as_ref())?;
+        let readonly = cap.reader_only() || cap.ro_flag();
+        if let Access::Mount { flags, .. } = &cap.access
+            && readonly
+            && flags.iter().any(|f| f == "rw")
+        {
+            return Err(Invalid::Argument(
+                "mount flag rw contradicts the read-only access mode".to_owned(),
+            )
+            .into());
+        }
+        let staging = req.staging_target_path.as_str();
+        let (_guard, vol) = self.begin(&req.volume_id).await?;
+        if matches!(cap.access, Access::Mount { .. }) {
+            match tokio::fs::metadata(staging).await {
+                Ok(md) if md.is_dir() => {}
+                Ok(_) => return Err(StageError::StagingNotDir(staging.to_owned())),
+                Err(e) => return Err(StageError::StagingPath(staging.to_owned(), e)),
+            }
+        }
+        let device =
+            self.backend
+                .activate(&vol.id)
+                .await
+                .map_err(|source| StageError::Activate {
+                    id: vol.id.clone(),
+                    source,
+                })?;
+        let ids = device_ids(&device)?.ok_or_else(|| RequestError::Device {
+            device: device.clone(),
+            source: io::Error::new(io::ErrorKind::NotFound, "no such device after activation"),
+        })?;
+        let mounts = self.mounts().await?;
+        let (asked, flags) = match &cap.access {
+            Access::Block => {
+                table::decide_stage_block(&mounts, &ids, staging)
+                    .map_err(StageError::Incompatible)?;
+                tracing::info!(device, "staged for block access (activated)");
+                return Ok(NodeStageVolumeResponse {});
+            }
+            Access::Mount { fstype, flags } => (*fstype, flags),
+        };
+        let host = |step: &'static str| {
+            let device = device.clone();
+            move |source| StageError::Host {
+                step,
+                device,
+                source,
+            }
+        };
+        match table::decide_stage(&mounts, &ids, staging, asked.map(fstype_name), readonly) {
+            Stage::Incompatible(m) => return Err(StageError::Incompatible(m)),
+            Stage::AlreadyStaged => {
+                let fstype =
+                    find_mount_by_target(&mounts, staging).and_then(|m| known_fstype(&m.fs_type));
+                if let (Some(fstype), false) = (fstype, readonly) {
+                    self.fs
+                        .grow(&device, staging, fstype)
+                        .await
+                        .map_err(host("growing the filesystem of"))?;
+                }
+                tracing::debug!(device, "already staged");
+                return Ok(NodeStageVolumeResponse {});
+            }
+            Stage::Mount => {}
+        }
+        let found = self.fs.detect_fs(&device).await.map_err(host("probing"))?;
+        let (fstype, blank) = match found {
+            None => (asked.unwrap_or(self.options.default_fstype), true),
+            Some(sig) => match (known_fstype(&sig), asked) {
+                (Some(have), Some(want)) if have != want => {
+                    return Err(StageError::WrongFilesystem {
+                        device,
+                        found: sig,
+                        wanted: fstype_name(want),
+                    });
+                }
+                (Some(have), _) => (have, false),
+                (None, _) => {
+                    return Err(StageError::UnsupportedSignature { device, found: sig });
+                }
+            },
+        };
+        if blank {
+            tracing::info!(device, fstype = fstype_name(fstype), "formatting");
+            self.fs
+                .mkfs(&device, fstype)
+                .await
+                .map_err(host("formatting"))?;
+        }
+        self.fs
+            .mount(&device, staging, fstype, flags, readonly)
+            .await
+            .map_err(host("mounting"))?;
+        if !blank && !readonly {
+            // Growing to the current size does nothing; this catches a device larger than its filesystem.
+            self.fs
+                .grow(&device, staging, fstype)
+                .await
+                .map_err(host("growing the filesystem of"))?;
+        }
+        tracing::info!(device, fstype = fstype_name(fstype), readonly, "staged");
+        Ok(NodeStageVolumeResponse {})
+    }
+
+    /// `NodeUnstageVolume`: unmounts the volume's filesystem from the staging path; nothing mounted is
+    /// fine. The LV stays active.
+    #[tracing::instrument(skip_all, fields(volume_id = %req.volume_id, staging = %req.staging_target_path))]
+    pub async fn unstage(
+        &self,
+        req: &NodeUnstageVolumeRequest,
+    ) -> Result<NodeUnstageVolumeResponse, UnstageError> {
+        request::volume_id(&req.volume_id)?;
+        request::path("staging_target_path", &req.staging_target_path)?;
+        let staging = req.staging_target_path.as_str();
+        let (_guard, vol) = self.begin(&req.volume_id).await?;
+        let ids = device_ids(&vol.device)?;
+        for _ in 0..MAX_STACKED_MOUNTS {
+            match table::decide_unmount(&self.mounts().await?, ids.as_ref(), staging) {
+                Unmount::Nothing => {
+                    tracing::info!("unstaged");
+                    return Ok(NodeUnstageVolumeResponse {});
+                }
+                Unmount::Foreign(m) => return Err(UnstageError::Foreign(m)),
+                Unmount::Unmount => self
+                    .fs
+                    .unmount(staging)
+                    .await
+                    .map_err(|e| UnstageError::Unmount(staging.to_owned(), e))?,
+            }
+        }
+        Err(UnstageError::StillMounted(staging.to_owned()))
+    }
+
+    /// `NodePublishVolume`: bind-mounts the staging directory (filesystem) or the device node (block) at
+    /// the target, which it creates, deciding by the spec's table ([`table::decide_publish`]).
+    #[tracing::instrument(skip_all, fields(volume_id = %req.volume_id, target = %req.target_path))]
+    pub async fn publish(
+        &self,
+        req: &NodePublishVolumeRequest,
+    ) -> Result<NodePublishVolumeResponse, PublishError> {
+        request::volume_id(&req.volume_id)?;
+        request::path("target_path", &req.target_path)?;
+        if req.staging_target_path.is_empty() {
+            return Err(PublishError::StagingRequired);
+        }
+        request::path("staging_target_path", &req.staging_target_path)?;
+        let cap = request::capability(req.volume_capability.as_ref())?;
+        let (target, staging) = (req.target_path.as_str(), req.staging_target_path.as_str());
+        let readonly = req.readonly || cap.reader_only();
+        let (_guard, vol) = self.begin(&req.volume_id).await?;
+        let ids = device_ids(&vol.device)?.ok_or_else(|| {
+            PublishError::NotStaged(format!(
+                "the device of volume {} ({}) does not exist: stage the volume first",
+                vol.id, vol.device
+            ))
+        })?;
+        let args = table::PublishArgs {
+            target,
+            staging,
+            access: &cap.access,
+            readonly,
+            exclusive: cap.exclusive(),
+        };
+        match table::decide_publish(&self.mounts().await?, &ids, &args) {
+            Publish::Bind => {}
+            Publish::AlreadyPublished => {
+                tracing::debug!("already published");
+                return Ok(NodePublishVolumeResponse {});
+            }
+            Publish::Incompatible(m) => return Err(PublishError::Incompatible(m)),
+            Publish::PublishedElsewhere(m) => return Err(PublishError::PublishedElsewhere(m)),
+            Publish::NotStaged(m) => return Err(PublishError::NotStaged(m)),
+        }
+        let block = cap.access == Access::Block;
+        let src = if block { vol.device.as_str() } else { staging };
+        let created = prepare_target(target, block).await?;
+        if let Err(source) = self.fs.bind_mount(src, target, readonly).await {
+            if created && let Err(e) = remove_target(target).await {
+                tracing::warn!(error = %e, "could not remove the target after a failed bind mount");
+            }
+            return Err(PublishError::Bind {
+                src: src.to_owned(),
+                target: target.to_owned(),
+                source,
+            });
+        }
+        tracing::info!(src, readonly, access = cap.access.name(), "published");
+        Ok(NodePublishVolumeResponse {})
+    }
+
+    /// `NodeUnpublishVolume`: unmounts the volume from the target and removes the file or directory
+    /// publish created; a target not mounted or missing is fine.
+    #[tracing::instrument(skip_all, fields(volume_id = %req.volume_id, target = %req.target_path))]
+    pub async fn unpublish(
+        &self,
+        req: &NodeUnpublishVolumeRequest,
+    ) -> Result<NodeUnpublishVolumeResponse, UnpublishError> {
+        request::volume_id(&req.volume_id)?;
+        request::path("target_path", &req.target_path)?;
+        let target = req.target_path.as_str();
+        let (_guard, vol) = self.begin(&req.volume_id).await?;
+        let ids = device_ids(&vol.device)?;
+        for _ in 0..MAX_STACKED_MOUNTS {
+            match table::decide_unmount(&self.mounts().await?, ids.as_ref(), target) {
+                Unmount::Nothing => {
+                    remove_target(target)
+                        .await
+                        .map_err(|e| UnpublishError::RemoveTarget(target.to_owned(), e))?;
+                    tracing::info!("unpublished");
+                    return Ok(NodeUnpublishVolumeResponse {});
+                }
+                Unmount::Foreign(m) => return Err(UnpublishError::Foreign(m)),
+                Unmount::Unmount => self
+                    .fs
+                    .unmount(target)
+                    .await
+                    .map_err(|e| UnpublishError::Unmount(target.to_owned(), e))?,
+            }
+        }
+        Err(UnpublishError::StillMounted(target.to_owned()))
+    }
+
+    /// `NodeGetVolumeStats`: bytes and inodes of a mounted filesystem, or the size of a published block
+    /// device, with the volume's condition from LVM.
+    #[tracing::instrument(skip_all, fields(volume_id = %req.volume_id, path = %req.volume_path))]
+    pub async fn stats(
+        &self,
+        req: &NodeGetVolumeStatsRequest,
+    ) -> Result<NodeGetVolumeStatsResponse, StatsError> {
+        request::volume_id(&req.volume_id)?;
+        request::path("volume_path", &req.volume_path)?;
+        request::optional_path("staging_target_path", &req.staging_target_path)?;
+        let path = req.volume_path.as_str();
+        let vol = self.lookup(&req.volume_id).await?;
+        let not_here = || {
+            StatsError::NotMounted(format!(
+                "volume {} is not staged or published at {path}",
+                vol.id
+            ))
+        };
+        let ids = device_ids(&vol.device)?.ok_or_else(not_here)?;
+        let mounts = self.mounts().await?;
+        let usage = match table::mounted_as(&mounts, &ids, path).ok_or_else(not_here)? {
+            Mounted::Filesystem(_) => {
+                let st = statvfs(path).map_err(|e| StatsError::Statvfs(path.to_owned(), e))?;
+                vec![
+                    VolumeUsage {
+                        available: i64_of(st.available_bytes),
+                        total: i64_of(st.total_bytes),
+                        used: i64_of(st.used_bytes),
+                        unit: Unit::Bytes as i32,
+                    },
+                    VolumeUsage {
+                        available: i64_of(st.free_inodes),
+                        total: i64_of(st.total_inodes),
+                        used: i64_of(st.used_inodes),
+                        unit: Unit::Inodes as i32,
+                    },
+                ]
+            }
+            Mounted::Block => vec![VolumeUsage {
+                total: i64_of(device_size(&vol.device).await?),
+                unit: Unit::Bytes as i32,
+                ..Default::default()
+            }],
+        };
+        Ok(NodeGetVolumeStatsResponse {
+            usage,
+            volume_condition: Some(condition(&vol)),
+        })
+    }
+
+    /// `NodeExpandVolume`: grows the filesystem mounted at the volume path to the size of its device
+    /// (online: ext4 with `resize2fs`, XFS with `xfs_growfs`); a block volume has nothing to grow.
+    /// Answers the device's size.
+    #[tracing::instrument(skip_all, fields(volume_id = %req.volume_id, path = %req.volume_path))]
+    pub async fn expand(
+        &self,
+        req: &NodeExpandVolumeRequest,
+    ) -> Result<NodeExpandVolumeResponse, ExpandError> {
+        request::volume_id(&req.volume_id)?;
+        request::path("volume_path", &req.volume_path)?;
+        request::optional_path("staging_target_path", &req.staging_target_path)?;
+        let cap = req
+            .volume_capability
+            .as_ref()
+            .map(|c| request::capability(Some(c)))
+            .transpose()?;
+        let path = req.volume_path.as_str();
+        let (_guard, vol) = self.begin(&req.volume_id).await?;
+        let not_here = || {
+            ExpandError::NotMounted(format!(
+                "volume {} is not staged or published at {path}",
+                vol.id
+            ))
+        };
+        let ids = device_ids(&vol.device)?.ok_or_else(not_here)?;
+        let size = device_size(&vol.device).await?;
+        if let Some(range) = &req.capacity_range {
+            if u64::try_from(range.required_bytes).unwrap_or(0) > size {
+                return Err(ExpandError::OutOfRange(format!(
+                    "volume {} is {size} bytes, less than the {} required: expand it with the controller first",
+                    vol.id, range.required_bytes
+                )));
+            }
+            if range.limit_bytes > 0 && u64::try_from(range.limit_bytes).unwrap_or(0) < size {
+                return Err(ExpandError::OutOfRange(format!(
+                    "volume {} is {size} bytes, more than the limit of {}",
+                    vol.id, range.limit_bytes
+                )));
+            }
+        }
+        let response = NodeExpandVolumeResponse {
+            capacity_bytes: i64_of(size),
+        };
+        if cap.as_ref().is_some_and(|c| c.access == Access::Block) {
+            return Ok(response);
+        }
+        let mounts = self.mounts().await?;
+        let m = match table::mounted_as(&mounts, &ids, path).ok_or_else(not_here)? {
+            Mounted::Block => return Ok(response),
+            Mounted::Filesystem(m) => m,
+        };
+        let fstype = known_fstype(&m.fs_type).ok_or_else(|| {
+            ExpandError::CannotGrow(format!(
+                "{path} has a {} filesystem, which this node cannot grow",
+                m.fs_type
+            ))
+        })?;
+        if m.read_only() {
+            return Err(ExpandError::CannotGrow(format!(
+                "{path} is mounted read-only: the filesystem cannot be grown there"
+            )));
+        }
+        self.fs
+            .grow(&vol.device, path, fstype)
+            .await
+            .map_err(|source| ExpandError::Grow {
+                device: vol.device.clone(),
+                path: path.to_owned(),
+                source,
+            })?;
+        tracing::info!(size, fstype = fstype_name(fstype), "filesystem grown");
+        Ok(response)
+    }
+
+    /// `NodeGetInfo`: the node id, and the node as the volumes' topology.
+    pub fn info(&self) -> NodeGetInfoResponse {
+        let node = self.backend.node_id().to_owned();
+        NodeGetInfoResponse {
+            node_id: node.clone(),
+            max_volumes_per_node: 0,
+            accessible_topology: Some(Topology {
+                segments: HashMap::from([(crate::TOPOLOGY_NODE_KEY.to_owned(), node)]),
+            }),
+        }
+    }
+
+    /// `NodeGetCapabilities`.
+    pub fn capabilities() -> NodeGetCapabilitiesResponse {
+        use node_service_capability::{Rpc, Type, rpc::Type as T};
+        NodeGetCapabilitiesResponse {
+            capabilities: [
+                T::StageUnstageVolume,
+                T::GetVolumeStats,
+                T::ExpandVolume,
+                T::VolumeCondition,
+                T::SingleNodeMultiWriter,
+            ]
+            .into_iter()
+            .map(|t| NodeServiceCapability {
+                r#type: Some(Type::Rpc(Rpc { r#type: t as i32 })),
+            })
+            .collect(),
+        }
+    }
+}
+
+/// The answer to the CO; a failure is logged with its code and whole message.
+fn respond<T, E: Into<Status>>(result: Result<T, E>) -> Result<Response<T>, Status> {
+    result.map(Response::new).map_err(|e| {
+        let status: Status = e.into();
+        tracing::warn!(code = ?status.code(), error = status.message(), "request failed");
+        status
+    })
+}
+
+#[tonic::async_trait]
+impl<B: Backend, R: Runner> csi::node_server::Node for NodeService<B, R> {
+    async fn node_stage_volume(
+        &self,
+        request: Request<NodeStageVolumeRequest>,
+    ) -> Result<Response<NodeStageVolumeResponse>, Status> {
+        respond(self.stage(request.get_ref()).await)
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        request: Request<NodeUnstageVolumeRequest>,
+    ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
+        respond(self.unstage(request.get_ref()).await)
+    }
+
+    async fn node_publish_volume(
+        &self,
+        request: Request<NodePublishVolumeRequest>,
+    ) -> Result<Response<NodePublishVolumeResponse>, Status> {
+        respond(self.publish(request.get_ref()).await)
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
+        respond(self.unpublish(request.get_ref()).await)
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
+        respond(self.stats(request.get_ref()).await)
+    }
+
+    async fn node_expand_volume(
+        &self,
+        request: Request<NodeExpandVolumeRequest>,
+    ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
+        respond(self.expand(request.get_ref()).await)
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _request: Request<NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(Self::capabilities()))
+    }
+
+    async fn node_get_info(
+        &self,
+        _request: Request<NodeGetInfoRequest>,
+    ) -> Result<Response<NodeGetInfoResponse>, Status> {
+        Ok(Response::new(self.info()))
+    }
+}
+
+#[cfg(test)]
+mod tests;

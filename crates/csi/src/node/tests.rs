@@ -1,0 +1,1031 @@
+//! The Node service on this host with a scripted runner and a mount table in a temp procfs: argument
+//! checks, what runs for each decision, and the codes that reach the CO. `/dev/null` stands in for the
+//! volume's device (it exists, and its numbers show in the scripted mount table).
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
+
+use lvms_core::lvattr::LvHealth;
+use lvms_host::fake::FakeRunner;
+
+use super::*;
+use crate::{
+    backend::{Capacity, ClassInfo, NewSnapshot, NewVolume},
+    csi::{
+        CapacityRange, VolumeCapability,
+        node_server::Node,
+        volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume, access_mode::Mode},
+    },
+    ids::volume_lv_name,
+};
+
+const DEV: &str = "/dev/null";
+const BLKID_XFS: &str = "DEVNAME=/dev/null\nUUID=1b2c\nBLOCK_SIZE=512\nTYPE=xfs\n";
+const BLKID_EXT4: &str = "DEVNAME=/dev/null\nUUID=1b2c\nBLOCK_SIZE=4096\nTYPE=ext4\n";
+const BLKID_PV: &str = "DEVNAME=/dev/null\nUUID=abc\nVERSION=LVM2 001\nTYPE=LVM2_member\n";
+
+/// Volumes by id, all on `/dev/null`.
+struct TestBackend {
+    volumes: Mutex<HashMap<String, Volume>>,
+    activations: AtomicUsize,
+}
+
+fn volume(id: &str) -> Volume {
+    Volume {
+        id: id.to_owned(),
+        class: "vg1".to_owned(),
+        size: 1 << 30,
+        name: None,
+        source: None,
+        snapshot: false,
+        thin: false,
+        created: None,
+        health: LvHealth::Ok,
+        device: DEV.to_owned(),
+    }
+}
+
+fn unused<T>() -> crate::backend::Result<T> {
+    Err(BackendError::Unavailable(
+        "not used by the Node service".to_owned(),
+    ))
+}
+
+impl Backend for TestBackend {
+    fn node_id(&self) -> &str {
+        "node-1"
+    }
+    fn classes(&self) -> &[ClassInfo] {
+        &[]
+    }
+    async fn ready(&self) -> crate::backend::Result<bool> {
+        Ok(true)
+    }
+    async fn get(&self, id: &str) -> crate::backend::Result<Option<Volume>> {
+        Ok(self.volumes.lock().unwrap().get(id).cloned())
+    }
+    async fn list(&self) -> crate::backend::Result<Vec<Volume>> {
+        unused()
+    }
+    async fn create_volume(&self, _: &NewVolume) -> crate::backend::Result<Volume> {
+        unused()
+    }
+    async fn create_snapshot(&self, _: &NewSnapshot) -> crate::backend::Result<Volume> {
+        unused()
+    }
+    async fn delete(&self, _: &str) -> crate::backend::Result<bool> {
+        unused()
+    }
+    async fn expand(&self, _: &str, _: u64) -> crate::backend::Result<u64> {
+        unused()
+    }
+    async fn capacity(&self, _: &str) -> crate::backend::Result<Capacity> {
+        unused()
+    }
+    async fn activate(&self, id: &str) -> crate::backend::Result<String> {
+        self.activations.fetch_add(1, Ordering::Relaxed);
+        Ok(self
+            .volumes
+            .lock()
+            .unwrap()
+            .get(id)
+            .ok_or_else(|| BackendError::NotFound(id.to_owned()))?
+            .device
+            .clone())
+    }
+}
+
+struct Setup {
+    fake: FakeRunner,
+    svc: NodeService<TestBackend, FakeRunner>,
+    backend: Arc<TestBackend>,
+    proc: tempfile::TempDir,
+    /// A scratch directory for staging and target paths.
+    dir: tempfile::TempDir,
+    id: String,
+}
+
+impl Setup {
+    fn new(options: NodeOptions) -> Self {
+        let proc = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(proc.path().join("self")).unwrap();
+        let fake = FakeRunner::new();
+        let id = volume_lv_name("pvc-1");
+        let backend = Arc::new(TestBackend {
+            volumes: Mutex::new(HashMap::from([(id.clone(), volume(&id))])),
+            activations: AtomicUsize::new(0),
+        });
+        let fs = Filesystems::new(fake.clone()).with_proc_root(proc.path());
+        let svc = NodeService::new(backend.clone(), fs, options);
+        let s = Self {
+            fake,
+            svc,
+            backend,
+            proc,
+            dir: tempfile::tempdir().unwrap(),
+            id,
+        };
+        s.mountinfo(&[]);
+        s
+    }
+
+    /// Writes the mount table: a root and `/dev`, then `lines`.
+    fn mountinfo(&self, lines: &[String]) {
+        let mut text = "1 0 254:0 / / rw - ext4 /dev/vda rw\n".to_owned();
+        text.extend(lines.iter().map(|l| format!("{l}\n")));
+        std::fs::write(self.proc.path().join("self/mountinfo"), text).unwrap();
+    }
+
+    fn path(&self, name: &str) -> String {
+        format!("{}/{name}", self.dir.path().display())
+    }
+
+    /// A staging directory that exists.
+    fn staging(&self) -> String {
+        let p = self.path("staging");
+        std::fs::create_dir_all(&p).unwrap();
+        p
+    }
+}
+
+fn ids() -> DeviceIds {
+    device_ids(DEV).unwrap().unwrap()
+}
+
+/// A mountinfo line showing the volume's filesystem at `target`.
+fn fs_line(n: u32, target: &str, opts: &str) -> String {
+    let (ma, mi) = ids().rdev;
+    format!("{n} 1 {ma}:{mi} / {target} {opts} - ext4 /dev/mapper/vg1-lv rw")
+}
+
+/// A mountinfo line showing a bind of the volume's device node at `target`.
+fn block_line(n: u32, target: &str) -> String {
+    let i = ids();
+    let (ma, mi) = i.node_fs;
+    format!(
+        "{n} 1 {ma}:{mi} /{} {target} rw,nosuid - devtmpfs devtmpfs rw",
+        i.node_name
+    )
+}
+
+fn mount_cap(fs_type: &str, flags: &[&str], mode: Mode) -> Option<VolumeCapability> {
+    Some(VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs_type.to_owned(),
+            mount_flags: flags.iter().map(|f| (*f).to_owned()).collect(),
+            volume_mount_group: String::new(),
+        })),
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+    })
+}
+
+fn block_cap(mode: Mode) -> Option<VolumeCapability> {
+    Some(VolumeCapability {
+        access_type: Some(AccessType::Block(BlockVolume {})),
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+    })
+}
+
+fn writer() -> Option<VolumeCapability> {
+    mount_cap("", &[], Mode::SingleNodeWriter)
+}
+
+fn stage_req(id: &str, staging: &str, cap: Option<VolumeCapability>) -> NodeStageVolumeRequest {
+    NodeStageVolumeRequest {
+        volume_id: id.to_owned(),
+        staging_target_path: staging.to_owned(),
+        volume_capability: cap,
+        ..Default::default()
+    }
+}
+
+fn publish_req(
+    id: &str,
+    staging: &str,
+    target: &str,
+    cap: Option<VolumeCapability>,
+    readonly: bool,
+) -> NodePublishVolumeRequest {
+    NodePublishVolumeRequest {
+        volume_id: id.to_owned(),
+        staging_target_path: staging.to_owned(),
+        target_path: target.to_owned(),
+        volume_capability: cap,
+        readonly,
+        ..Default::default()
+    }
+}
+
+fn blkid() -> Vec<&'static str> {
+    vec!["blkid", "-p", "-o", "export", DEV]
+}
+
+fn code<T: std::fmt::Debug>(r: Result<Response<T>, Status>) -> Code {
+    match r {
+        Ok(r) => panic!("expected an error, got {r:?}"),
+        Err(s) => s.code(),
+    }
+}
+
+// ---- argument checks: nothing runs ----
+
+#[tokio::test]
+async fn malformed_requests_are_invalid_argument_and_foreign_or_unknown_ids_not_found() {
+    let s = Setup::new(NodeOptions::default());
+    let staging = s.staging();
+    let id = s.id.clone();
+    let unknown = volume_lv_name("pvc-unknown");
+    let long = "c".repeat(129);
+    let target = s.path("target");
+
+    let stage = |id: &str, staging: &str, cap| {
+        s.svc
+            .node_stage_volume(Request::new(stage_req(id, staging, cap)))
+    };
+    use Code::{InvalidArgument as Inv, NotFound as Nf};
+    type Case<'a> = (
+        &'a str,
+        Code,
+        Result<Response<NodeStageVolumeResponse>, Status>,
+    );
+    let cases: Vec<Case<'_>> = vec![
+        ("stage: no id", Inv, stage("", &staging, writer()).await),
+        (
+            "stage: id too long",
+            Inv,
+            stage(&long, &staging, writer()).await,
+        ),
+        (
+            "stage: foreign id",
+            Nf,
+            stage("vol-1", &staging, writer()).await,
+        ),
+        (
+            "stage: unknown id",
+            Nf,
+            stage(&unknown, &staging, writer()).await,
+        ),
+        (
+            "stage: no staging path",
+            Inv,
+            stage(&id, "", writer()).await,
+        ),
+        (
+            "stage: relative staging path",
+            Inv,
+            stage(&id, "staging", writer()).await,
+        ),
+        (
+            "stage: dotdot staging path",
+            Inv,
+            stage(&id, &format!("{staging}/../x"), writer()).await,
+        ),
+        (
+            "stage: missing staging dir",
+            Inv,
+            stage(&id, &s.path("nope"), writer()).await,
+        ),
+        (
+            "stage: no capability",
+            Inv,
+            stage(&id, &staging, None).await,
+        ),
+        (
+            "stage: multi-node",
+            Inv,
+            stage(
+                &id,
+                &staging,
+                mount_cap("", &[], Mode::MultiNodeMultiWriter),
+            )
+            .await,
+        ),
+        (
+            "stage: btrfs",
+            Inv,
+            stage(
+                &id,
+                &staging,
+                mount_cap("btrfs", &[], Mode::SingleNodeWriter),
+            )
+            .await,
+        ),
+        (
+            "stage: comma flag",
+            Inv,
+            stage(
+                &id,
+                &staging,
+                mount_cap("", &["noatime,bind"], Mode::SingleNodeWriter),
+            )
+            .await,
+        ),
+        (
+            "stage: rw on a reader",
+            Inv,
+            stage(
+                &id,
+                &staging,
+                mount_cap("", &["rw"], Mode::SingleNodeReaderOnly),
+            )
+            .await,
+        ),
+    ];
+    for (case, want, got) in cases {
+        assert_eq!(code(got), want, "{case}");
+    }
+
+    let publish = |id: &str, staging: &str, target: &str, cap| {
+        s.svc
+            .node_publish_volume(Request::new(publish_req(id, staging, target, cap, false)))
+    };
+    assert_eq!(code(publish("", &staging, &target, writer()).await), Inv);
+    assert_eq!(code(publish(&id, &staging, "", writer()).await), Inv);
+    assert_eq!(code(publish(&id, &staging, "rel", writer()).await), Inv);
+    assert_eq!(code(publish(&id, &staging, &target, None).await), Inv);
+    assert_eq!(
+        code(publish(&id, "", &target, writer()).await),
+        Code::FailedPrecondition,
+        "the spec's code for a missing staging path when the node stages"
+    );
+    assert_eq!(
+        code(publish(&unknown, &staging, &target, writer()).await),
+        Nf
+    );
+    assert_eq!(
+        code(
+            publish(
+                &id,
+                &staging,
+                &target,
+                mount_cap("", &[], Mode::MultiNodeReaderOnly)
+            )
+            .await
+        ),
+        Inv
+    );
+
+    let unpublish = |id: &str, target: &str| {
+        s.svc
+            .node_unpublish_volume(Request::new(NodeUnpublishVolumeRequest {
+                volume_id: id.to_owned(),
+                target_path: target.to_owned(),
+            }))
+    };
+    assert_eq!(code(unpublish("", &target).await), Inv);
+    assert_eq!(code(unpublish(&id, "").await), Inv);
+    assert_eq!(code(unpublish(&id, "/a/../b").await), Inv);
+    assert_eq!(code(unpublish(&unknown, &target).await), Nf);
+    assert_eq!(code(unpublish("vol-1", &target).await), Nf);
+
+    let unstage = |id: &str, staging: &str| {
+        s.svc
+            .node_unstage_volume(Request::new(NodeUnstageVolumeRequest {
+                volume_id: id.to_owned(),
+                staging_target_path: staging.to_owned(),
+            }))
+    };
+    assert_eq!(code(unstage("", &staging).await), Inv);
+    assert_eq!(code(unstage(&id, "").await), Inv);
+    assert_eq!(code(unstage(&unknown, &staging).await), Nf);
+
+    let stats = |id: &str, path: &str| {
+        s.svc
+            .node_get_volume_stats(Request::new(NodeGetVolumeStatsRequest {
+                volume_id: id.to_owned(),
+                volume_path: path.to_owned(),
+                staging_target_path: String::new(),
+            }))
+    };
+    assert_eq!(code(stats("", &staging).await), Inv);
+    assert_eq!(code(stats(&id, "").await), Inv);
+    assert_eq!(code(stats(&unknown, &staging).await), Nf);
+    assert_eq!(code(stats(&id, &staging).await), Nf, "not mounted there");
+
+    let expand = |id: &str, path: &str| {
+        s.svc
+            .node_expand_volume(Request::new(NodeExpandVolumeRequest {
+                volume_id: id.to_owned(),
+                volume_path: path.to_owned(),
+                ..Default::default()
+            }))
+    };
+    assert_eq!(code(expand("", &staging).await), Inv);
+    assert_eq!(code(expand(&id, "").await), Inv);
+    assert_eq!(code(expand(&unknown, &staging).await), Nf);
+    assert_eq!(code(expand(&id, &staging).await), Nf, "not mounted there");
+
+    assert!(s.fake.calls().is_empty(), "{:?}", s.fake.calls());
+    assert_eq!(s.backend.activations.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test]
+async fn a_second_operation_on_a_busy_volume_is_aborted() {
+    let s = Setup::new(NodeOptions::default());
+    let _busy = s.svc.in_flight.try_claim(&[&s.id]).unwrap();
+    let staging = s.staging();
+    let got = s
+        .svc
+        .node_stage_volume(Request::new(stage_req(&s.id, &staging, writer())))
+        .await;
+    assert_eq!(code(got), Code::Aborted);
+    let got = s
+        .svc
+        .node_unpublish_volume(Request::new(NodeUnpublishVolumeRequest {
+            volume_id: s.id.clone(),
+            target_path: s.path("t"),
+        }))
+        .await;
+    assert_eq!(code(got), Code::Aborted);
+}
+
+// ---- stage ----
+
+#[tokio::test]
+async fn stage_formats_a_blank_volume_with_the_default_ext4_and_mounts_it_without_growing() {
+    let s = Setup::new(NodeOptions::default());
+    let staging = s.staging();
+    s.fake.expect(&blkid()).fails(2, "");
+    s.fake.expect(&blkid()).fails(2, "");
+    s.fake.expect(&["mkfs.ext4", "-q", DEV]).succeeds();
+    s.fake
+        .expect(&["mount", "-t", "ext4", "-o", "noatime", DEV, &staging])
+        .succeeds();
+    s.svc
+        .node_stage_volume(Request::new(stage_req(
+            &s.id,
+            &staging,
+            mount_cap("", &["noatime"], Mode::SingleNodeMultiWriter),
+        )))
+        .await
+        .unwrap();
+    s.fake.assert_done();
+    assert_eq!(s.backend.activations.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test]
+async fn stage_default_fstype_is_a_constructor_option_and_the_capability_wins() {
+    let s = Setup::new(NodeOptions {
+        default_fstype: Fstype::Xfs,
+    });
+    let staging = s.staging();
+    s.fake.expect(&blkid()).fails(2, "");
+    s.fake.expect(&blkid()).fails(2, "");
+    s.fake.expect(&["mkfs.xfs", "-q", DEV]).succeeds();
+    s.fake
+        .expect(&["mount", "-t", "xfs", "-o", "nouuid", DEV, &staging])
+        .succeeds();
+    s.svc
+        .node_stage_volume(Request::new(stage_req(&s.id, &staging, writer())))
+        .await
+        .unwrap();
+    s.fake.assert_done();
+
+    let s = Setup::new(NodeOptions {
+        default_fstype: Fstype::Xfs,
+    });
+    let staging = s.staging();
+    s.fake.expect(&blkid()).fails(2, "");
+    s.fake.expect(&blkid()).fails(2, "");
+    s.fake.expect(&["mkfs.ext4", "-q", DEV]).succeeds();
+    s.fake
+        .expect(&["mount", "-t", "ext4", DEV, &staging])
+        .succeeds();
+    s.svc
+        .node_stage_volume(Request::new(stage_req(
+            &s.id,
+            &staging,
+            mount_cap("ext4", &[], Mode::SingleNodeWriter),
+        )))
+        .await
+        .unwrap();
+    s.fake.assert_done();
+}
+
+#[tokio::test]
+async fn stage_of_a_formatted_volume_mounts_its_filesystem_and_grows_it() {
+    let s = Setup::new(NodeOptions::default());
+    let staging = s.staging();
+    s.fake.expect(&blkid()).stdout(BLKID_XFS);
+    s.fake
+        .expect(&["mount", "-t", "xfs", "-o", "nouuid", DEV, &staging])
+        .succeeds();
+    s.fake.expect(&["xfs_growfs", &staging]).succeeds();
+    s.svc
+        .node_stage_volume(Request::new(stage_req(&s.id, &staging, writer())))
+        .await
+        .unwrap();
+    s.fake.assert_done();
+}
+
+#[tokio::test]
+async fn stage_never_reformats_another_filesystem_or_signature() {
+    let s = Setup::new(NodeOptions::default());
+    let staging = s.staging();
+    s.fake.expect(&blkid()).stdout(BLKID_XFS);
+    let err = s
+        .svc
+        .node_stage_volume(Request::new(stage_req(
+            &s.id,
+            &staging,
+            mount_cap("ext4", &[], Mode::SingleNodeWriter),
+        )))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(
+        err.message().contains("xfs filesystem, not the ext4"),
+        "{}",
+        err.message()
+    );
+    s.fake.expect(&blkid()).stdout(BLKID_PV);
+    let err = s
+        .svc
+        .node_stage_volume(Request::new(stage_req(&s.id, &staging, writer())))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.message().contains("LVM2_member"), "{}", err.message());
+    s.fake.assert_done();
+}
+
+#[tokio::test]
+async fn stage_for_a_reader_mounts_read_only_and_does_not_grow() {
+    let s = Setup::new(NodeOptions::default());
+    let staging = s.staging();
+    s.fake.expect(&blkid()).stdout(BLKID_EXT4);
+    s.fake
+        .expect(&["mount", "-t", "ext4", "-o", "ro", DEV, &staging])
+        .succeeds();
+    s.svc
+        .node_stage_volume(Request::new(stage_req(
+            &s.id,
+            &staging,
+            mount_cap("", &[], Mode::SingleNodeReaderOnly),
+        )))
+        .await
+        .unwrap();
+    s.fake.assert_done();
+}
+
+#[tokio::test]
+async fn stage_again_only_grows_and_another_volume_at_the_path_is_already_exists() {
+    let s = Setup::new(NodeOptions::default());
+    let staging = s.staging();
+    s.mountinfo(&[fs_line(40, &staging, "rw,relatime")]);
+    s.fake.expect(&["resize2fs", DEV]).succeeds();
+    s.svc
+        .node_stage_volume(Request::new(stage_req(&s.id, &staging, writer())))
+        .await
+        .unwrap();
+    s.fake.assert_done();
+    // Asked xfs, staged as ext4; asked read-only, staged read-write.
+    for cap in [
+        mount_cap("xfs", &[], Mode::SingleNodeWriter),
+        mount_cap("", &[], Mode::SingleNodeReaderOnly),
+    ] {
+        let got = s
+            .svc
+            .node_stage_volume(Request::new(stage_req(&s.id, &staging, cap)))
+            .await;
+        assert_eq!(code(got), Code::AlreadyExists);
+    }
+    s.mountinfo(&[format!(
+        "40 1 253:99 / {staging} rw - ext4 /dev/mapper/vg1-other rw"
+    )]);
+    let err = s
+        .svc
+        .node_stage_volume(Request::new(stage_req(&s.id, &staging, writer())))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists);
+    assert!(err.message().contains("vg1-other"), "{}", err.message());
+    s.fake.assert_done();
+}
+
+#[tokio::test]
+async fn stage_for_block_access_only_activates() {
+    let s = Setup::new(NodeOptions::default());
+    let staging = s.path("block-staging");
+    s.svc
+        .node_stage_volume(Request::new(stage_req(
+            &s.id,
+            &staging,
+            block_cap(Mode::SingleNodeWriter),
+        )))
+        .await
+        .unwrap();
+    assert!(s.fake.calls().is_empty());
+    assert_eq!(s.backend.activations.load(Ordering::Relaxed), 1);
+    // A filesystem of the volume staged at the path: staged another way.
+    s.mountinfo(&[fs_line(40, &staging, "rw")]);
+    let got = s
+        .svc
+        .node_stage_volume(Request::new(stage_req(
+            &s.id,
+            &staging,
+            block_cap(Mode::SingleNodeWriter),
+        )))
+        .await;
+    assert_eq!(code(got), Code::AlreadyExists);
+}
+
+#[tokio::test]
+async fn stage_failure_carries_the_whole_cause() {
+    let s = Setup::new(NodeOptions::default());
+    let staging = s.staging();
+    s.fake.expect(&blkid()).stdout(BLKID_EXT4);
+    s.fake
+        .expect(&["mount", "-t", "ext4", DEV, &staging])
+        .fails(32, "mount: wrong fs type, bad option, bad superblock\n");
+    let err = s
+        .svc
+        .node_stage_volume(Request::new(stage_req(&s.id, &staging, writer())))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Internal);
+    let m = err.message();
+    assert!(m.starts_with("mounting /dev/null: `mount -t ext4"), "{m}");
+    assert!(m.contains("exit code 32: mount: wrong fs type"), "{m}");
+}
+
+// ---- publish ----
+
+#[tokio::test]
+async fn publish_binds_the_staging_directory_at_a_target_it_creates() {
+    let s = Setup::new(NodeOptions::default());
+    let staging = s.staging();
+    let target = s.path("pods/a/mount");
+    s.mountinfo(&[fs_line(40, &staging, "rw")]);
+    s.fake
+        .expect(&["mount", "--bind", &staging, &target])
+        .succeeds();
+    s.svc
+        .node_publish_volume(Request::new(publish_req(
+            &s.id,
+            &staging,
+            &target,
+            writer(),
+            false,
+        )))
+        .await
+        .unwrap();
+    assert!(std::path::Path::new(&target).is_dir());
+    s.fake.assert_done();
+
+    // Read-only: by the flag, or by a reader-only mode.
+    let target2 = s.path("pods/b/mount");
+    for (cap, readonly) in [
+        (mount_cap("", &[], Mode::SingleNodeMultiWriter), true),
+        (mount_cap("", &[], Mode::SingleNodeReaderOnly), false),
+    ] {
+        s.fake
+            .expect(&["mount", "--bind", &staging, &target2])
+            .succeeds();
+        s.fake
+            .expect(&["mount", "-o", "remount,bind,ro", &target2])
+            .succeeds();
+        s.svc
+            .node_publish_volume(Request::new(publish_req(
+                &s.id, &staging, &target2, cap, readonly,
+            )))
+            .await
+            .unwrap();
+        s.fake.assert_done();
+    }
+}
+
+#[tokio::test]
+async fn publish_block_binds_the_device_onto_a_file_it_creates() {
+    let s = Setup::new(NodeOptions::default());
+    let staging = s.path("block-staging");
+    let target = s.path("publish/pv/pod");
+    s.fake.expect(&["mount", "--bind", DEV, &target]).succeeds();
+    s.svc
+        .node_publish_volume(Request::new(publish_req(
+            &s.id,
+            &staging,
+            &target,
+            block_cap(Mode::SingleNodeWriter),
+            false,
+        )))
+        .await
+        .unwrap();
+    assert!(std::path::Path::new(&target).is_file());
+    s.fake.assert_done();
+}
+
+#[tokio::test]
+async fn publish_that_fails_removes_the_target_it_created() {
+    let s = Setup::new(NodeOptions::default());
+    let staging = s.staging();
+    let target = s.path("t");
+    s.mountinfo(&[fs_line(40, &staging, "rw")]);
+    s.fake
+        .expect(&["mount", "--bind", &staging, &target])
+        .fails(32, "mount: permission denied\n");
+    let got = s
+        .svc
+        .node_publish_volume(Request::new(publish_req(
+            &s.id,
+            &staging,
+            &target,
+            writer(),
+            false,
+        )))
+        .await;
+    assert_eq!(code(got), Code::Internal);
+    assert!(!std::path::Path::new(&target).exists());
+}
+
+#[tokio::test]
+async fn publish_table_codes_from_the_mount_table() {
+    let s = Setup::new(NodeOptions::default());
+    let staging = s.staging();
+    let (t1, t2) = (s.path("t1"), s.path("t2"));
+    s.mountinfo(&[fs_line(40, &staging, "rw"), fs_line(41, &t1, "rw")]);
+    let publish = |target: &str, cap, readonly| {
+        s.svc.node_publish_volume(Request::new(publish_req(
+            &s.id, &staging, target, cap, readonly,
+        )))
+    };
+    publish(&t1, writer(), false).await.unwrap();
+    assert_eq!(
+        code(publish(&t1, writer(), true).await),
+        Code::AlreadyExists
+    );
+    assert_eq!(
+        code(publish(&t1, block_cap(Mode::SingleNodeWriter), false).await),
+        Code::AlreadyExists
+    );
+    assert_eq!(
+        code(publish(&t2, writer(), false).await),
+        Code::FailedPrecondition
+    );
+    assert_eq!(
+        code(publish(&t2, mount_cap("", &[], Mode::SingleNodeSingleWriter), false).await),
+        Code::FailedPrecondition
+    );
+    // Not staged.
+    s.mountinfo(&[]);
+    assert_eq!(
+        code(publish(&t2, writer(), false).await),
+        Code::FailedPrecondition
+    );
+    // Block published at t1.
+    s.mountinfo(&[block_line(41, &t1)]);
+    publish(&t1, block_cap(Mode::SingleNodeWriter), false)
+        .await
+        .unwrap();
+    assert_eq!(
+        code(publish(&t2, block_cap(Mode::SingleNodeSingleWriter), false).await),
+        Code::FailedPrecondition
+    );
+    assert!(s.fake.calls().is_empty(), "{:?}", s.fake.calls());
+}
+
+// ---- unpublish, unstage ----
+
+#[tokio::test]
+async fn unpublish_of_a_target_not_mounted_removes_it_and_is_ok_when_missing() {
+    let s = Setup::new(NodeOptions::default());
+    let dir = s.path("t-dir");
+    let file = s.path("t-file");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(&file, "").unwrap();
+    for target in [&dir, &file, &dir] {
+        s.svc
+            .node_unpublish_volume(Request::new(NodeUnpublishVolumeRequest {
+                volume_id: s.id.clone(),
+                target_path: target.clone(),
+            }))
+            .await
+            .unwrap();
+        assert!(!std::path::Path::new(target).exists());
+    }
+    // A directory with content is never removed.
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(format!("{dir}/data"), "keep").unwrap();
+    let got = s
+        .svc
+        .node_unpublish_volume(Request::new(NodeUnpublishVolumeRequest {
+            volume_id: s.id.clone(),
+            target_path: dir.clone(),
+        }))
+        .await;
+    assert_eq!(code(got), Code::Internal);
+    assert!(std::path::Path::new(&format!("{dir}/data")).exists());
+    assert!(s.fake.calls().is_empty());
+}
+
+#[tokio::test]
+async fn unpublish_and_unstage_leave_other_mounts_alone() {
+    let s = Setup::new(NodeOptions::default());
+    let (target, staging) = (s.path("t"), s.staging());
+    std::fs::create_dir(&target).unwrap();
+    s.mountinfo(&[
+        format!("41 1 253:99 / {target} rw - ext4 /dev/mapper/vg1-other rw"),
+        format!("42 1 253:99 / {staging} rw - ext4 /dev/mapper/vg1-other rw"),
+    ]);
+    let got = s
+        .svc
+        .node_unpublish_volume(Request::new(NodeUnpublishVolumeRequest {
+            volume_id: s.id.clone(),
+            target_path: target.clone(),
+        }))
+        .await;
+    assert_eq!(code(got), Code::FailedPrecondition);
+    let got = s
+        .svc
+        .node_unstage_volume(Request::new(NodeUnstageVolumeRequest {
+            volume_id: s.id.clone(),
+            staging_target_path: staging.clone(),
+        }))
+        .await;
+    assert_eq!(code(got), Code::FailedPrecondition);
+    assert!(std::path::Path::new(&target).exists());
+    assert!(s.fake.calls().is_empty());
+}
+
+#[tokio::test]
+async fn unstage_unmounts_the_volume_and_gives_up_when_mounts_keep_appearing() {
+    // The scripted mount table never changes, so the mount is still there after each umount.
+    let s = Setup::new(NodeOptions::default());
+    let staging = s.staging();
+    s.mountinfo(&[fs_line(40, &staging, "rw")]);
+    for _ in 0..MAX_STACKED_MOUNTS {
+        s.fake.expect(&["umount", &staging]).succeeds();
+    }
+    let err = s
+        .svc
+        .node_unstage_volume(Request::new(NodeUnstageVolumeRequest {
+            volume_id: s.id.clone(),
+            staging_target_path: staging.clone(),
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Internal);
+    assert!(err.message().contains("still mounted"), "{}", err.message());
+    s.fake.assert_done();
+
+    s.fake
+        .expect(&["umount", &staging])
+        .fails(32, "umount: target is busy.\n");
+    let got = s
+        .svc
+        .node_unstage_volume(Request::new(NodeUnstageVolumeRequest {
+            volume_id: s.id.clone(),
+            staging_target_path: staging.clone(),
+        }))
+        .await;
+    assert_eq!(code(got), Code::FailedPrecondition);
+    s.fake.assert_done();
+}
+
+// ---- stats, expand ----
+
+#[tokio::test]
+async fn stats_of_a_mounted_filesystem_report_bytes_inodes_and_the_condition() {
+    let s = Setup::new(NodeOptions::default());
+    let staging = s.staging();
+    s.mountinfo(&[fs_line(40, &staging, "rw")]);
+    s.backend
+        .volumes
+        .lock()
+        .unwrap()
+        .get_mut(&s.id)
+        .unwrap()
+        .health = LvHealth::Partial;
+    let r = s
+        .svc
+        .node_get_volume_stats(Request::new(NodeGetVolumeStatsRequest {
+            volume_id: s.id.clone(),
+            volume_path: staging.clone(),
+            staging_target_path: staging.clone(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    let st = statvfs(&staging).unwrap();
+    assert_eq!(r.usage.len(), 2);
+    assert_eq!(r.usage[0].unit, Unit::Bytes as i32);
+    assert_eq!(r.usage[0].total, i64_of(st.total_bytes));
+    assert!(r.usage[0].available <= r.usage[0].total);
+    assert_eq!(r.usage[1].unit, Unit::Inodes as i32);
+    assert_eq!(r.usage[1].total, i64_of(st.total_inodes));
+    let c = r.volume_condition.unwrap();
+    assert!(c.abnormal);
+    assert!(
+        c.message.starts_with("Partial: volume is partial"),
+        "{}",
+        c.message
+    );
+}
+
+#[tokio::test]
+async fn stats_of_a_block_publication_report_the_device_size_and_a_healthy_condition() {
+    let s = Setup::new(NodeOptions::default());
+    let target = s.path("blk");
+    s.mountinfo(&[block_line(41, &target)]);
+    let r = s
+        .svc
+        .node_get_volume_stats(Request::new(NodeGetVolumeStatsRequest {
+            volume_id: s.id.clone(),
+            volume_path: target,
+            staging_target_path: String::new(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.usage.len(), 1);
+    assert_eq!((r.usage[0].unit, r.usage[0].total), (Unit::Bytes as i32, 0));
+    let c = r.volume_condition.unwrap();
+    assert!(!c.abnormal, "{c:?}");
+}
+
+#[tokio::test]
+async fn expand_grows_the_mounted_filesystem_and_checks_the_range() {
+    let s = Setup::new(NodeOptions::default());
+    let (t, ro, blk) = (s.path("t"), s.path("ro"), s.path("blk"));
+    s.mountinfo(&[
+        fs_line(41, &t, "rw"),
+        fs_line(42, &ro, "ro"),
+        block_line(43, &blk),
+    ]);
+    let expand = |path: &str, range: Option<CapacityRange>, cap| {
+        s.svc
+            .node_expand_volume(Request::new(NodeExpandVolumeRequest {
+                volume_id: s.id.clone(),
+                volume_path: path.to_owned(),
+                capacity_range: range,
+                volume_capability: cap,
+                ..Default::default()
+            }))
+    };
+    s.fake.expect(&["resize2fs", DEV]).succeeds();
+    let r = expand(&t, None, None).await.unwrap().into_inner();
+    assert_eq!(r.capacity_bytes, 0, "/dev/null is empty");
+    s.fake.assert_done();
+    // Nothing to grow for a block volume, by capability or by what is mounted.
+    expand(&blk, None, None).await.unwrap();
+    expand(
+        &s.path("unmounted"),
+        None,
+        block_cap(Mode::SingleNodeWriter),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        code(expand(&ro, None, None).await),
+        Code::FailedPrecondition
+    );
+    let bigger = CapacityRange {
+        required_bytes: 1 << 30,
+        limit_bytes: 0,
+    };
+    assert_eq!(code(expand(&t, Some(bigger), None).await), Code::OutOfRange);
+    assert_eq!(
+        code(expand(&t, None, mount_cap("", &[], Mode::MultiNodeMultiWriter)).await),
+        Code::InvalidArgument
+    );
+    s.fake.assert_done();
+}
+
+// ---- info ----
+
+#[tokio::test]
+async fn info_names_the_node_and_its_topology_and_capabilities_are_the_five() {
+    let s = Setup::new(NodeOptions::default());
+    let info = s
+        .svc
+        .node_get_info(Request::new(NodeGetInfoRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.node_id, "node-1");
+    assert_eq!(info.max_volumes_per_node, 0);
+    assert_eq!(
+        info.accessible_topology.unwrap().segments,
+        HashMap::from([(crate::TOPOLOGY_NODE_KEY.to_owned(), "node-1".to_owned())])
+    );
+    let caps = s
+        .svc
+        .node_get_capabilities(Request::new(NodeGetCapabilitiesRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    let types: Vec<i32> = caps
+        .iter()
+        .map(|c| match c.r#type {
+            Some(node_service_capability::Type::Rpc(r)) => r.r#type,
+            None => 0,
+        })
+        .collect();
+    assert_eq!(types, [1, 2, 3, 4, 5]);
+}
