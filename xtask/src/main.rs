@@ -45,7 +45,7 @@ enum Task {
         /// Only tests whose name contains this.
         filter: Option<String>,
     },
-    /// The demo: the node engine builds the classes of examples/node-engine.yaml in the VM, twice, then grows one.
+    /// The demo: in the VM, the standalone CSI driver on real LVM, driven by `lvms csi` (scripts/demo.sh).
     Demo,
 }
 
@@ -329,28 +329,17 @@ fn demo(repo: &Path) -> Result<ExitCode> {
     }
     let lvms = repo.join("target/debug/lvms");
     let config = repo.join("examples/node-engine.yaml");
+    let script = repo.join("scripts/demo.sh");
     let mut disks = Vec::new();
-    for serial in ["data0", "data1", "data2"] {
+    for serial in ["data0", "data1"] {
         disks.push(parse_disk(repo, &format!("{serial}=2048"))?);
     }
     disks.push(parse_disk(repo, "bootlike=1024")?);
-    let lvms = vm::shell_quote(&lvms.to_string_lossy());
-    let config = vm::shell_quote(&config.to_string_lossy());
-    // The grown config: the same file with data2 added to vg1's paths.
     let command = format!(
-        "mkfs.ext4 -q -L not-ours /dev/disk/by-id/virtio-bootlike || exit 1\n\
-         sed 's|^        - /dev/disk/by-id/virtio-data0$|&\\n        - /dev/disk/by-id/virtio-data2|' \
-           {config} > /tmp/grown.yaml || exit 1\n\
-         echo '== devices on this node'\n\
-         {lvms} devices --config {config} || exit 1\n\
-         echo\necho '== first run: the engine builds the device classes'\n\
-         {lvms} converge --config {config} || exit 1\n\
-         echo\necho '== second run: nothing left to do'\n\
-         {lvms} converge --config {config} || exit 1\n\
-         echo\necho '== data2 is added to vg1: the engine extends the volume group and the thin pool'\n\
-         {lvms} converge --config /tmp/grown.yaml || exit 1\n\
-         echo\necho '== the decoy disk still carries its ext4 filesystem:'\n\
-         blkid -o value -s TYPE /dev/disk/by-id/virtio-bootlike"
+        "LVMS={} CONFIG={} sh {}",
+        vm::shell_quote(&lvms.to_string_lossy()),
+        vm::shell_quote(&config.to_string_lossy()),
+        vm::shell_quote(&script.to_string_lossy())
     );
     let spec = VmSpec {
         name: "demo".into(),

@@ -1,6 +1,7 @@
 //! `lvms`: one binary, one subcommand per role.
 
 mod csi_cli;
+mod standalone;
 
 use std::{collections::BTreeSet, path::PathBuf, sync::Arc};
 
@@ -73,6 +74,9 @@ enum Cmd {
     Operator(OperatorArgs),
     /// Call one CSI RPC on a CSI endpoint (a small CSI client).
     Csi(csi_cli::CsiArgs),
+    /// Run the CSI driver without Kubernetes: converge the config's device classes, serve Identity,
+    /// Controller and Node on one socket.
+    Standalone(standalone::StandaloneArgs),
 }
 
 #[derive(clap::Args)]
@@ -114,6 +118,7 @@ fn main() -> Result<()> {
             Cmd::Crd { split } => cmd_crd(split.as_deref()),
             Cmd::Operator(args) => cmd_operator(args).await,
             Cmd::Csi(args) => csi_cli::run(args).await,
+            Cmd::Standalone(args) => standalone::run(args).await,
         }
     })
 }

@@ -1,0 +1,148 @@
+//! `lvms standalone`: the CSI driver without Kubernetes. Converges this node's device classes from a
+//! config file (the node engine), then serves Identity, Controller and Node on one Unix socket.
+//! `Probe` answers ready once every class converged; convergence is retried until it does.
+//!
+//! Crash-safe by construction: everything the driver knows is on disk (LV names and tags, mounts), so
+//! killing it at any point and starting it again finds every volume.
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use anyhow::{Context, Result};
+use lvms_csi::{
+    backend::ClassInfo,
+    controller::ControllerService,
+    identity::{Converged, IdentityService},
+    local::LocalBackend,
+    node::{NodeOptions, NodeService},
+    server::{self, Services},
+};
+use lvms_host::{
+    engine::{RealNodeHost, converge},
+    fs::Filesystems,
+    lvm::Lvm,
+    runner::RealRunner,
+};
+
+/// How often convergence is retried while a class is not ready.
+const CONVERGE_RETRY: Duration = Duration::from_secs(10);
+
+/// `lvms standalone`'s flags.
+#[derive(clap::Args)]
+pub struct StandaloneArgs {
+    /// This node's device classes (the node engine's config file).
+    #[arg(long, env = "LVMS_CONFIG")]
+    config: PathBuf,
+    /// The CSI socket to serve on.
+    #[arg(long, env = "CSI_ENDPOINT", default_value = "/run/lvms/csi.sock")]
+    endpoint: String,
+    /// The node id and topology value (`topology.topolvm.io/node`); the host name when absent.
+    #[arg(long, env = "NODE_NAME")]
+    node_id: Option<String>,
+    /// The CSI driver name.
+    #[arg(long, env = "CSI_DRIVER_NAME", default_value = lvms_csi::DEFAULT_DRIVER_NAME)]
+    driver_name: String,
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// Runs the standalone driver until SIGTERM or Ctrl-C.
+pub async fn run(args: StandaloneArgs) -> Result<()> {
+    let config = crate::load_config(&args.config)?;
+    anyhow::ensure!(
+        !config.device_classes.is_empty(),
+        "{} names no device class: add one under deviceClasses",
+        args.config.display()
+    );
+    let node_id = args.node_id.unwrap_or_else(host_name);
+    let classes: Vec<ClassInfo> = config
+        .device_classes
+        .iter()
+        .map(|c| ClassInfo {
+            name: c.name.clone(),
+            thin_pool: c.thin_pool_config.as_ref().map(|t| t.name.clone()),
+            overprovision_ratio: c
+                .thin_pool_config
+                .as_ref()
+                .map_or(1, |t| t.overprovision_ratio),
+            default: c.default,
+        })
+        .collect();
+    // A capability without a filesystem gets the default class's.
+    let default_fstype = config
+        .device_classes
+        .iter()
+        .find(|c| c.default)
+        .unwrap_or(&config.device_classes[0])
+        .fstype;
+    let runner = Arc::new(RealRunner);
+    let backend = Arc::new(LocalBackend::new(
+        node_id.clone(),
+        classes,
+        Lvm::new(runner.clone()),
+    ));
+    let converged = Converged::default();
+    let socket = PathBuf::from(
+        args.endpoint
+            .strip_prefix("unix://")
+            .unwrap_or(&args.endpoint),
+    );
+    let listener = server::bind(&socket)?;
+    tracing::info!(socket = %socket.display(), node = %node_id, "serving CSI");
+    eprintln!(
+        "lvms standalone: serving CSI on {} as node {node_id}",
+        socket.display()
+    );
+
+    // Converge in the background; Probe says ready once every class is.
+    {
+        let converged = converged.clone();
+        let runner = runner.clone();
+        let classes = config.device_classes.clone();
+        tokio::spawn(async move {
+            let host = RealNodeHost::new(runner);
+            loop {
+                let mut ready = true;
+                for class in &classes {
+                    match converge(&host, class).await {
+                        Ok(report) if report.is_ready() => {}
+                        Ok(report) => {
+                            ready = false;
+                            tracing::warn!(device_class = %class.name, state = ?report.plan.state, "device class not ready");
+                        }
+                        Err(e) => {
+                            ready = false;
+                            tracing::warn!(device_class = %class.name, error = %e, "converging failed");
+                        }
+                    }
+                }
+                if ready {
+                    converged.set(true);
+                    eprintln!("lvms standalone: every device class is ready");
+                    return;
+                }
+                tokio::time::sleep(CONVERGE_RETRY).await;
+            }
+        });
+    }
+
+    let services = Services {
+        identity: IdentityService::new(args.driver_name, true, backend.clone(), converged),
+        controller: Some(ControllerService::new(backend.clone())),
+        node: Some(NodeService::new(
+            backend,
+            Filesystems::new(runner),
+            NodeOptions { default_fstype },
+        )),
+    };
+    server::serve(listener, services, crate::shutdown_signal())
+        .await
+        .context("serving CSI")?;
+    eprintln!("lvms standalone: stopped");
+    Ok(())
+}
