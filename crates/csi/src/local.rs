@@ -36,7 +36,9 @@
 //!   so a stale report never makes a delete skip an LV or a create fail on a new class.
 //!
 //! An idle driver therefore spawns two LVM processes per TTL at most, however many volumes it has (the
-//! CO's periodic `GetCapacity` and `ListVolumes` are answered from the cache).
+//! CO's periodic `GetCapacity` and `ListVolumes` are answered from the cache). While a class is not ready
+//! (volume group or pool missing), `ready` and `capacity` take the report again at most every 5 s, so
+//! readiness follows the node engine promptly.
 //!
 //! Mutations of one volume group run one at a time (a [`tokio::sync::Mutex`] per volume group), instead
 //! of racing for LVM's own volume-group lock: measured in the test VM, four parallel `lvcreate`s gave only

@@ -292,6 +292,18 @@ async fn create_volume_found_with_another_size_is_returned_as_found() {
 }
 
 #[tokio::test]
+async fn create_volume_found_in_another_class_is_returned_as_found_there() {
+    let (fake, b) = setup();
+    expect_report(&fake, &[pool(), thin_volume("pvc-1", GIB)]);
+    let vol = b
+        .create_volume(&new_volume("pvc-1", "thick", GIB))
+        .await
+        .unwrap();
+    fake.assert_done();
+    assert_eq!(vol.class, "thin", "the controller sees the other class");
+}
+
+#[tokio::test]
 async fn create_volume_over_a_foreign_lv_of_the_same_name_is_a_conflict() {
     let (fake, b) = setup();
     let mut foreign = thin_volume("pvc-1", GIB);

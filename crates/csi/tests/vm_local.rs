@@ -1,0 +1,597 @@
+//! [`LocalBackend`] against real LVM inside the test VM: volumes, snapshots, restores and clones made,
+//! found, grown and removed, checked independently with `lvm` and the block devices; capacity against
+//! `vgs`/`lvs`; concurrent creates on one volume group; a restarted backend finding everything again.
+//!
+//! Every test builds its own loop disks (`Scratch`) and volume group. The tests sit in a module named
+//! `vm_local` so `cargo xtask vm-test vm_local` selects them; on the host they show as ignored.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod vm_local {
+    use std::{sync::Arc, time::Instant};
+
+    use lvms_core::capacity::{ThinPoolUsage, thin_capacity};
+    use lvms_csi::{
+        backend::{
+            Backend, BackendError, ClassInfo, LvType, NewSnapshot, NewVolume, Source, Volume,
+        },
+        ids,
+        local::LocalBackend,
+    };
+    use lvms_host::{lvm::Lvm, runner::RealRunner};
+    use lvms_testkit::{Scratch, sh, sh_status};
+
+    const MIB: u64 = 1 << 20;
+    const EXTENT: u64 = 4 * MIB;
+
+    fn backend(classes: Vec<ClassInfo>) -> LocalBackend<RealRunner> {
+        LocalBackend::new("vm-node", classes, Lvm::new(RealRunner))
+    }
+
+    fn thin_class(vg: &str) -> ClassInfo {
+        ClassInfo {
+            name: vg.to_owned(),
+            thin_pool: Some("pool".to_owned()),
+            overprovision_ratio: 10,
+            default: true,
+        }
+    }
+
+    fn thick_class(vg: &str) -> ClassInfo {
+        ClassInfo {
+            name: vg.to_owned(),
+            thin_pool: None,
+            overprovision_ratio: 1,
+            default: false,
+        }
+    }
+
+    /// A volume group on the scratch disks, made with `lvm vgcreate`.
+    fn sh_vg(s: &mut Scratch) -> String {
+        let vg = s.vg_name();
+        sh(&format!("lvm vgcreate -q {vg} {} 2>&1", s.disks.join(" ")));
+        vg
+    }
+
+    /// A volume group with a thin pool `pool` of `pool_mib` MiB.
+    fn sh_thin_vg(s: &mut Scratch, pool_mib: u64) -> String {
+        let vg = sh_vg(s);
+        sh(&format!(
+            "lvm lvcreate -q -y --type thin-pool -L {pool_mib}m -n pool {vg} 2>&1"
+        ));
+        vg
+    }
+
+    /// One `lvs` field of `vg/lv` (sizes in bytes), read independently of the code under test.
+    fn lvs_field(vg: &str, lv: &str, field: &str) -> String {
+        sh(&format!(
+            "lvm lvs --noheadings --units b --nosuffix -o {field} {vg}/{lv} 2>/dev/null"
+        ))
+        .trim()
+        .to_owned()
+    }
+
+    fn vgs_field(vg: &str, field: &str) -> String {
+        sh(&format!(
+            "lvm vgs --noheadings --units b --nosuffix -o {field} {vg} 2>/dev/null"
+        ))
+        .trim()
+        .to_owned()
+    }
+
+    fn lv_exists(vg: &str, lv: &str) -> bool {
+        sh_status(&format!("lvm lvs {vg}/{lv} >/dev/null 2>&1")).0 == 0
+    }
+
+    fn tags(vg: &str, lv: &str) -> Vec<String> {
+        lvs_field(vg, lv, "lv_tags")
+            .split(',')
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The permission character of `lv_attr` (`w` or `r`; `lv_permissions` says "unknown" for an
+    /// inactive LV).
+    fn permission(vg: &str, lv: &str) -> char {
+        lvs_field(vg, lv, "lv_attr").chars().nth(1).unwrap()
+    }
+
+    fn write_marker(dev: &str, text: &str) {
+        sh(&format!(
+            "printf '%s' '{text}' | dd of={dev} conv=fsync,notrunc status=none"
+        ));
+    }
+
+    fn read_marker(dev: &str, len: usize) -> String {
+        sh(&format!("head -c {len} {dev}"))
+    }
+
+    fn dev_size(dev: &str) -> u64 {
+        sh(&format!("blockdev --getsize64 {dev}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    fn req(name: &str, class: &str, size: u64) -> NewVolume {
+        NewVolume {
+            name: name.to_owned(),
+            class: class.to_owned(),
+            size,
+            lv_type: LvType::Linear,
+            source: None,
+        }
+    }
+
+    fn restore_req(name: &str, class: &str, size: u64, source: Source) -> NewVolume {
+        NewVolume {
+            source: Some(source),
+            ..req(name, class, size)
+        }
+    }
+
+    fn by_id<'a>(vols: &'a [Volume], id: &str) -> &'a Volume {
+        vols.iter()
+            .find(|v| v.id == id)
+            .unwrap_or_else(|| panic!("{id} not in {vols:?}"))
+    }
+
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn thin_volume_create_get_list_delete() {
+        let mut s = Scratch::new(1, 1024);
+        let vg = sh_thin_vg(&mut s, 512);
+        let b = backend(vec![thin_class(&vg)]);
+        assert!(b.ready().await.unwrap());
+
+        let vol = b
+            .create_volume(&req("pvc-a", &vg, 100 * MIB + 1))
+            .await
+            .unwrap();
+        let id = ids::volume_lv_name("pvc-a");
+        assert_eq!(vol.id, id);
+        assert_eq!(vol.size, 104 * MIB, "rounded up to whole extents");
+        assert!(vol.thin && !vol.snapshot);
+        assert_eq!(vol.name.as_deref(), Some("pvc-a"));
+        assert_eq!(vol.device, format!("/dev/{vg}/{id}"));
+        assert!(!vol.health.is_abnormal(), "{:?}", vol.health);
+        // Independently: a thin LV in the pool with our tags, active.
+        assert_eq!(lvs_field(&vg, &id, "lv_size"), (104 * MIB).to_string());
+        assert_eq!(lvs_field(&vg, &id, "segtype"), "thin");
+        assert_eq!(lvs_field(&vg, &id, "pool_lv"), "pool");
+        let t = tags(&vg, &id);
+        assert!(t.contains(&ids::OWNER_TAG.to_owned()), "{t:?}");
+        assert!(t.contains(&ids::name_tag("pvc-a")), "{t:?}");
+        assert_eq!(dev_size(&vol.device), 104 * MIB);
+
+        // Found, not made again.
+        let again = b
+            .create_volume(&req("pvc-a", &vg, 100 * MIB + 1))
+            .await
+            .unwrap();
+        assert_eq!(again, vol);
+        assert_eq!(b.get(&id).await.unwrap(), Some(vol.clone()));
+        assert_eq!(b.list().await.unwrap(), vec![vol.clone()]);
+
+        assert!(b.delete(&id).await.unwrap());
+        assert!(!lv_exists(&vg, &id));
+        assert!(!b.delete(&id).await.unwrap(), "already gone");
+        assert_eq!(b.get(&id).await.unwrap(), None);
+        assert!(b.list().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn thick_linear_and_striped_two_volumes() {
+        let mut s = Scratch::new(2, 512);
+        let vg = sh_vg(&mut s);
+        let b = backend(vec![thick_class(&vg)]);
+
+        let linear = b.create_volume(&req("lin", &vg, 64 * MIB)).await.unwrap();
+        assert!(!linear.thin);
+        assert_eq!(lvs_field(&vg, &linear.id, "segtype"), "linear");
+        assert_eq!(linear.size, 64 * MIB);
+
+        let striped_req = NewVolume {
+            lv_type: LvType::Striped {
+                stripes: 2,
+                stripe_size: None,
+            },
+            ..req("str", &vg, 64 * MIB)
+        };
+        let striped = b.create_volume(&striped_req).await.unwrap();
+        assert_eq!(lvs_field(&vg, &striped.id, "segtype"), "striped");
+        assert_eq!(lvs_field(&vg, &striped.id, "stripes"), "2");
+        assert_eq!(striped.size, 64 * MIB);
+        assert_eq!(dev_size(&striped.device), 64 * MIB);
+
+        let list = b.list().await.unwrap();
+        assert_eq!(list.len(), 2);
+        assert!(list.windows(2).all(|w| w[0].id < w[1].id), "sorted by id");
+
+        // A thick class takes no snapshots.
+        let err = b
+            .create_snapshot(&NewSnapshot {
+                name: "snap".into(),
+                source_volume: linear.id.clone(),
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, BackendError::InvalidArgument(m) if m.contains(&vg)),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn snapshot_restore_larger_and_clone_keep_the_data() {
+        let mut s = Scratch::new(1, 1024);
+        let vg = sh_thin_vg(&mut s, 512);
+        let b = backend(vec![thin_class(&vg)]);
+
+        let vol = b.create_volume(&req("pvc-a", &vg, 64 * MIB)).await.unwrap();
+        write_marker(&vol.device, "before-snapshot");
+
+        let snap = b
+            .create_snapshot(&NewSnapshot {
+                name: "snap-a".into(),
+                source_volume: vol.id.clone(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(snap.id, ids::snapshot_lv_name("snap-a"));
+        assert!(snap.snapshot && snap.thin);
+        assert_eq!(snap.size, 64 * MIB);
+        assert_eq!(snap.source, Some(Source::Volume(vol.id.clone())));
+        assert!(snap.created.is_some());
+        // Read-only, activation skipped, origin recorded by LVM.
+        assert_eq!(permission(&vg, &snap.id), 'r');
+        assert_eq!(
+            lvs_field(&vg, &snap.id, "lv_skip_activation"),
+            "skip activation"
+        );
+        assert_eq!(lvs_field(&vg, &snap.id, "origin"), vol.id);
+        // Taken twice: found.
+        let again = b
+            .create_snapshot(&NewSnapshot {
+                name: "snap-a".into(),
+                source_volume: vol.id.clone(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(again, snap);
+
+        write_marker(&vol.device, "after--snapshot");
+
+        // Restore, larger than the snapshot.
+        let restored = b
+            .create_volume(&restore_req(
+                "pvc-r",
+                &vg,
+                128 * MIB,
+                Source::Snapshot(snap.id.clone()),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(restored.size, 128 * MIB);
+        assert_eq!(restored.source, Some(Source::Snapshot(snap.id.clone())));
+        assert!(!restored.snapshot);
+        assert_eq!(permission(&vg, &restored.id), 'w');
+        let dev = b.activate(&restored.id).await.unwrap();
+        assert_eq!(dev, restored.device);
+        assert_eq!(dev_size(&dev), 128 * MIB);
+        assert_eq!(read_marker(&dev, 15), "before-snapshot");
+        // Activating again is fine.
+        b.activate(&restored.id).await.unwrap();
+
+        // Clone of the volume, same size.
+        let clone = b
+            .create_volume(&restore_req(
+                "pvc-c",
+                &vg,
+                64 * MIB,
+                Source::Volume(vol.id.clone()),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(clone.size, 64 * MIB);
+        let dev = b.activate(&clone.id).await.unwrap();
+        assert_eq!(read_marker(&dev, 15), "after--snapshot");
+
+        // Smaller than the source: refused.
+        let err = b
+            .create_volume(&restore_req(
+                "pvc-small",
+                &vg,
+                32 * MIB,
+                Source::Snapshot(snap.id.clone()),
+            ))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, BackendError::InvalidArgument(_)), "{err:?}");
+        assert!(!lv_exists(&vg, &ids::volume_lv_name("pvc-small")));
+
+        // The snapshot can be activated itself.
+        let dev = b.activate(&snap.id).await.unwrap();
+        assert_eq!(read_marker(&dev, 15), "before-snapshot");
+        sh(&format!("lvm lvchange -an {vg}/{} 2>&1", snap.id));
+
+        // The volume goes, its snapshot and clone stay and still restore.
+        assert!(b.delete(&vol.id).await.unwrap());
+        assert!(!lv_exists(&vg, &vol.id));
+        assert!(b.get(&snap.id).await.unwrap().is_some());
+        let again = b
+            .create_volume(&restore_req(
+                "pvc-r2",
+                &vg,
+                64 * MIB,
+                Source::Snapshot(snap.id.clone()),
+            ))
+            .await
+            .unwrap();
+        let dev = b.activate(&again.id).await.unwrap();
+        assert_eq!(read_marker(&dev, 15), "before-snapshot");
+        assert!(b.delete(&snap.id).await.unwrap());
+        assert!(!lv_exists(&vg, &snap.id));
+    }
+
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn expand_grows_thin_and_thick_volumes_to_whole_extents() {
+        let mut s = Scratch::new(1, 1024);
+        let thin_vg = sh_thin_vg(&mut s, 256);
+        let mut s2 = Scratch::new(1, 512);
+        let thick_vg = sh_vg(&mut s2);
+        let b = backend(vec![thin_class(&thin_vg), thick_class(&thick_vg)]);
+
+        for (name, vg) in [("grow-thin", &thin_vg), ("grow-thick", &thick_vg)] {
+            let vol = b.create_volume(&req(name, vg, 64 * MIB)).await.unwrap();
+            assert_eq!(&vol.class, vg);
+            let size = b.expand(&vol.id, 100 * MIB + 1).await.unwrap();
+            assert_eq!(size, 104 * MIB);
+            assert_eq!(lvs_field(vg, &vol.id, "lv_size"), (104 * MIB).to_string());
+            assert_eq!(dev_size(&vol.device), 104 * MIB);
+            assert_eq!(b.get(&vol.id).await.unwrap().unwrap().size, 104 * MIB);
+            // Smaller or equal: nothing to do.
+            assert_eq!(b.expand(&vol.id, 64 * MIB).await.unwrap(), 104 * MIB);
+        }
+        let err = b
+            .expand(&ids::volume_lv_name("missing"), MIB)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, BackendError::NotFound(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn capacity_agrees_with_vgs_and_lvs() {
+        let mut s = Scratch::new(1, 1024);
+        let thin_vg = sh_thin_vg(&mut s, 256);
+        let mut s2 = Scratch::new(1, 512);
+        let thick_vg = sh_vg(&mut s2);
+        let b = backend(vec![thin_class(&thin_vg), thick_class(&thick_vg)]);
+
+        let thick = b.capacity(&thick_vg).await.unwrap();
+        let free: u64 = vgs_field(&thick_vg, "vg_free").parse().unwrap();
+        let extent: u64 = vgs_field(&thick_vg, "vg_extent_size").parse().unwrap();
+        assert_eq!(extent, EXTENT);
+        assert_eq!(thick.available, free);
+        assert_eq!(thick.maximum_volume_size, free);
+        assert_eq!(thick.minimum_volume_size, EXTENT);
+        // After a create the numbers follow at once (the report is taken again after a mutation).
+        b.create_volume(&req("t", &thick_vg, 100 * MIB))
+            .await
+            .unwrap();
+        let after = b.capacity(&thick_vg).await.unwrap();
+        assert_eq!(after.available, free - 100 * MIB);
+        assert_eq!(
+            after.available,
+            vgs_field(&thick_vg, "vg_free").parse::<u64>().unwrap()
+        );
+
+        let vol = b
+            .create_volume(&req("v", &thin_vg, 300 * MIB))
+            .await
+            .unwrap();
+        write_marker(&vol.device, "some data");
+        sh(&format!(
+            "dd if=/dev/urandom of={} bs=1M count=20 conv=fsync status=none",
+            vol.device
+        ));
+        // Usage changed behind the cache's back (writes): a fresh backend sees it now.
+        let b = backend(vec![thin_class(&thin_vg), thick_class(&thick_vg)]);
+        let thin = b.capacity(&thin_vg).await.unwrap();
+        let pool_size: u64 = lvs_field(&thin_vg, "pool", "lv_size").parse().unwrap();
+        let data_percent: f64 = lvs_field(&thin_vg, "pool", "data_percent").parse().unwrap();
+        assert!(data_percent > 0.0, "{data_percent}");
+        let expected = thin_capacity(&ThinPoolUsage {
+            pool_size,
+            data_percent,
+            virtual_used: 300 * MIB,
+            overprovision_ratio: 10,
+        });
+        assert_eq!(thin.available, expected.available);
+        assert_eq!(thin.available, 10 * pool_size - 300 * MIB);
+        assert_eq!(thin.maximum_volume_size, thin.available / EXTENT * EXTENT);
+        assert_eq!(thin.minimum_volume_size, EXTENT);
+
+        // Beyond the overprovision ratio: refused before LVM is asked.
+        let err = b
+            .create_volume(&req("huge", &thin_vg, thin.available + EXTENT))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, BackendError::InsufficientSpace(_)), "{err:?}");
+        // Thick beyond the free space: LVM's answer, mapped.
+        let err = b
+            .create_volume(&req("huge", &thick_vg, 2 * free))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, BackendError::InsufficientSpace(_)), "{err:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn concurrent_creates_on_one_volume_group_all_succeed() {
+        let mut s = Scratch::new(1, 1024);
+        let vg = sh_thin_vg(&mut s, 512);
+        let b = Arc::new(backend(vec![thin_class(&vg)]));
+        let started = Instant::now();
+        let tasks: Vec<_> = (0..8)
+            .map(|i| {
+                let b = b.clone();
+                let vg = vg.clone();
+                tokio::spawn(async move {
+                    b.create_volume(&req(&format!("c-{i}"), &vg, 16 * MIB))
+                        .await
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        println!(
+            "8 concurrent thin creates on one volume group: {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        let list = b.list().await.unwrap();
+        assert_eq!(list.len(), 8, "{list:?}");
+        for i in 0..8 {
+            let id = ids::volume_lv_name(&format!("c-{i}"));
+            assert!(lv_exists(&vg, &id), "{id}");
+            assert_eq!(by_id(&list, &id).name, Some(format!("c-{i}")));
+        }
+        // And concurrent deletes.
+        let tasks: Vec<_> = list
+            .iter()
+            .map(|v| {
+                let b = b.clone();
+                let id = v.id.clone();
+                tokio::spawn(async move { b.delete(&id).await })
+            })
+            .collect();
+        for t in tasks {
+            assert!(t.await.unwrap().unwrap());
+        }
+        assert!(b.list().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn a_restarted_backend_finds_every_volume_with_its_name_and_source() {
+        let mut s = Scratch::new(1, 1024);
+        let vg = sh_thin_vg(&mut s, 512);
+        let classes = vec![thin_class(&vg)];
+        let (vol, snap, restored, clone) = {
+            let b = backend(classes.clone());
+            let vol = b.create_volume(&req("pvc-a", &vg, 32 * MIB)).await.unwrap();
+            let snap = b
+                .create_snapshot(&NewSnapshot {
+                    name: "snap-a".into(),
+                    source_volume: vol.id.clone(),
+                })
+                .await
+                .unwrap();
+            let restored = b
+                .create_volume(&restore_req(
+                    "pvc-r",
+                    &vg,
+                    64 * MIB,
+                    Source::Snapshot(snap.id.clone()),
+                ))
+                .await
+                .unwrap();
+            let clone = b
+                .create_volume(&restore_req(
+                    "pvc-c",
+                    &vg,
+                    32 * MIB,
+                    Source::Volume(vol.id.clone()),
+                ))
+                .await
+                .unwrap();
+            (vol, snap, restored, clone)
+        };
+
+        let b = backend(classes);
+        let list = b.list().await.unwrap();
+        assert_eq!(list.len(), 4, "{list:?}");
+        for (before, name) in [
+            (&vol, "pvc-a"),
+            (&snap, "snap-a"),
+            (&restored, "pvc-r"),
+            (&clone, "pvc-c"),
+        ] {
+            let found = by_id(&list, &before.id);
+            assert_eq!(found.name.as_deref(), Some(name));
+            assert_eq!(found.source, before.source);
+            assert_eq!(found.snapshot, before.snapshot);
+            assert_eq!(found.size, before.size);
+            assert_eq!(found.created, before.created);
+            assert_eq!(b.get(&before.id).await.unwrap().as_ref(), Some(found));
+        }
+        assert_eq!(
+            by_id(&list, &restored.id).source,
+            Some(Source::Snapshot(snap.id.clone()))
+        );
+        assert_eq!(
+            by_id(&list, &clone.id).source,
+            Some(Source::Volume(vol.id.clone()))
+        );
+        // A retried create after the restart finds the volume.
+        let again = b
+            .create_volume(&restore_req(
+                "pvc-r",
+                &vg,
+                64 * MIB,
+                Source::Snapshot(snap.id.clone()),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(again.id, restored.id);
+    }
+
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn a_foreign_lv_with_our_name_is_a_conflict_and_never_removed() {
+        let mut s = Scratch::new(1, 1024);
+        let vg = sh_thin_vg(&mut s, 256);
+        let id = ids::volume_lv_name("pvc-x");
+        sh(&format!(
+            "lvm lvcreate -q -y --type thin -V 16m --thinpool pool -n {id} {vg} 2>&1"
+        ));
+        let b = backend(vec![thin_class(&vg)]);
+        let err = b
+            .create_volume(&req("pvc-x", &vg, 16 * MIB))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, BackendError::Conflict(m) if m.contains(&id)),
+            "{err:?}"
+        );
+        let err = b.delete(&id).await.unwrap_err();
+        assert!(matches!(err, BackendError::NotFound(_)), "{err:?}");
+        assert!(lv_exists(&vg, &id));
+        assert_eq!(b.get(&id).await.unwrap(), None);
+        assert!(b.list().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn ready_follows_the_volume_group_and_its_pool() {
+        let mut s = Scratch::new(1, 512);
+        let vg = s.vg_name();
+        let b = backend(vec![thin_class(&vg)]);
+        assert!(!b.ready().await.unwrap());
+        let err = b.capacity(&vg).await.unwrap_err();
+        assert!(matches!(err, BackendError::Unavailable(_)), "{err:?}");
+        sh(&format!("lvm vgcreate -q {vg} {} 2>&1", s.disks[0]));
+        sh(&format!(
+            "lvm lvcreate -q -y --type thin-pool -L 128m -n pool {vg} 2>&1"
+        ));
+        // A class that was not ready is looked at again after a few seconds.
+        tokio::time::sleep(std::time::Duration::from_millis(5200)).await;
+        assert!(b.ready().await.unwrap());
+        assert!(b.capacity(&vg).await.unwrap().available > 0);
+    }
+}
