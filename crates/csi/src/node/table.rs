@@ -159,7 +159,8 @@ pub enum Publish {
     Incompatible(String),
     /// Published at another target while the access mode allows one: FAILED_PRECONDITION.
     PublishedElsewhere(String),
-    /// A filesystem volume whose staging path does not hold it: FAILED_PRECONDITION.
+    /// A filesystem volume whose staging path does not hold it (or holds it read-only while read-write is
+    /// asked): FAILED_PRECONDITION.
     NotStaged(String),
 }
 
@@ -208,6 +209,12 @@ pub fn decide_publish(mounts: &[MountInfo], ids: &DeviceIds, req: &PublishArgs<'
     }
     if matches!(req.access, Access::Mount { .. }) {
         match find_mount_by_target(mounts, req.staging) {
+            Some(m) if ids.is_filesystem(m) && m.read_only() && !req.readonly => {
+                return Publish::NotStaged(format!(
+                    "the volume is staged read-only at {}: it cannot be published read-write",
+                    req.staging
+                ));
+            }
             Some(m) if ids.is_filesystem(m) => {}
             Some(m) => {
                 return Publish::NotStaged(format!(
@@ -342,6 +349,7 @@ mod tests {
         let subpath = staged() + &line(42, "253:3", "/data", "/k/pods/a/subpath/0", "rw");
         let foreign_t1 = staged() + &line(41, "253:9", "/", T1, "rw");
         let other_block_t1 = format!("{ROOT}{}", line(41, "0:5", "/dm-9", T1, "rw"));
+        let ro_staged = format!("{ROOT}{}", line(40, "253:3", "/", STAGING, "ro,relatime"));
 
         type Row<'a> = (&'a str, String, &'a str, &'a Access, bool, bool, &'a str);
         // (case, mount table, target, access, readonly, exclusive, expected decision)
@@ -367,6 +375,8 @@ mod tests {
             ("a subPath bind is no publication", subpath, T2, &m, false, true, "Bind"),
             ("the staging mount is no publication", staged(), T2, &m, false, true, "Bind"),
             ("not staged", ROOT.to_owned(), T1, &m, false, false, "NotStaged"),
+            ("staged read-only, asked read-write", ro_staged.clone(), T1, &m, false, false, "NotStaged"),
+            ("staged read-only, asked read-only", ro_staged, T1, &m, true, false, "Bind"),
             ("staging holds another volume", format!("{ROOT}{}", line(40, "253:9", "/", STAGING, "rw")), T1, &m, false, false, "NotStaged"),
         ];
         for (case, table, target, access, ro, excl, want) in rows {
