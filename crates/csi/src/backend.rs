@@ -63,6 +63,8 @@ pub struct Volume {
     pub thin: bool,
     /// Creation time, seconds since the Unix epoch (snapshots record it).
     pub created: Option<u64>,
+    /// Restores and clones: the size asked for when it was made (from its tag).
+    pub requested: Option<u64>,
     /// Health from `lv_attr`.
     pub health: LvHealth,
     /// The block device, `/dev/<vg>/<lv>` (present once active).

@@ -457,7 +457,18 @@ impl<B: Backend> ControllerService<B> {
         let id = ids::volume_lv_name(&req.name);
         let _guard = self.claim(&[&req.name, &id])?;
         if let Some(existing) = self.backend.get(&id).await.map_err(backend)? {
-            return self.compatible(&req, &class, source.as_ref(), existing);
+            let interrupted = source.is_some()
+                && !existing.snapshot
+                && existing.name.as_deref() == Some(req.name.as_str())
+                && existing.class == class.name
+                && existing.source == source
+                && existing.requested == Some(size)
+                && existing.size < size;
+            if !interrupted {
+                return self.compatible(&req, &class, source.as_ref(), existing);
+            }
+            // A crash between the thin snapshot and its extend: the backend finishes the extend.
+            tracing::info!(volume_id = %id, "finishing an interrupted restore or clone");
         }
         if let Some(source) = &source {
             let found = self.backend.get(source.id()).await.map_err(backend)?;

@@ -21,6 +21,9 @@ pub const SOURCE_TAG_PREFIX: &str = "lvms.src=";
 pub const SNAPSHOT_TAG: &str = "lvms.snapshot";
 /// Prefix of the tag carrying the creation time (seconds since the Unix epoch).
 pub const CREATED_TAG_PREFIX: &str = "lvms.created=";
+/// Prefix of the tag carrying the size a restore or clone was asked for, in bytes: a retry after a crash
+/// between the thin snapshot and its `lvextend` finishes the extend instead of refusing the smaller LV.
+pub const REQUESTED_TAG_PREFIX: &str = "lvms.size=";
 /// Prefix of volume LV names.
 pub const VOLUME_PREFIX: &str = "csi-";
 /// Prefix of snapshot LV names.
@@ -140,6 +143,18 @@ impl Source {
 /// The tag recording a creation time.
 pub fn created_tag(unix_seconds: u64) -> String {
     format!("{CREATED_TAG_PREFIX}{unix_seconds}")
+}
+
+/// The tag recording the size a restore or clone was asked for.
+pub fn requested_tag(bytes: u64) -> String {
+    format!("{REQUESTED_TAG_PREFIX}{bytes}")
+}
+
+/// The requested size recorded in `tags`, if any.
+pub fn requested_from_tags(tags: &[String]) -> Option<u64> {
+    tags.iter()
+        .find_map(|t| t.strip_prefix(REQUESTED_TAG_PREFIX))
+        .and_then(|s| s.parse().ok())
 }
 
 /// The creation time recorded in `tags`, if any.

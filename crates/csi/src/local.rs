@@ -171,6 +171,7 @@ fn to_volume(lv: &LogicalVolume) -> Volume {
         snapshot: has_tag(lv, ids::SNAPSHOT_TAG),
         thin: lv.segtype == THIN,
         created: ids::created_from_tags(&lv.tags),
+        requested: ids::requested_from_tags(&lv.tags),
         health: LvAttr::parse(&lv.attr).map_or(LvHealth::Unknown, |a| a.health()),
         device: format!("/dev/{}/{}", lv.vg_name, lv.name),
     }
@@ -559,6 +560,7 @@ impl<R: Runner> LocalBackend<R> {
             ids::OWNER_TAG.to_owned(),
             ids::name_tag(&req.name),
             source.tag(),
+            ids::requested_tag(req.size),
         ];
         let vol = self
             .create_or_adopt(

@@ -965,3 +965,40 @@ async fn socket_is_owner_only_and_a_stale_one_is_replaced_but_a_file_is_not() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
     let _ = HashMap::<String, String>::new();
 }
+
+#[tokio::test]
+async fn a_restore_interrupted_before_its_extend_is_finished_by_the_retry_but_a_new_size_is_already_exists()
+ {
+    let mut d = Driver::start().await;
+    let vol = volume_id(&mut d, create("pvc-1", GIB)).await;
+    let snap = snapshot_id(&mut d, "snap-1", &vol).await;
+    let restored = volume_id(&mut d, from_snapshot(create("restore", 2 * GIB), &snap)).await;
+    // The crash: the thin snapshot exists at the source's size, the extend never ran.
+    d.backend
+        .state
+        .lock()
+        .unwrap()
+        .volumes
+        .get_mut(&restored)
+        .unwrap()
+        .size = GIB as u64;
+    let again = d
+        .controller
+        .create_volume(from_snapshot(create("restore", 2 * GIB), &snap))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(
+        (again.volume_id.as_str(), again.capacity_bytes),
+        (restored.as_str(), 2 * GIB)
+    );
+    // Another size for the same name is still a conflict.
+    let (c, m) = code(
+        d.controller
+            .create_volume(from_snapshot(create("restore", 3 * GIB), &snap))
+            .await,
+    );
+    assert_eq!(c, Code::AlreadyExists, "{m}");
+}

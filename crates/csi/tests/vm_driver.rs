@@ -1,4 +1,4 @@
-//! The whole driver against real LVM, inside the test VM (`cargo xtask vm-test vm_driver`): the
+//! The whole driver against real LVM, inside the test VM (`cargo xtask vm-test driver_`): the
 //! Identity, Controller and Node services over [`LocalBackend`] on a real Unix socket, driven by the
 //! generated gRPC client, through each volume's whole life — thin and thick, mount and block, ext4 and
 //! xfs, snapshots, restores, clones and expansion — and a restart.
@@ -264,7 +264,7 @@ async fn delete(d: &mut Driver, id: &str) {
 
 #[tokio::test]
 #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
-async fn thin_xfs_volume_lives_through_snapshot_restore_larger_and_online_expansion() {
+async fn driver_thin_xfs_volume_lives_through_snapshot_restore_larger_and_online_expansion() {
     let s = setup().await;
     let socket = s.mnt.join("csi.sock");
     let mut d = start(&s, &socket).await;
@@ -385,7 +385,7 @@ async fn thin_xfs_volume_lives_through_snapshot_restore_larger_and_online_expans
 
 #[tokio::test]
 #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
-async fn thick_ext4_and_block_volumes_and_a_thin_block_clone() {
+async fn driver_thick_ext4_and_block_volumes_and_a_thin_block_clone() {
     let s = setup().await;
     let socket = s.mnt.join("csi.sock");
     let mut d = start(&s, &socket).await;
@@ -467,7 +467,7 @@ async fn thick_ext4_and_block_volumes_and_a_thin_block_clone() {
 
 #[tokio::test]
 #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
-async fn a_restarted_driver_finds_every_volume_and_duplicates_none() {
+async fn driver_restarted_finds_every_volume_and_duplicates_none() {
     let s = setup().await;
     let socket = s.mnt.join("csi.sock");
     let mut d = start(&s, &socket).await;

@@ -142,6 +142,7 @@ mod vm_node {
                 snapshot: false,
                 thin: false,
                 created: None,
+                requested: None,
                 health: LvHealth::Ok,
                 device: format!("/dev/{}/{id}", self.vg),
             };

@@ -240,6 +240,7 @@ async fn create_thin_volume_runs_lvcreate_in_the_pool_with_owner_and_name_tags()
             snapshot: false,
             thin: true,
             created: None,
+            requested: None,
             health: LvHealth::Ok,
             device: format!("/dev/thin/{lv_name}"),
         }
@@ -583,6 +584,8 @@ async fn restore_larger_than_the_snapshot_extends_the_new_volume() {
         &ids::name_tag("pvc-2"),
         "--addtag",
         &source.tag(),
+        "--addtag",
+        &ids::requested_tag(2 * GIB),
         "--name",
         &lv_name,
         &origin,

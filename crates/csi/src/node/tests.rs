@@ -45,6 +45,7 @@ fn volume(id: &str) -> Volume {
         snapshot: false,
         thin: false,
         created: None,
+        requested: None,
         health: LvHealth::Ok,
         device: DEV.to_owned(),
     }

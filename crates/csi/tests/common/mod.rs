@@ -93,6 +93,7 @@ impl FakeBackend {
             snapshot: false,
             thin,
             created: Some(1_700_000_000),
+            requested: None,
             health: LvHealth::Ok,
             device: format!("/dev/{class}/{id}"),
         }
@@ -140,10 +141,14 @@ impl Backend for FakeBackend {
         tokio::time::sleep(delay).await;
         let mut s = self.state.lock().unwrap();
         let id = ids::volume_lv_name(&req.name);
-        if let Some(v) = s.volumes.get(&id) {
+        let size = Self::round(req.size);
+        if let Some(v) = s.volumes.get_mut(&id) {
+            // As LocalBackend: a restore interrupted before its extend is finished.
+            if v.requested == Some(req.size) && v.size < size {
+                v.size = size;
+            }
             return Ok(v.clone());
         }
-        let size = Self::round(req.size);
         let thin = self.thin(&req.class);
         if !thin {
             let free = s.thick_free.get_mut(&req.class).unwrap();
@@ -157,6 +162,7 @@ impl Backend for FakeBackend {
         }
         let mut v = Self::volume(&req.name, id.clone(), &req.class, size, thin);
         v.source = req.source.clone();
+        v.requested = req.source.as_ref().map(|_| req.size);
         s.volumes.insert(id, v.clone());
         Ok(v)
     }
