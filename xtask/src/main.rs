@@ -47,6 +47,8 @@ enum Task {
     },
     /// The demo: in the VM, the standalone CSI driver on real LVM, driven by `lvms csi` (scripts/demo.sh).
     Demo,
+    /// The CSI benchmark in the VM (release build): the driver against raw LVM, ratios printed.
+    Bench,
 }
 
 fn main() -> ExitCode {
@@ -120,6 +122,10 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
         Task::Demo => {
             deps()?;
             demo(&repo)
+        }
+        Task::Bench => {
+            deps()?;
+            bench(&repo)
         }
     }
 }
@@ -317,6 +323,46 @@ fn sum_summaries(lines: &[String]) -> (u64, u64, u64) {
         }
     }
     totals
+}
+
+fn bench(repo: &Path) -> Result<ExitCode> {
+    let status = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "--release",
+            "--package",
+            "lvms",
+            "--package",
+            "lvms-csi",
+            "--bin",
+            "lvms",
+            "--bin",
+            "lvms-csi-bench",
+        ])
+        .current_dir(repo)
+        .status()?;
+    if !status.success() {
+        bail!("building the benchmark failed");
+    }
+    let bin = repo.join("target/release");
+    let command = format!(
+        "{} --device /dev/disk/by-id/virtio-bench --lvms {}",
+        vm::shell_quote(&bin.join("lvms-csi-bench").to_string_lossy()),
+        vm::shell_quote(&bin.join("lvms").to_string_lossy())
+    );
+    let spec = VmSpec {
+        name: "bench".into(),
+        disks: vec![parse_disk(repo, "bench=8192")?],
+        memory_mib: 1024,
+        cpus: 2,
+        net: false,
+        command,
+        cwd: repo.to_path_buf(),
+        env: vec![],
+        timeout: Duration::from_secs(40 * 60),
+    };
+    let out = vm::run_all(repo, vec![spec])?.remove(0);
+    exit_from(out.exit_code)
 }
 
 fn demo(repo: &Path) -> Result<ExitCode> {

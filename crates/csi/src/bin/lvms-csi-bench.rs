@@ -1,0 +1,402 @@
+//! The CSI driver's benchmark, run inside the test VM by `cargo xtask bench` (not a timed test): in one
+//! run, on one volume group, it measures raw LVM and the driver and prints the ratios.
+//!
+//! 1. sequential thin `CreateVolume` (50 volumes) ÷ 50 sequential raw `lvm lvcreate` processes
+//!    (target ≤ 1.0×), and the same for deletion;
+//! 2. 32-way concurrent `CreateVolume` (64 volumes) throughput ÷ sequential raw throughput (target
+//!    ≥ 1.0×) with p50/p95 latency (target p95 ≤ 2× p50);
+//! 3. with 500 thin LVs in the pool, the idle `lvms standalone` process: its RSS (target ≤ 15 MiB) and
+//!    the LVM processes it spawns in one idle minute while a CO polls `GetCapacity` and `ListVolumes`
+//!    every 10 s (target ≤ 1).
+//!
+//! Usage: `lvms-csi-bench --device /dev/... --lvms /path/to/lvms` (destroys what is on the device).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use lvms_csi::{
+    backend::{Backend, ClassInfo},
+    controller::ControllerService,
+    csi::{
+        CapacityRange, CreateVolumeRequest, DeleteVolumeRequest, GetCapacityRequest,
+        ListVolumesRequest, VolumeCapability,
+        controller_client::ControllerClient,
+        volume_capability::{self, AccessMode, MountVolume, access_mode::Mode},
+    },
+    identity::{Converged, IdentityService},
+    local::LocalBackend,
+    server::{self, Services},
+};
+use lvms_host::{lvm::Lvm, runner::Runner};
+use tonic::transport::Channel;
+
+const VG: &str = "benchvg";
+const POOL: &str = "pool";
+const SEQ: usize = 50;
+const CONC_VOLUMES: usize = 64;
+const CONCURRENCY: usize = 32;
+const IDLE_LVS: usize = 500;
+
+fn sh(cmd: &str) -> String {
+    let out = Command::new("sh").args(["-c", cmd]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn cap() -> VolumeCapability {
+    VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(volume_capability::AccessType::Mount(MountVolume::default())),
+    }
+}
+
+fn create(name: &str) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: 64 << 20,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![cap()],
+        ..CreateVolumeRequest::default()
+    }
+}
+
+fn classes() -> Vec<ClassInfo> {
+    vec![ClassInfo {
+        name: VG.into(),
+        thin_pool: Some(POOL.into()),
+        overprovision_ratio: 100,
+        default: true,
+    }]
+}
+
+/// The Controller service over `runner` on a socket; returns a client and the stop signal.
+async fn driver<R: Runner + Clone>(
+    runner: R,
+    dir: &Path,
+) -> (ControllerClient<Channel>, tokio::sync::oneshot::Sender<()>) {
+    let backend = Arc::new(LocalBackend::new("bench", classes(), Lvm::new(runner)));
+    assert!(backend.ready().await.unwrap());
+    let socket = dir.join("csi.sock");
+    let listener = server::bind(&socket).unwrap();
+    let converged = Converged::default();
+    converged.set(true);
+    let services: Services<LocalBackend<R>, lvms_csi::node::NodeService<LocalBackend<R>, R>> =
+        Services {
+            identity: IdentityService::new("topolvm.io", true, backend.clone(), converged),
+            controller: Some(ControllerService::new(backend)),
+            node: None,
+        };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        server::serve(listener, services, async {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap();
+    });
+    let channel = server::connect(&socket).await.unwrap();
+    (ControllerClient::new(channel), stop)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
+}
+
+async fn bench_driver<R: Runner + Clone>(
+    runner: R,
+    label: &str,
+    raw_create: Duration,
+    raw_remove: Duration,
+) {
+    let dir = tempdir(label);
+    let (mut client, stop) = driver(runner, &dir).await;
+
+    let started = Instant::now();
+    let mut ids = Vec::new();
+    for i in 0..SEQ {
+        let v = client
+            .create_volume(create(&format!("seq-{i}")))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        ids.push(v.volume_id);
+    }
+    let seq_create = started.elapsed();
+    let started = Instant::now();
+    for id in &ids {
+        client
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: id.clone(),
+                ..DeleteVolumeRequest::default()
+            })
+            .await
+            .unwrap();
+    }
+    let seq_delete = started.elapsed();
+
+    // 32-way concurrent creates.
+    let started = Instant::now();
+    let sem = Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
+    let mut tasks = Vec::new();
+    for i in 0..CONC_VOLUMES {
+        let mut c = client.clone();
+        let sem = sem.clone();
+        tasks.push(tokio::spawn(async move {
+            let _permit = sem.acquire().await.unwrap();
+            let t = Instant::now();
+            let v = c
+                .create_volume(create(&format!("conc-{i}")))
+                .await
+                .unwrap()
+                .into_inner()
+                .volume
+                .unwrap();
+            (t.elapsed(), v.volume_id)
+        }));
+    }
+    let mut latencies = Vec::new();
+    let mut conc_ids = Vec::new();
+    for t in tasks {
+        let (lat, id) = t.await.unwrap();
+        latencies.push(lat);
+        conc_ids.push(id);
+    }
+    let conc_wall = started.elapsed();
+    latencies.sort();
+    for id in &conc_ids {
+        client
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: id.clone(),
+                ..DeleteVolumeRequest::default()
+            })
+            .await
+            .unwrap();
+    }
+    let _ = stop.send(());
+
+    let raw_rate = SEQ as f64 / raw_create.as_secs_f64();
+    let conc_rate = CONC_VOLUMES as f64 / conc_wall.as_secs_f64();
+    let (p50, p95) = (percentile(&latencies, 0.5), percentile(&latencies, 0.95));
+    println!("\n-- driver with the {label} runner");
+    println!(
+        "sequential CreateVolume x{SEQ}: {} ; ratio to raw lvcreate: {:.2}x (target <= 1.0x)",
+        secs(seq_create),
+        seq_create.as_secs_f64() / raw_create.as_secs_f64()
+    );
+    println!(
+        "sequential DeleteVolume x{SEQ}: {} ; ratio to raw lvremove: {:.2}x",
+        secs(seq_delete),
+        seq_delete.as_secs_f64() / raw_remove.as_secs_f64()
+    );
+    println!(
+        "{CONCURRENCY}-way concurrent CreateVolume x{CONC_VOLUMES}: {} ; throughput {conc_rate:.2}/s vs raw sequential {raw_rate:.2}/s = {:.2}x (target >= 1.0x)",
+        secs(conc_wall),
+        conc_rate / raw_rate
+    );
+    println!(
+        "  latency p50 {} p95 {} : p95/p50 = {:.2} (target <= 2)",
+        secs(p50),
+        secs(p95),
+        p95.as_secs_f64() / p50.as_secs_f64()
+    );
+}
+
+fn tempdir(label: &str) -> PathBuf {
+    let dir = PathBuf::from(format!("/tmp/lvms-bench-{label}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// RSS of `pid` in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn bench_idle(lvms: &str, device: &str) {
+    // 500 thin LVs of ours, made through one lvm process.
+    let mut script = String::new();
+    for i in 0..IDLE_LVS {
+        let name = lvms_csi::ids::volume_lv_name(&format!("idle-{i}"));
+        script.push_str(&format!(
+            "lvcreate --yes --type thin --virtualsize 16m --thinpool {POOL} --addtag lvms --addtag {} --name {name} {VG}\n",
+            lvms_csi::ids::name_tag(&format!("idle-{i}"))
+        ));
+    }
+    let dir = tempdir("idle");
+    std::fs::write(dir.join("create.lvm"), script).unwrap();
+    let t = Instant::now();
+    sh(&format!("lvm < {}/create.lvm > /dev/null", dir.display()));
+    println!(
+        "\n-- idle standalone with {IDLE_LVS} thin LVs (made in {} through one lvm process)",
+        secs(t.elapsed())
+    );
+
+    // An `lvm` on PATH that logs every start.
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let real = sh("command -v lvm").trim().to_owned();
+    let log = dir.join("lvm-starts.log");
+    std::fs::write(
+        bin.join("lvm"),
+        format!(
+            "#!/bin/sh\necho \"$(date +%s.%N) $1\" >> {}\nexec {real} \"$@\"\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    sh(&format!("chmod +x {}/lvm", bin.display()));
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "deviceClasses:\n  - name: {VG}\n    default: true\n    deviceSelector:\n      paths: [{device}]\n    thinPoolConfig:\n      name: {POOL}\n      sizePercent: 90\n      overprovisionRatio: 100\n"
+        ),
+    )
+    .unwrap();
+    let socket = dir.join("csi.sock");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut child = tokio::process::Command::new(lvms)
+        .args(["standalone", "--config"])
+        .arg(&config)
+        .arg("--endpoint")
+        .arg(&socket)
+        .args(["--node-id", "bench"])
+        .env("PATH", path)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    // Ready: the socket answers and the classes converged.
+    let channel = loop {
+        if let Ok(c) = server::connect(&socket).await {
+            let mut id = lvms_csi::csi::identity_client::IdentityClient::new(c.clone());
+            if let Ok(r) = id.probe(lvms_csi::csi::ProbeRequest {}).await
+                && r.into_inner().ready == Some(true)
+            {
+                break c;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let mut client = ControllerClient::new(channel);
+    // Warm the cache as a CO would at start, then measure one idle minute of polling.
+    let listed = client
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
+        .len();
+    let starts_before = std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .count();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(60) {
+        client
+            .get_capacity(GetCapacityRequest::default())
+            .await
+            .unwrap();
+        client
+            .list_volumes(ListVolumesRequest::default())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+    let starts = std::fs::read_to_string(&log).unwrap_or_default();
+    let during: Vec<&str> = starts.lines().skip(starts_before).collect();
+    let rss = rss_kib(pid);
+    let _ = child.kill().await;
+    println!("ListVolumes saw {listed} volumes");
+    println!(
+        "LVM processes started in one idle minute (GetCapacity + ListVolumes every 10 s): {} (target <= 1){}",
+        during.len(),
+        if during.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", during.join(", "))
+        }
+    );
+    println!(
+        "idle RSS of lvms standalone: {:.1} MiB (target <= 15 MiB)",
+        rss as f64 / 1024.0
+    );
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let device = arg("--device").expect("--device /dev/... is required");
+    let lvms = arg("--lvms").expect("--lvms /path/to/lvms is required");
+    println!("lvms-csi-bench on {device}");
+    sh(&format!(
+        "lvm pvcreate -q -y -ff {device} && lvm vgcreate -q --addtag lvms {VG} {device} && \
+         lvm lvcreate -q --yes --type thin-pool --extents 90%FREE --poolmetadatasize 64m --name {POOL} {VG}"
+    ));
+
+    // Raw LVM: one process per command.
+    let started = Instant::now();
+    for i in 0..SEQ {
+        sh(&format!(
+            "lvm lvcreate --yes --type thin --virtualsize 64m --thinpool {POOL} --name raw{i} {VG} >/dev/null"
+        ));
+    }
+    let raw_create = started.elapsed();
+    let started = Instant::now();
+    for i in 0..SEQ {
+        sh(&format!("lvm lvremove --yes {VG}/raw{i} >/dev/null"));
+    }
+    let raw_remove = started.elapsed();
+    println!(
+        "raw: {SEQ} sequential lvcreate processes {} ({:.0} ms each), {SEQ} lvremove {}",
+        secs(raw_create),
+        raw_create.as_secs_f64() * 1000.0 / SEQ as f64,
+        secs(raw_remove)
+    );
+
+    bench_driver(
+        Arc::new(lvms_host::runner::RealRunner),
+        "process",
+        raw_create,
+        raw_remove,
+    )
+    .await;
+    bench_idle(&lvms, &device).await;
+}
