@@ -41,6 +41,9 @@ use crate::{
 
 /// Size of a volume whose request names none (`capacity_range` absent or zero).
 pub const DEFAULT_VOLUME_SIZE: u64 = 1 << 30;
+/// The smallest XFS filesystem `mkfs.xfs` makes (xfsprogs 5.19 and later refuse smaller ones): an
+/// xfs volume is made at least this big.
+pub const MIN_XFS_SIZE: u64 = 300 << 20;
 /// The largest volume this driver makes (1 EiB: sizes beyond any disk are a client error).
 pub const MAX_VOLUME_SIZE: u64 = 1 << 60;
 
@@ -424,7 +427,24 @@ impl<B: Backend> ControllerService<B> {
                 ),
             ));
         }
-        let size = size_for(req.capacity_range.as_ref())?;
+        let mut size = size_for(req.capacity_range.as_ref())?;
+        let xfs = params.fstype.as_deref() == Some("xfs")
+            || req.volume_capabilities.iter().any(|c| {
+                matches!(&c.access_type, Some(volume_capability::AccessType::Mount(m)) if m.fs_type == "xfs")
+            });
+        if xfs && size < MIN_XFS_SIZE {
+            let limit = req.capacity_range.as_ref().map_or(0, |r| r.limit_bytes);
+            if limit > 0 && limit.unsigned_abs() < MIN_XFS_SIZE {
+                return Err(RpcError::new(
+                    Code::OutOfRange,
+                    format!(
+                        "an xfs volume needs at least 300Mi (mkfs.xfs refuses smaller), but limit_bytes is \
+                         {limit}: allow 300Mi or use ext4"
+                    ),
+                ));
+            }
+            size = MIN_XFS_SIZE;
+        }
         let source = match req
             .volume_content_source
             .as_ref()

@@ -1002,3 +1002,33 @@ async fn a_restore_interrupted_before_its_extend_is_finished_by_the_retry_but_a_
     );
     assert_eq!(c, Code::AlreadyExists, "{m}");
 }
+
+#[tokio::test]
+async fn xfs_volumes_are_made_at_least_300mi_and_a_lower_limit_is_out_of_range() {
+    let mut d = Driver::start().await;
+    let v = d
+        .controller
+        .create_volume(create("small-xfs", 64 * MIB))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(v.capacity_bytes, 300 * MIB);
+    let mut ext4 = create("small-ext4", 64 * MIB);
+    ext4.volume_capabilities = vec![mount(Mode::SingleNodeWriter, "ext4")];
+    let v = d
+        .controller
+        .create_volume(ext4)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(v.capacity_bytes, 64 * MIB);
+    let mut capped = create("capped-xfs", 64 * MIB);
+    capped.capacity_range = range(64 * MIB, 128 * MIB);
+    let (c, m) = code(d.controller.create_volume(capped).await);
+    assert_eq!(c, Code::OutOfRange, "{m}");
+    assert!(m.contains("300Mi"), "{m}");
+}

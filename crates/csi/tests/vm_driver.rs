@@ -318,7 +318,7 @@ async fn driver_thin_xfs_volume_lives_through_snapshot_restore_larger_and_online
         .controller_expand_volume(ControllerExpandVolumeRequest {
             volume_id: vol.clone(),
             capacity_range: Some(CapacityRange {
-                required_bytes: 384 * MIB,
+                required_bytes: 640 * MIB,
                 limit_bytes: 0,
             }),
             volume_capability: Some(mount("xfs")),
@@ -333,7 +333,7 @@ async fn driver_thin_xfs_volume_lives_through_snapshot_restore_larger_and_online
             volume_id: vol.clone(),
             volume_path: target.clone(),
             capacity_range: Some(CapacityRange {
-                required_bytes: 384 * MIB,
+                required_bytes: 640 * MIB,
                 limit_bytes: 0,
             }),
             volume_capability: Some(mount("xfs")),
