@@ -599,6 +599,20 @@ impl<B: Backend> ControllerService<B> {
         }
     }
 
+    /// The volume (not a snapshot) with this id, or NOT_FOUND naming it as `what`.
+    async fn existing_volume(&self, id: &str, what: &str) -> Result<Volume, RpcError> {
+        let found = if ids::is_volume_id(id) {
+            self.backend
+                .get(id)
+                .await
+                .map_err(backend)?
+                .filter(|v| !v.snapshot)
+        } else {
+            None
+        };
+        found.ok_or_else(|| RpcError::new(Code::NotFound, format!("{what} {id} does not exist")))
+    }
+
     async fn delete_inner(&self, id: &str, snapshot: bool) -> Result<(), RpcError> {
         let field = if snapshot { "snapshot_id" } else { "volume_id" };
         require(field, id)?;
@@ -678,22 +692,7 @@ impl<B: Backend> Controller for ControllerService<B> {
         if req.volume_capabilities.is_empty() {
             return Err(RpcError::invalid("volume_capabilities is required").into());
         }
-        let found = if ids::is_volume_id(&req.volume_id) {
-            self.backend
-                .get(&req.volume_id)
-                .await
-                .map_err(backend)?
-                .filter(|v| !v.snapshot)
-        } else {
-            None
-        };
-        if found.is_none() {
-            return Err(RpcError::new(
-                Code::NotFound,
-                format!("volume {} does not exist", req.volume_id),
-            )
-            .into());
-        }
+        self.existing_volume(&req.volume_id, "volume").await?;
         if let Err(e) = params::parse(&req.parameters) {
             return Ok(Response::new(ValidateVolumeCapabilitiesResponse {
                 confirmed: None,
@@ -836,22 +835,9 @@ impl<B: Backend> Controller for ControllerService<B> {
             )
             .into());
         }
-        let source = if ids::is_volume_id(&req.source_volume_id) {
-            self.backend
-                .get(&req.source_volume_id)
-                .await
-                .map_err(backend)?
-                .filter(|v| !v.snapshot)
-        } else {
-            None
-        };
-        let Some(source) = source else {
-            return Err(RpcError::new(
-                Code::NotFound,
-                format!("source volume {} does not exist", req.source_volume_id),
-            )
-            .into());
-        };
+        let source = self
+            .existing_volume(&req.source_volume_id, "source volume")
+            .await?;
         let class = self.class(Some(&source.class))?;
         if class.thin_pool.is_none() {
             return Err(RpcError::invalid(format!(
@@ -941,22 +927,7 @@ impl<B: Backend> Controller for ControllerService<B> {
         }
         let size = size_for(Some(range))?;
         let _guard = self.claim(&[&req.volume_id])?;
-        let found = if ids::is_volume_id(&req.volume_id) {
-            self.backend
-                .get(&req.volume_id)
-                .await
-                .map_err(backend)?
-                .filter(|v| !v.snapshot)
-        } else {
-            None
-        };
-        let Some(volume) = found else {
-            return Err(RpcError::new(
-                Code::NotFound,
-                format!("volume {} does not exist", req.volume_id),
-            )
-            .into());
-        };
+        let volume = self.existing_volume(&req.volume_id, "volume").await?;
         let block = matches!(
             req.volume_capability
                 .as_ref()
@@ -1000,22 +971,7 @@ impl<B: Backend> Controller for ControllerService<B> {
     ) -> Result<Response<ControllerGetVolumeResponse>, Status> {
         let req = request.into_inner();
         require("volume_id", &req.volume_id)?;
-        let found = if ids::is_volume_id(&req.volume_id) {
-            self.backend
-                .get(&req.volume_id)
-                .await
-                .map_err(backend)?
-                .filter(|v| !v.snapshot)
-        } else {
-            None
-        };
-        let Some(v) = found else {
-            return Err(RpcError::new(
-                Code::NotFound,
-                format!("volume {} does not exist", req.volume_id),
-            )
-            .into());
-        };
+        let v = self.existing_volume(&req.volume_id, "volume").await?;
         Ok(Response::new(ControllerGetVolumeResponse {
             volume: Some(self.csi_volume(&v)),
             status: Some(controller_get_volume_response::VolumeStatus {
