@@ -522,12 +522,11 @@ impl<B: Backend> ControllerService<B> {
         }
         let capacity = self.backend.capacity(&class.name).await.map_err(backend)?;
         // A thin clone shares its source's blocks but counts at its full virtual size, as LVM does.
-        let needed = size;
-        if needed > capacity.available {
+        if size > capacity.available {
             return Err(RpcError::new(
                 Code::ResourceExhausted,
                 format!(
-                    "device class {} on node {} has {} bytes available, {needed} are needed",
+                    "device class {} on node {} has {} bytes available, {size} are needed",
                     class.name,
                     self.backend.node_id(),
                     capacity.available

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::{collections::HashMap, os::unix::fs::PermissionsExt, sync::Arc, time::Duration};
+use std::{os::unix::fs::PermissionsExt, sync::Arc, time::Duration};
 
 use common::{Driver, EXTENT, FakeBackend, NODE};
 use lvms_csi::{
@@ -963,7 +963,6 @@ async fn socket_is_owner_only_and_a_stale_one_is_replaced_but_a_file_is_not() {
     let err = server::bind(&file).unwrap_err();
     assert!(err.to_string().contains("is not a socket"), "{err}");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
-    let _ = HashMap::<String, String>::new();
 }
 
 #[tokio::test]
