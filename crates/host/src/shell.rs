@@ -1529,7 +1529,9 @@ done
 
     #[tokio::test]
     async fn a_missing_program_is_a_spawn_error() {
-        let shell = LvmShell::with_program("/nonexistent/lvms-no-lvm");
+        let fake = Fake::new(FAKE_LVM);
+        let shell = LvmShell::with_program("/nonexistent/lvms-no-lvm")
+            .system_dir(fake.dir.path().join("etc"));
         let err = shell.run(&lvm(&["vgs"])).await.unwrap_err();
         assert!(matches!(err, Error::Spawn { .. }), "{err:?}");
         assert_eq!(shell.fallback_reason().await, None);
