@@ -24,6 +24,7 @@
 //! | `lv_create`, `thin_lv_create`, `thin_pool_create`, `thin_snapshot` | `AlreadyExists`: the caller compares | LVM's "already exists" |
 //! | `lv_extend`, `thin_pool_extend` | size already ≥: `Ok` (no-op) | `lvs` first, LVM's "matches/not larger than existing size" |
 //! | `lv_remove` | LV or VG missing: `Ok`; thin pool with thin volumes: `InUse` | `lvs` first, LVM's "not found" |
+//! | `lv_remove_tagged` | as `lv_remove`, answering `Missing`; an LV without the tag: `Refused`, nothing run | `lvs` first |
 //! | `lv_activate` | LVM's own | |
 //! | `lv_deactivate` | LV missing: `Ok` | LVM's "not found" |
 //! | `lv_add_tag` / `lv_del_tag`, `vg_add_tag` / `vg_del_tag` | LVM's own (adding a present tag or removing an absent one succeeds) | |
@@ -188,6 +189,17 @@ fn report_args(subcommand: &str, fields: &str, target: Option<String>) -> Vec<St
     .to_vec();
     args.extend(target);
     args
+}
+
+/// What [`Lvm::lv_remove_tagged`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Removal {
+    /// The LV was removed.
+    Removed,
+    /// There was no such LV (or volume group).
+    Missing,
+    /// The LV is there but does not carry the tag: left alone.
+    Refused(Box<LogicalVolume>),
 }
 
 impl<R: Runner> Lvm<R> {
@@ -742,11 +754,31 @@ impl<R: Runner> Lvm<R> {
     /// [`Error::InUse`] (LVM would remove them all with it). Open or mounted: [`Error::InUse`].
     #[tracing::instrument(level = "debug", skip(self))]
     pub async fn lv_remove(&self, vg: &str, name: &str) -> Result<()> {
+        self.remove_if(vg, name, |_| true).await.map(drop)
+    }
+
+    /// Removes a logical volume only if it carries `tag`, looking at it once: what
+    /// [`Self::lv_remove`] does, for callers that must never remove an LV that is not theirs.
+    #[tracing::instrument(level = "debug", skip(self))]
+    pub async fn lv_remove_tagged(&self, vg: &str, name: &str, tag: &str) -> Result<Removal> {
+        self.remove_if(vg, name, |lv| lv.tags.iter().any(|t| t == tag))
+            .await
+    }
+
+    async fn remove_if(
+        &self,
+        vg: &str,
+        name: &str,
+        allowed: impl FnOnce(&LogicalVolume) -> bool,
+    ) -> Result<Removal> {
         check_vg_lv(vg, name)?;
         let Some(lv) = self.lv(vg, name).await? else {
             tracing::debug!(vg, name, "logical volume does not exist");
-            return Ok(());
+            return Ok(Removal::Missing);
         };
+        if !allowed(&lv) {
+            return Ok(Removal::Refused(Box::new(lv)));
+        }
         if lv.segtype == "thin-pool" {
             let users: Vec<String> = self
                 .lvs(Some(vg))
@@ -764,8 +796,8 @@ impl<R: Runner> Lvm<R> {
         }
         let args = vec!["lvremove".to_owned(), "--yes".to_owned(), lv_path(vg, name)];
         match self.exec(args).await {
-            Err(Error::NotFound(_)) => Ok(()),
-            other => other.map(drop),
+            Err(Error::NotFound(_)) => Ok(Removal::Missing),
+            other => other.map(|_| Removal::Removed),
         }
     }
 

@@ -184,6 +184,14 @@ fn expect_lv(fake: &FakeRunner, lv: &Lv) {
     fake.expect(&argv).stdout(lvs(std::slice::from_ref(lv)));
 }
 
+/// `lvm vgs ... <vg>`, the look `Lvm::vg` makes, answering `row`.
+fn expect_vg(fake: &FakeRunner, vg: &str, row: String) {
+    let mut argv = report_argv("vgs", VG_FIELDS);
+    argv.push(vg);
+    fake.expect(&argv)
+        .stdout(format!(r#"{{"report":[{{"vg":[{row}]}}]}}"#));
+}
+
 fn new_volume(name: &str, class: &str, size: u64) -> NewVolume {
     NewVolume {
         name: name.into(),
@@ -222,7 +230,8 @@ async fn create_thin_volume_runs_lvcreate_in_the_pool_with_owner_and_name_tags()
         "thin",
     ])
     .succeeds();
-    expect_report(&fake, &[pool(), thin_volume("pvc-1", GIB + EXTENT)]);
+    // Read back: the new LV only.
+    expect_lv(&fake, &thin_volume("pvc-1", GIB + EXTENT));
 
     let vol = b
         .create_volume(&new_volume("pvc-1", "thin", GIB + 1))
@@ -270,14 +279,58 @@ async fn create_volume_twice_runs_one_lvcreate() {
         "thin",
     ])
     .succeeds();
-    expect_report(&fake, &[pool(), thin_volume("pvc-1", GIB)]);
+    expect_lv(&fake, &thin_volume("pvc-1", GIB));
 
     let req = new_volume("pvc-1", "thin", GIB);
     let first = b.create_volume(&req).await.unwrap();
     let second = b.create_volume(&req).await.unwrap();
     fake.assert_done();
     assert_eq!(first, second);
-    assert_eq!(fake.calls().len(), 5, "one lvcreate and two reports");
+    assert_eq!(
+        fake.calls().len(),
+        4,
+        "one report, one lvcreate, its read-back; the second create is answered from the patched report"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_read_back_marks_the_report_stale() {
+    let (fake, b) = setup();
+    let made = thin_volume("pvc-1", GIB);
+    expect_report(&fake, &[pool()]);
+    fake.expect(&[
+        "lvm",
+        "lvcreate",
+        "--yes",
+        "--type",
+        "thin",
+        "--virtualsize",
+        "1073741824b",
+        "--thinpool",
+        "pool",
+        "--addtag",
+        "lvms",
+        "--addtag",
+        &ids::name_tag("pvc-1"),
+        "--name",
+        &made.name,
+        "thin",
+    ])
+    .succeeds();
+    let target = format!("thin/{}", made.name);
+    let mut argv = report_argv("lvs", LV_FIELDS);
+    argv.push(&target);
+    fake.expect(&argv).times_out();
+    let err = b
+        .create_volume(&new_volume("pvc-1", "thin", GIB))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BackendError::Host(_)), "{err:?}");
+    fake.assert_done();
+    // The next read takes a full report and finds the volume.
+    expect_report(&fake, &[pool(), made.clone()]);
+    assert!(b.get(&made.name).await.unwrap().is_some());
+    fake.assert_done();
 }
 
 #[tokio::test]
@@ -366,7 +419,9 @@ async fn create_thick_striped_volume_runs_lvcreate_with_the_layout() {
     .succeeds();
     let mut made = thick_volume("pvc-s", GIB);
     made.segtype = "striped";
-    expect_report(&fake, &[made]);
+    // Read back: the LV and the volume group's free space.
+    expect_lv(&fake, &made);
+    expect_vg(&fake, "thick", vg_row("thick", 8 * GIB, 4 * GIB));
     let mut req = new_volume("pvc-s", "thick", GIB);
     req.lv_type = LvType::Striped {
         stripes: 2,
@@ -376,6 +431,9 @@ async fn create_thick_striped_volume_runs_lvcreate_with_the_layout() {
     fake.assert_done();
     assert!(!vol.thin && !vol.snapshot);
     assert_eq!(vol.class, "thick");
+    // The patched report answers capacity with the new free space.
+    assert_eq!(b.capacity("thick").await.unwrap().available, 4 * GIB);
+    fake.assert_done();
 }
 
 #[tokio::test]
@@ -503,10 +561,7 @@ async fn snapshot_is_a_read_only_thin_snapshot_tagged_with_its_source_and_time()
         &origin,
     ])
     .succeeds();
-    expect_report(
-        &fake,
-        &[pool(), vol.clone(), thin_snapshot("snap-1", "pvc-1", GIB)],
-    );
+    expect_lv(&fake, &thin_snapshot("snap-1", "pvc-1", GIB));
     let snap = b
         .create_snapshot(&NewSnapshot {
             name: "snap-1".into(),
@@ -591,14 +646,14 @@ async fn restore_larger_than_the_snapshot_extends_the_new_volume() {
         &origin,
     ])
     .succeeds();
-    expect_report(&fake, &[pool(), snap.clone(), restored.clone()]);
-    expect_lv(&fake, &restored);
+    expect_lv(&fake, &restored); // read back
+    expect_lv(&fake, &restored); // lv_extend's own look
     let target = format!("thin/{lv_name}");
     fake.expect(&["lvm", "lvextend", "--yes", "--size", "2147483648b", &target])
         .succeeds();
     let mut grown = restored.clone();
     grown.size = 2 * GIB;
-    expect_report(&fake, &[pool(), snap, grown]);
+    expect_lv(&fake, &grown);
 
     let mut req = new_volume("pvc-2", "thin", 2 * GIB);
     req.source = Some(source.clone());
@@ -624,7 +679,7 @@ async fn an_interrupted_restore_is_finished_on_retry() {
         .succeeds();
     let mut grown = restored.clone();
     grown.size = 2 * GIB;
-    expect_report(&fake, &[pool(), snap, grown]);
+    expect_lv(&fake, &grown);
     let mut req = new_volume("pvc-2", "thin", 2 * GIB);
     req.source = Some(source);
     assert_eq!(b.create_volume(&req).await.unwrap().size, 2 * GIB);
@@ -711,15 +766,19 @@ async fn delete_removes_our_lv_after_looking_at_it() {
     let vol = thin_volume("pvc-1", GIB);
     let target = format!("thin/{}", vol.name);
     expect_report(&fake, &[pool(), vol.clone()]);
-    expect_lv(&fake, &vol); // ours?
-    expect_lv(&fake, &vol); // lv_remove's own look
+    expect_lv(&fake, &vol); // ours? (one look, by the removal)
     fake.expect(&["lvm", "lvremove", "--yes", &target])
         .succeeds();
+    // Read back: the pool, whose data usage fell.
+    let mut emptier = pool();
+    emptier.data = "10.00";
+    expect_lv(&fake, &emptier);
     assert!(b.delete(&vol.name).await.unwrap());
     fake.assert_done();
-    // The report is stale now: the next read takes it again.
-    expect_report(&fake, &[pool()]);
+    // The patched report answers without LVM: the volume is gone, the pool's usage is the new one.
     assert_eq!(b.get(&vol.name).await.unwrap(), None);
+    let report = b.report().await.unwrap();
+    assert_eq!(report.lv("thin", "pool").unwrap().data_percent, Some(10.0));
     fake.assert_done();
 }
 
@@ -749,7 +808,8 @@ async fn expand_extends_to_whole_extents_and_returns_the_new_size() {
         .succeeds();
     let mut grown = vol.clone();
     grown.size = 2 * GIB + EXTENT;
-    expect_report(&fake, &[grown]);
+    expect_lv(&fake, &grown);
+    expect_vg(&fake, "thick", vg_row("thick", 8 * GIB, 4 * GIB - EXTENT));
     assert_eq!(
         b.expand(&vol.name, 2 * GIB + 1).await.unwrap(),
         2 * GIB + EXTENT
@@ -793,6 +853,9 @@ async fn activate_ignores_the_activation_skip_flag_and_returns_the_device() {
         &target,
     ])
     .succeeds();
+    let mut active = snap.clone();
+    active.attr = "Vri-a-tz-k";
+    expect_lv(&fake, &active);
     assert_eq!(
         b.activate(&snap.name).await.unwrap(),
         format!("/dev/thin/{}", snap.name)

@@ -1128,6 +1128,34 @@ async fn lv_remove_runs_lvremove_yes() {
 }
 
 #[tokio::test]
+async fn lv_remove_tagged_removes_only_an_lv_with_the_tag_after_one_look() {
+    let (fake, lvm) = setup();
+    let untagged = one_lv("lv1", "linear", 100 << 20, "", "");
+    let tagged = untagged.replace(r#""lv_tags":"""#, r#""lv_tags":"other,lvms""#);
+    fake.expect(&lvs_argv("vg1/lv1")).stdout(untagged);
+    let Removal::Refused(lv) = lvm.lv_remove_tagged("vg1", "lv1", "lvms").await.unwrap() else {
+        panic!("an LV without the tag must be refused")
+    };
+    assert_eq!(lv.name, "lv1");
+    fake.assert_done();
+    fake.expect(&lvs_argv("vg1/lv1")).stdout(tagged);
+    fake.expect(&["lvm", "lvremove", "--yes", "vg1/lv1"])
+        .succeeds();
+    assert_eq!(
+        lvm.lv_remove_tagged("vg1", "lv1", "lvms").await.unwrap(),
+        Removal::Removed
+    );
+    fake.assert_done();
+    fake.expect(&lvs_argv("vg1/lv1"))
+        .fails(5, stderr!("lv-not-found"));
+    assert_eq!(
+        lvm.lv_remove_tagged("vg1", "lv1", "lvms").await.unwrap(),
+        Removal::Missing
+    );
+    fake.assert_done();
+}
+
+#[tokio::test]
 async fn lv_remove_of_a_missing_volume_or_group_is_ok() {
     let (fake, lvm) = setup();
     fake.expect(&lvs_argv("vg1/nosuch"))
