@@ -35,6 +35,12 @@ pub const DEFAULT_CHUNK_SIZE: u64 = 128 * KIB;
 /// per thin volume this holds far more volumes than the volume group metadata allows.
 pub const DEFAULT_METADATA_SIZE: u64 = GIB;
 
+/// The least thin pool metadata the Host policy gives a new pool. A thin volume costs ~4 KiB of pool
+/// metadata, so LVM's own choice for a small pool (64 bytes per 64 KiB chunk, at least 2 MiB: 4 MiB for a
+/// 4 GiB pool) holds fewer than the 2,000 thin volumes a node must hold per class; 16 MiB holds ~4,000.
+/// Pools whose LVM choice is larger keep it.
+pub const MIN_HOST_METADATA_SIZE: u64 = 16 * MIB;
+
 /// lvm2's smallest thin pool chunk size; every chunk size is a multiple of it.
 pub const MIN_CHUNK_SIZE: u64 = 64 * KIB;
 /// lvm2's largest thin pool chunk size.
@@ -599,7 +605,10 @@ fn plan_thin_pool(
     };
     let metadata_size = match tp.metadata_size_calculation_policy {
         CalculationPolicy::Static => Some(tp.metadata_size.map_or(DEFAULT_METADATA_SIZE, |m| m.0)),
-        CalculationPolicy::Host => None,
+        CalculationPolicy::Host => {
+            let floor = round_up_to_extent(MIN_HOST_METADATA_SIZE, extent).unwrap_or(u64::MAX);
+            (thin_pool_metadata_estimate(target, chunk_size) < floor).then_some(floor)
+        }
     };
     let metadata = metadata_size.unwrap_or_else(|| thin_pool_metadata_estimate(target, chunk_size));
     let metadata = round_up_to_extent(metadata, extent).unwrap_or(u64::MAX);

@@ -607,7 +607,7 @@ fn configured_chunk_and_metadata_sizes_are_used() {
 #[test]
 fn host_policies_leave_chunk_and_metadata_to_lvm_but_still_reserve_room() {
     let mut host = Host::default();
-    let a = host.clean(10 * GIB);
+    let a = host.clean(20 * GIB);
     let mut class = thin_class("vg1", &[a]);
     let tp = class.thin_pool_config.as_mut().unwrap();
     tp.size_percent = 100;
@@ -625,9 +625,37 @@ fn host_policies_leave_chunk_and_metadata_to_lvm_but_still_reserve_room() {
     };
     assert_eq!((chunk_size, metadata_size), (None, None));
     let vg_size = vg_of(&host.obs, "vg1").size;
-    // 10 GiB of data at 64 KiB chunks needs 10 MiB of metadata (rounded to 12 MiB), twice.
-    assert_eq!(data_size, vg_size - 2 * 12 * MIB);
+    // 20 GiB of data at 64 KiB chunks needs 20 MiB of metadata (above the floor), twice.
+    assert_eq!(data_size, vg_size - 2 * 20 * MIB);
     assert_eq!(plans.last().unwrap().state, ClassState::Ready);
+}
+
+#[test]
+fn host_metadata_policy_gives_small_pools_room_for_four_thousand_volumes() {
+    // ~4 KiB of pool metadata per thin volume.
+    const { assert!(MIN_HOST_METADATA_SIZE / (4 * KIB) >= 4_000) };
+    let plan_for = |disk: u64| {
+        let mut host = Host::default();
+        let a = host.clean(disk);
+        let mut class = thin_class("vg1", &[a]);
+        let tp = class.thin_pool_config.as_mut().unwrap();
+        tp.metadata_size_calculation_policy = CalculationPolicy::Host;
+        let plans = converge(&class, &mut host.obs);
+        let Some(Action::CreateThinPool {
+            data_size,
+            metadata_size,
+            ..
+        }) = plans.get(1).and_then(|p| p.actions.first())
+        else {
+            panic!("{disk}: {plans:#?}")
+        };
+        assert_eq!(plans.last().unwrap().state, ClassState::Ready);
+        (*data_size, *metadata_size)
+    };
+    // 4 GiB: LVM would pick 4 MiB (~1,000 volumes); the floor applies.
+    assert_eq!(plan_for(4 * GIB).1, Some(MIN_HOST_METADATA_SIZE));
+    // 100 GiB: LVM's own choice (90 MiB) is larger than the floor and is left to LVM.
+    assert_eq!(plan_for(100 * GIB).1, None);
 }
 
 #[test]
