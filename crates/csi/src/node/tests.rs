@@ -1030,3 +1030,86 @@ async fn info_names_the_node_and_its_topology_and_capabilities_are_the_five() {
         .collect();
     assert_eq!(types, [1, 2, 3, 4, 5]);
 }
+
+// ---- over a real socket ----
+
+/// The codes a CO sees from the Node service served on a Unix socket (the same service the tests above
+/// call directly): argument checks, unknown ids, the publish table and the idempotent unpublish and
+/// unstage of paths that are not mounted.
+#[tokio::test]
+async fn node_codes_over_a_real_socket() {
+    use crate::{
+        csi::{NodeUnstageVolumeRequest, node_client::NodeClient},
+        identity::{Converged, IdentityService},
+        server::{self, Services},
+    };
+    let s = Setup::new(NodeOptions::default());
+    let staging = s.staging();
+    let (t1, t2) = (s.path("t1"), s.path("t2"));
+    s.mountinfo(&[fs_line(40, &staging, "rw"), fs_line(41, &t1, "rw")]);
+    let fs = Filesystems::new(s.fake.clone()).with_proc_root(s.proc.path());
+    let svc = NodeService::new(s.backend.clone(), fs, NodeOptions::default());
+    let socket = s.dir.path().join("csi.sock");
+    let listener = server::bind(&socket).unwrap();
+    let services = Services {
+        identity: IdentityService::new(
+            "topolvm.io",
+            false,
+            s.backend.clone(),
+            Converged::default(),
+        ),
+        controller: None,
+        node: Some(svc),
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(server::serve(listener, services, async {
+        let _ = stopped.await;
+    }));
+    let mut c = NodeClient::new(server::connect(&socket).await.unwrap());
+
+    let info = c
+        .node_get_info(NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.node_id, "node-1");
+    // Argument checks and ids.
+    let got = c.node_stage_volume(stage_req("", &staging, writer())).await;
+    assert_eq!(code(got), Code::InvalidArgument);
+    let got = c.node_stage_volume(stage_req(&s.id, &staging, None)).await;
+    assert_eq!(code(got), Code::InvalidArgument);
+    let multi = mount_cap("", &[], Mode::MultiNodeMultiWriter);
+    let got = c.node_stage_volume(stage_req(&s.id, &staging, multi)).await;
+    assert_eq!(code(got), Code::InvalidArgument);
+    let unknown = volume_lv_name("pvc-unknown");
+    let got = c
+        .node_stage_volume(stage_req(&unknown, &staging, writer()))
+        .await;
+    assert_eq!(code(got), Code::NotFound);
+    // The publish table.
+    let publish = |target: &str, cap, readonly| publish_req(&s.id, &staging, target, cap, readonly);
+    c.node_publish_volume(publish(&t1, writer(), false))
+        .await
+        .unwrap();
+    let got = c.node_publish_volume(publish(&t1, writer(), true)).await;
+    assert_eq!(code(got), Code::AlreadyExists);
+    let got = c.node_publish_volume(publish(&t2, writer(), false)).await;
+    assert_eq!(code(got), Code::FailedPrecondition);
+    // Unpublish and unstage of paths that are not mounted (or do not exist) succeed.
+    let never = s.path("never");
+    c.node_unpublish_volume(NodeUnpublishVolumeRequest {
+        volume_id: s.id.clone(),
+        target_path: never.clone(),
+    })
+    .await
+    .unwrap();
+    c.node_unstage_volume(NodeUnstageVolumeRequest {
+        volume_id: s.id.clone(),
+        staging_target_path: never,
+    })
+    .await
+    .unwrap();
+    assert!(s.fake.calls().is_empty(), "{:?}", s.fake.calls());
+    let _ = stop.send(());
+    served.await.unwrap().unwrap();
+}
