@@ -48,7 +48,11 @@ enum Task {
     /// The demo: in the VM, the standalone CSI driver on real LVM, driven by `lvms csi` (scripts/demo.sh).
     Demo,
     /// The CSI benchmark in the VM (release build): the driver against raw LVM, ratios printed.
-    Bench,
+    Bench {
+        /// Passed to lvms-csi-bench: `--runner process`, or `--scale 2000` for the scale check.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -123,9 +127,9 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
             deps()?;
             demo(&repo)
         }
-        Task::Bench => {
+        Task::Bench { args } => {
             deps()?;
-            bench(&repo)
+            bench(&repo, &args)
         }
     }
 }
@@ -325,7 +329,7 @@ fn sum_summaries(lines: &[String]) -> (u64, u64, u64) {
     totals
 }
 
-fn bench(repo: &Path) -> Result<ExitCode> {
+fn bench(repo: &Path, args: &[String]) -> Result<ExitCode> {
     let status = Command::new(env!("CARGO"))
         .args([
             "build",
@@ -345,11 +349,15 @@ fn bench(repo: &Path) -> Result<ExitCode> {
         bail!("building the benchmark failed");
     }
     let bin = repo.join("target/release");
-    let command = format!(
+    let mut command = format!(
         "{} --device /dev/disk/by-id/virtio-bench --lvms {}",
         vm::shell_quote(&bin.join("lvms-csi-bench").to_string_lossy()),
         vm::shell_quote(&bin.join("lvms").to_string_lossy())
     );
+    for a in args {
+        command.push(' ');
+        command.push_str(&vm::shell_quote(a));
+    }
     let spec = VmSpec {
         name: "bench".into(),
         disks: vec![parse_disk(repo, "bench=8192")?],
@@ -359,7 +367,7 @@ fn bench(repo: &Path) -> Result<ExitCode> {
         command,
         cwd: repo.to_path_buf(),
         env: vec![],
-        timeout: Duration::from_secs(40 * 60),
+        timeout: Duration::from_secs(120 * 60),
     };
     let out = vm::run_all(repo, vec![spec])?.remove(0);
     exit_from(out.exit_code)

@@ -2,6 +2,8 @@
 //! config file (the node engine), then serves Identity, Controller and Node on one Unix socket.
 //! `Probe` answers ready once every class converged; convergence is retried until it does.
 //!
+//! The driver's LVM commands run in one long-lived `lvm` shell process ([`LvmShell`]).
+//!
 //! Crash-safe by construction: everything the driver knows is on disk (LV names and tags, mounts), so
 //! killing it at any point and starting it again finds every volume.
 
@@ -21,6 +23,7 @@ use lvms_host::{
     fs::Filesystems,
     lvm::Lvm,
     runner::RealRunner,
+    shell::LvmShell,
 };
 
 /// How often convergence is retried while a class is not ready.
@@ -81,10 +84,12 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
         .unwrap_or(&config.device_classes[0])
         .fstype;
     let runner = Arc::new(RealRunner);
+    // The driver's LVM commands go to one long-lived `lvm` shell process (see `lvms_host::shell`); the
+    // node engine's device work and the filesystem tools run as processes.
     let backend = Arc::new(LocalBackend::new(
         node_id.clone(),
         classes,
-        Lvm::new(runner.clone()),
+        Lvm::new(Arc::new(LvmShell::new())),
     ));
     let converged = Converged::default();
     let socket = PathBuf::from(

@@ -9,7 +9,16 @@
 //!    the LVM processes it spawns in one idle minute while a CO polls `GetCapacity` and `ListVolumes`
 //!    every 10 s (target ≤ 1).
 //!
-//! Usage: `lvms-csi-bench --device /dev/... --lvms /path/to/lvms` (destroys what is on the device).
+//! `--scale N` runs the scale check instead (outside CI): `lvms converge` builds the volume group and
+//! thin pool with the LVMCluster defaults (Host metadata policy), N thin volumes are made in batches
+//! through one `lvm` process, and the time of single `lvcreate` processes and of the driver's
+//! `CreateVolume` is printed at 0 and at N volumes, with the metadata room left.
+//!
+//! The driver runs with its LVM commands in one long-lived `lvm` shell process, as `lvms standalone`
+//! does (`--runner process`: a process per command).
+//!
+//! Usage: `lvms-csi-bench --device /dev/... --lvms /path/to/lvms [--runner shell|process]` (destroys
+//! what is on the device).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
@@ -304,18 +313,7 @@ async fn bench_idle(lvms: &str, device: &str) {
         .spawn()
         .unwrap();
     let pid = child.id().unwrap();
-    // Ready: the socket answers and the classes converged.
-    let channel = loop {
-        if let Ok(c) = server::connect(&socket).await {
-            let mut id = lvms_csi::csi::identity_client::IdentityClient::new(c.clone());
-            if let Ok(r) = id.probe(lvms_csi::csi::ProbeRequest {}).await
-                && r.into_inner().ready == Some(true)
-            {
-                break c;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let channel = ready_channel(&socket).await;
     let mut client = ControllerClient::new(channel);
     // Warm the cache as a CO would at start, then measure one idle minute of polling.
     let listed = client
@@ -361,10 +359,181 @@ async fn bench_idle(lvms: &str, device: &str) {
     );
 }
 
+/// Mean time of `n` single `lvm lvcreate` processes of 16 MiB thin volumes named `<prefix><i>`.
+fn timed_lvcreates(prefix: &str, n: usize) -> Duration {
+    let started = Instant::now();
+    for i in 0..n {
+        sh(&format!(
+            "lvm lvcreate --yes --type thin --virtualsize 16m --thinpool {POOL} --addtag lvms --name {prefix}{i} {VG} >/dev/null"
+        ));
+    }
+    started.elapsed() / u32::try_from(n).unwrap()
+}
+
+/// Pool metadata use and the volume group's metadata room, as LVM reports them.
+fn metadata_room() -> String {
+    let pool = sh(&format!(
+        "lvm lvs --noheadings --units b --nosuffix -o lv_metadata_size,metadata_percent,data_percent {VG}/{POOL}"
+    ));
+    let vg = sh(&format!(
+        "lvm vgs --noheadings --units b --nosuffix -o lv_count,vg_mda_size,vg_mda_free {VG}"
+    ));
+    let p: Vec<&str> = pool.split_whitespace().collect();
+    let v: Vec<&str> = vg.split_whitespace().collect();
+    format!(
+        "pool metadata {} MiB, {}% used (data {}% used); volume group: {} LVs, metadata area {} KiB, {} KiB free",
+        p[0].parse::<u64>().unwrap() >> 20,
+        p[1],
+        p[2],
+        v[0],
+        v[1].parse::<u64>().unwrap() >> 10,
+        v[2].parse::<u64>().unwrap() >> 10,
+    )
+}
+
+/// Mean `CreateVolume` time of `n` volumes through `lvms standalone` on `config`, and the number of
+/// volumes `ListVolumes` then reports.
+async fn timed_driver_creates(
+    lvms: &str,
+    config: &Path,
+    prefix: &str,
+    n: usize,
+) -> (Duration, usize) {
+    let dir = tempdir(&format!("scale-{prefix}"));
+    let socket = dir.join("csi.sock");
+    let mut child = tokio::process::Command::new(lvms)
+        .args(["standalone", "--config"])
+        .arg(config)
+        .arg("--endpoint")
+        .arg(&socket)
+        .args(["--node-id", "bench"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let channel = ready_channel(&socket).await;
+    let mut client = ControllerClient::new(channel);
+    // The first call takes the full report; time the creates after it.
+    client
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    for i in 0..n {
+        let mut req = create(&format!("{prefix}-{i}"));
+        req.capacity_range = Some(CapacityRange {
+            required_bytes: 16 << 20,
+            limit_bytes: 0,
+        });
+        client.create_volume(req).await.unwrap();
+    }
+    let mean = started.elapsed() / u32::try_from(n).unwrap();
+    let mut listed = 0;
+    let mut token = String::new();
+    loop {
+        let page = client
+            .list_volumes(ListVolumesRequest {
+                max_entries: 0,
+                starting_token: token,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        listed += page.entries.len();
+        if page.next_token.is_empty() {
+            break;
+        }
+        token = page.next_token;
+    }
+    let _ = child.kill().await;
+    (mean, listed)
+}
+
+/// A channel to the driver at `socket` once its Probe answers ready.
+async fn ready_channel(socket: &Path) -> Channel {
+    loop {
+        if let Ok(c) = server::connect(socket).await {
+            let mut id = lvms_csi::csi::identity_client::IdentityClient::new(c.clone());
+            if let Ok(r) = id.probe(lvms_csi::csi::ProbeRequest {}).await
+                && r.into_inner().ready == Some(true)
+            {
+                return c;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The scale check: N thin volumes in one class built with the defaults.
+async fn scale(lvms: &str, device: &str, n: usize) {
+    let dir = tempdir("scale");
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "deviceClasses:\n  - name: {VG}\n    default: true\n    deviceSelector:\n      paths: [{device}]\n    thinPoolConfig:\n      name: {POOL}\n      sizePercent: 90\n      overprovisionRatio: 10\n      metadataSizeCalculationPolicy: Host\n      chunkSizeCalculationPolicy: Host\n"
+        ),
+    )
+    .unwrap();
+    sh(&format!("wipefs -a -q {device}"));
+    sh(&format!(
+        "{lvms} converge --config {} >/dev/null",
+        config.display()
+    ));
+    println!(
+        "scale check: {n} thin volumes, class built by `lvms converge` with the Host policies"
+    );
+    println!("at 0 volumes: {}", metadata_room());
+    let at_zero = timed_lvcreates("first", 5);
+    let (driver_zero, _) = timed_driver_creates(lvms, &config, "first", 5).await;
+    println!(
+        "at 0 volumes: lvcreate process {:.0} ms, driver CreateVolume {:.0} ms (means of 5)",
+        at_zero.as_secs_f64() * 1000.0,
+        driver_zero.as_secs_f64() * 1000.0
+    );
+    // The rest through one lvm process, in batches of 250, with their times.
+    let made = 10;
+    let mut i = made;
+    while i < n {
+        let batch = (n - i).min(250);
+        let mut script = String::new();
+        for j in i..i + batch {
+            let name = lvms_csi::ids::volume_lv_name(&format!("scale-{j}"));
+            script.push_str(&format!(
+                "lvcreate --yes --type thin --virtualsize 16m --thinpool {POOL} --addtag lvms --addtag {} --name {name} {VG}\n",
+                lvms_csi::ids::name_tag(&format!("scale-{j}"))
+            ));
+        }
+        std::fs::write(dir.join("batch.lvm"), script).unwrap();
+        let t = Instant::now();
+        sh(&format!("lvm < {}/batch.lvm > /dev/null", dir.display()));
+        i += batch;
+        println!(
+            "  {i} volumes: the last {batch} took {:.0} ms each through one lvm process",
+            t.elapsed().as_secs_f64() * 1000.0 / batch as f64
+        );
+    }
+    println!("at {n} volumes: {}", metadata_room());
+    let at_n = timed_lvcreates("last", 5);
+    let (driver_n, listed) = timed_driver_creates(lvms, &config, "last", 5).await;
+    println!(
+        "at {n} volumes: lvcreate process {:.0} ms ({:.2}x the time at 0), driver CreateVolume {:.0} ms \
+         ({:.2}x); ListVolumes reports {listed} volumes",
+        at_n.as_secs_f64() * 1000.0,
+        at_n.as_secs_f64() / at_zero.as_secs_f64(),
+        driver_n.as_secs_f64() * 1000.0,
+        driver_n.as_secs_f64() / driver_zero.as_secs_f64()
+    );
+    println!("at {} volumes: {}", n + 10, metadata_room());
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let device = arg("--device").expect("--device /dev/... is required");
     let lvms = arg("--lvms").expect("--lvms /path/to/lvms is required");
+    if let Some(n) = arg("--scale") {
+        scale(&lvms, &device, n.parse().expect("--scale takes a number")).await;
+        return;
+    }
     println!("lvms-csi-bench on {device}");
     sh(&format!(
         "lvm pvcreate -q -y -ff {device} && lvm vgcreate -q --addtag lvms {VG} {device} && \
@@ -391,12 +560,24 @@ async fn main() {
         secs(raw_remove)
     );
 
-    bench_driver(
-        Arc::new(lvms_host::runner::RealRunner),
-        "process",
-        raw_create,
-        raw_remove,
-    )
-    .await;
+    // The driver as `lvms standalone` runs it: its LVM commands in one long-lived shell process.
+    // `--runner process` measures it with a process per command instead.
+    if arg("--runner").as_deref() == Some("process") {
+        bench_driver(
+            Arc::new(lvms_host::runner::RealRunner),
+            "process",
+            raw_create,
+            raw_remove,
+        )
+        .await;
+    } else {
+        bench_driver(
+            Arc::new(lvms_host::shell::LvmShell::new()),
+            "shell",
+            raw_create,
+            raw_remove,
+        )
+        .await;
+    }
     bench_idle(&lvms, &device).await;
 }
