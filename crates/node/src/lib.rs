@@ -1,0 +1,6 @@
+//! The node agent (`lvms node`): what one node does for the API objects of its storage.
+//!
+//! - [`logical_volume`]: the pure plan of the `LogicalVolume` reconciler, one step at a time, over the
+//!   same [`lvms_csi::backend::Backend`] the standalone driver uses.
+
+pub mod logical_volume;
