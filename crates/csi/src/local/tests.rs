@@ -192,6 +192,32 @@ fn expect_vg(fake: &FakeRunner, vg: &str, row: String) {
         .stdout(format!(r#"{{"report":[{{"vg":[{row}]}}]}}"#));
 }
 
+/// `lvm lvcreate` of thin volume `name` (CO name) of `size` bytes in pool `thin/pool`, succeeding.
+fn expect_thin_lvcreate(fake: &FakeRunner, name: &str, size: u64) {
+    let size = format!("{size}b");
+    let name_tag = ids::name_tag(name);
+    let lv_name = ids::volume_lv_name(name);
+    fake.expect(&[
+        "lvm",
+        "lvcreate",
+        "--yes",
+        "--type",
+        "thin",
+        "--virtualsize",
+        &size,
+        "--thinpool",
+        "pool",
+        "--addtag",
+        "lvms",
+        "--addtag",
+        &name_tag,
+        "--name",
+        &lv_name,
+        "thin",
+    ])
+    .succeeds();
+}
+
 fn new_volume(name: &str, class: &str, size: u64) -> NewVolume {
     NewVolume {
         name: name.into(),
@@ -260,25 +286,7 @@ async fn create_thin_volume_runs_lvcreate_in_the_pool_with_owner_and_name_tags()
 async fn create_volume_twice_runs_one_lvcreate() {
     let (fake, b) = setup();
     expect_report(&fake, &[pool()]);
-    fake.expect(&[
-        "lvm",
-        "lvcreate",
-        "--yes",
-        "--type",
-        "thin",
-        "--virtualsize",
-        "1073741824b",
-        "--thinpool",
-        "pool",
-        "--addtag",
-        "lvms",
-        "--addtag",
-        &ids::name_tag("pvc-1"),
-        "--name",
-        &ids::volume_lv_name("pvc-1"),
-        "thin",
-    ])
-    .succeeds();
+    expect_thin_lvcreate(&fake, "pvc-1", GIB);
     expect_lv(&fake, &thin_volume("pvc-1", GIB));
 
     let req = new_volume("pvc-1", "thin", GIB);
@@ -298,25 +306,7 @@ async fn a_failed_read_back_marks_the_report_stale() {
     let (fake, b) = setup();
     let made = thin_volume("pvc-1", GIB);
     expect_report(&fake, &[pool()]);
-    fake.expect(&[
-        "lvm",
-        "lvcreate",
-        "--yes",
-        "--type",
-        "thin",
-        "--virtualsize",
-        "1073741824b",
-        "--thinpool",
-        "pool",
-        "--addtag",
-        "lvms",
-        "--addtag",
-        &ids::name_tag("pvc-1"),
-        "--name",
-        &made.name,
-        "thin",
-    ])
-    .succeeds();
+    expect_thin_lvcreate(&fake, "pvc-1", GIB);
     let target = format!("thin/{}", made.name);
     let mut argv = report_argv("lvs", LV_FIELDS);
     argv.push(&target);
