@@ -285,7 +285,7 @@ fn vm_test(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
         command,
         cwd: repo.to_path_buf(),
         env: vec![("RUST_BACKTRACE".into(), "1".into())],
-        timeout: Duration::from_secs(40 * 60),
+        timeout: Duration::from_secs(60 * 60),
     };
     let out = vm::run_all(repo, vec![spec])?.remove(0);
     let (passed, failed, ignored) = sum_summaries(&out.test_summaries);

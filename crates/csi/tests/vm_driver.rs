@@ -30,13 +30,15 @@ use lvms_host::{
     fs::Filesystems,
     lvm::{Lvm, PoolSize, ThinPoolSpec},
     runner::RealRunner,
+    shell::LvmShell,
 };
 use lvms_testkit::{Scratch, sh, sh_status, unique};
 use tonic::{Code, transport::Channel};
 
 const MIB: i64 = 1 << 20;
 
-type Backend = LocalBackend<Arc<RealRunner>>;
+/// The backend as `lvms standalone` runs it: LVM commands in one long-lived shell process.
+type Backend = LocalBackend<Arc<LvmShell>>;
 
 /// Two volume groups on loop disks: `thin` (a thin pool, ratio 4) and `thick`.
 struct Setup {
@@ -103,7 +105,7 @@ async fn start(s: &Setup, socket: &std::path::Path) -> Driver {
                 default: false,
             },
         ],
-        Lvm::new(runner.clone()),
+        Lvm::new(Arc::new(LvmShell::new())),
     ));
     let converged = Converged::default();
     converged.set(true);

@@ -17,14 +17,15 @@ mod vm_local {
         ids,
         local::LocalBackend,
     };
-    use lvms_host::{lvm::Lvm, runner::RealRunner};
+    use lvms_host::{lvm::Lvm, shell::LvmShell};
     use lvms_testkit::{Scratch, sh, sh_status};
 
     const MIB: u64 = 1 << 20;
     const EXTENT: u64 = 4 * MIB;
 
-    fn backend(classes: Vec<ClassInfo>) -> LocalBackend<RealRunner> {
-        LocalBackend::new("vm-node", classes, Lvm::new(RealRunner))
+    /// The backend as `lvms standalone` runs it: LVM commands in one long-lived shell process.
+    fn backend(classes: Vec<ClassInfo>) -> LocalBackend<LvmShell> {
+        LocalBackend::new("vm-node", classes, Lvm::new(LvmShell::new()))
     }
 
     fn thin_class(vg: &str) -> ClassInfo {

@@ -1,7 +1,7 @@
 //! [`LvmShell`]: a [`Runner`] that sends `lvm` commands to one long-lived LVM shell process instead of
 //! starting a process per command: LVM's start-up (exec and dynamic linking, config parsing, device-cache
-//! setup) is paid once. Thin creates ran 1.65× as fast in the test VM (interleaved with separate
-//! processes, `vm_shell::hundred_thin_creates_through_the_shell_and_as_processes`; a colleague measured
+//! setup) is paid once. Thin creates ran 1.65× as fast in the test VM (100 of each, interleaved with
+//! separate processes; `cargo xtask bench` measures the driver over it against raw processes; a colleague measured
 //! 2.1× in the VM and ~1.15× natively).
 //!
 //! # The protocol (lvm2 2.03, measured in the test VM; transcripts in `tests/fixtures/real/lvm-shell-*`)

@@ -8,10 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod vm_shell {
-    use std::{
-        io::Write,
-        time::{Duration, Instant},
-    };
+    use std::time::{Duration, Instant};
 
     use lvms_host::{
         Error,
@@ -324,14 +321,13 @@ mod vm_shell {
         assert_eq!(via.stderr, RealRunner.run(&cmd).await.unwrap().stderr);
     }
 
-    /// 100 thin volumes through separate processes and 100 through the shell, each in its own volume group
-    /// with a thin pool, alternating (one of each per round) so that drift in the VM's speed and LVM's
-    /// growing archive directory weigh on both alike. Prints the times (not asserted: the VM's speed
-    /// varies).
+    /// Ten thin volumes through separate processes and ten through one shell, each set in its own volume
+    /// group with a thin pool: the same volumes come out, and one shell process made all of its ten.
+    /// (Speed is measured by `cargo xtask bench`, not here.)
     #[tokio::test]
     #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
-    async fn hundred_thin_creates_through_the_shell_and_as_processes() {
-        const N: usize = 100;
+    async fn thin_creates_through_one_shell_match_separate_processes() {
+        const N: usize = 10;
         let mut s = Scratch::new(2, 2048);
         let (d0, d1) = (s.disks[0].clone(), s.disks[1].clone());
         let vg_process = sh_vg_with_pool(&mut s, &d0);
@@ -339,42 +335,32 @@ mod vm_shell {
 
         let process = Lvm::new(RealRunner);
         let shell = shell_lvm();
-        // Start the shell outside the timing, as a long-running agent would have it.
         assert!(shell.vg(&vg_shell).await.unwrap().is_some());
         let pid = shell.runner().pid().await;
-
-        let (mut as_processes, mut through_shell) = (Duration::ZERO, Duration::ZERO);
         for i in 0..N {
             let name = format!("t{i}");
-            let started = Instant::now();
+            let tags = [format!("n{i}")];
             process
-                .thin_lv_create(&vg_process, "pool", &name, GIB, &[])
+                .thin_lv_create(&vg_process, "pool", &name, GIB, &tags)
                 .await
                 .unwrap();
-            as_processes += started.elapsed();
-            let started = Instant::now();
             shell
-                .thin_lv_create(&vg_shell, "pool", &name, GIB, &[])
+                .thin_lv_create(&vg_shell, "pool", &name, GIB, &tags)
                 .await
                 .unwrap();
-            through_shell += started.elapsed();
         }
-
-        assert_eq!(process.lvs(Some(&vg_process)).await.unwrap().len(), N + 1);
-        assert_eq!(shell.lvs(Some(&vg_shell)).await.unwrap().len(), N + 1);
+        let summary = |lvs: Vec<lvms_core::model::LogicalVolume>| {
+            let mut v: Vec<_> = lvs
+                .into_iter()
+                .map(|lv| (lv.name, lv.size, lv.segtype, lv.pool_lv, lv.tags))
+                .collect();
+            v.sort();
+            v
+        };
+        let by_process = summary(process.lvs(Some(&vg_process)).await.unwrap());
+        let by_shell = summary(shell.lvs(Some(&vg_shell)).await.unwrap());
+        assert_eq!(by_process.len(), N + 1);
+        assert_eq!(by_shell, by_process);
         assert_eq!(shell.runner().pid().await, pid, "one shell did all");
-        // Straight to stdout: the test harness captures println! of a passing test.
-        let mut stdout = std::io::stdout();
-        writeln!(
-            stdout,
-            "{N} thin creates: separate processes {:.1} s ({:.0} ms each), lvm shell {:.1} s ({:.0} ms each): \
-             the shell is {:.2}x as fast",
-            as_processes.as_secs_f64(),
-            as_processes.as_secs_f64() * 1000.0 / N as f64,
-            through_shell.as_secs_f64(),
-            through_shell.as_secs_f64() * 1000.0 / N as f64,
-            as_processes.as_secs_f64() / through_shell.as_secs_f64(),
-        )
-        .unwrap();
     }
 }
