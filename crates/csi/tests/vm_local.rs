@@ -18,7 +18,7 @@ mod vm_local {
         local::LocalBackend,
     };
     use lvms_host::{lvm::Lvm, shell::LvmShell};
-    use lvms_testkit::{Scratch, sh, sh_status};
+    use lvms_testkit::{Scratch, lvs_field, sh, sh_status, vgs_field};
 
     const MIB: u64 = 1 << 20;
     const EXTENT: u64 = 4 * MIB;
@@ -60,23 +60,6 @@ mod vm_local {
             "lvm lvcreate -q -y --type thin-pool -L {pool_mib}m -n pool {vg} 2>&1"
         ));
         vg
-    }
-
-    /// One `lvs` field of `vg/lv` (sizes in bytes), read independently of the code under test.
-    fn lvs_field(vg: &str, lv: &str, field: &str) -> String {
-        sh(&format!(
-            "lvm lvs --noheadings --units b --nosuffix -o {field} {vg}/{lv} 2>/dev/null"
-        ))
-        .trim()
-        .to_owned()
-    }
-
-    fn vgs_field(vg: &str, field: &str) -> String {
-        sh(&format!(
-            "lvm vgs --noheadings --units b --nosuffix -o {field} {vg} 2>/dev/null"
-        ))
-        .trim()
-        .to_owned()
     }
 
     fn lv_exists(vg: &str, lv: &str) -> bool {

@@ -24,7 +24,7 @@ use lvms_host::{
     lvm::{Layout, LvSpec, Lvm, PoolSize, ThinPoolSpec},
     runner::RealRunner,
 };
-use lvms_testkit::{Scratch, sh, sh_status, unique};
+use lvms_testkit::{Scratch, lvs_field, sh, sh_status, unique, vgs_field};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -53,23 +53,6 @@ fn strings(v: &[&str]) -> Vec<String> {
 }
 
 // ---- independent views of the machine (not through the code under test) ----
-
-/// One `lvs` field of `vg/lv` in bytes where it is a size (`lvm lvs --units b --nosuffix`).
-fn lvs_field(vg: &str, lv: &str, field: &str) -> String {
-    sh(&format!(
-        "lvm lvs --noheadings --units b --nosuffix -o {field} {vg}/{lv} 2>/dev/null"
-    ))
-    .trim()
-    .to_owned()
-}
-
-fn vgs_field(vg: &str, field: &str) -> String {
-    sh(&format!(
-        "lvm vgs --noheadings --units b --nosuffix -o {field} {vg} 2>/dev/null"
-    ))
-    .trim()
-    .to_owned()
-}
 
 /// `pvs` field of one device; empty when LVM does not know the device as a physical volume.
 fn pvs_field(dev: &str, field: &str) -> String {

@@ -42,6 +42,25 @@ pub fn sh_status(cmd: &str) -> (i32, String) {
     (out.status.code().unwrap_or(-1), text)
 }
 
+/// One `lvs` field of `vg/lv`, sizes in bytes (`lvm lvs --units b --nosuffix`), read independently of the
+/// code under test.
+pub fn lvs_field(vg: &str, lv: &str, field: &str) -> String {
+    sh(&format!(
+        "lvm lvs --noheadings --units b --nosuffix -o {field} {vg}/{lv} 2>/dev/null"
+    ))
+    .trim()
+    .to_owned()
+}
+
+/// One `vgs` field of `vg`, sizes in bytes.
+pub fn vgs_field(vg: &str, field: &str) -> String {
+    sh(&format!(
+        "lvm vgs --noheadings --units b --nosuffix -o {field} {vg} 2>/dev/null"
+    ))
+    .trim()
+    .to_owned()
+}
+
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
 /// A unique name with the given prefix, valid as an LVM name (`t1vg3`).
