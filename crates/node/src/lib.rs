@@ -2,5 +2,7 @@
 //!
 //! - [`logical_volume`]: the pure plan of the `LogicalVolume` reconciler, one step at a time, over the
 //!   same [`lvms_csi::backend::Backend`] the standalone driver uses.
+//! - [`lv_reconciler`]: its I/O, carrying each step to LVM and to the API server.
 
 pub mod logical_volume;
+pub mod lv_reconciler;

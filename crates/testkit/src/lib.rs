@@ -11,6 +11,9 @@ use std::{
     sync::atomic::{AtomicU32, Ordering},
 };
 
+pub mod fake_api;
+pub mod fake_backend;
+
 /// True inside the test VM (the guest script exports `LVMS_IN_VM=1`).
 pub fn in_vm() -> bool {
     std::env::var("LVMS_IN_VM").is_ok_and(|v| v == "1")

@@ -1,0 +1,301 @@
+//! The `LogicalVolume` reconciler's I/O: reads the object and the disk, asks
+//! [`logical_volume::plan`] for the next step, carries it out (through the [`Backend`] for LVM, through
+//! the API for the finalizer and `status`), and asks again with what the step returned, until the plan
+//! says [`Step::Done`] or [`Step::Wait`].
+//!
+//! - The finalizer goes on with a JSON merge patch that carries the object's `resourceVersion`, so a
+//!   concurrent change (the controller deleting the object, another finalizer) fails the patch instead of
+//!   being overwritten; the next reconcile starts from the new object.
+//! - `status` is written on the status subresource with a merge patch that names every field (an empty
+//!   one as `null`), so a cleared `code` or `message` is cleared on the server too.
+//! - A failed create, snapshot or expand that retrying will not fix is recorded in `status.code` and
+//!   `status.message` (the controller answers the CSI call with it); LVM being unavailable is an error and
+//!   the object is retried after [`ERROR_REQUEUE`].
+//! - Objects of other nodes cost no request.
+
+use std::{fmt::Debug, sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::{Controller, controller::Action, watcher},
+};
+use lvms_api::{
+    LOGICAL_VOLUME_FINALIZER,
+    topolvm::{LogicalVolume, LogicalVolumeStatus},
+};
+use lvms_csi::backend::{Backend, BackendError};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tracing::{debug, info, instrument, warn};
+
+use crate::logical_volume::{self, Observed, SourceState, Step, failure_status, lv_name};
+
+/// A reconcile that changed nothing looks again after this long (an LV removed behind our back is
+/// then reported).
+pub const DONE_REQUEUE: Duration = Duration::from_secs(300);
+/// A volume waiting for its source looks again after this long.
+pub const WAIT_REQUEUE: Duration = Duration::from_secs(5);
+/// After an error, or a failure recorded in `status`.
+pub const ERROR_REQUEUE: Duration = Duration::from_secs(15);
+/// Steps one reconcile may take; a fresh volume takes three (finalizer, create, status).
+pub const MAX_STEPS: usize = 8;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{action}: {source}")]
+    Kube {
+        action: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{action}: {source}")]
+    Backend {
+        action: String,
+        #[source]
+        source: BackendError,
+    },
+    #[error("node {0} serves no device class yet: its LVMVolumeGroups are not converged")]
+    NoClasses(String),
+    #[error("LogicalVolume {0} was not settled after {MAX_STEPS} steps")]
+    TooManySteps(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let action = action.into();
+    move |source| Error::Kube { action, source }
+}
+
+/// What the reconciler works with.
+pub struct Context<B> {
+    pub client: Client,
+    /// This node's name (`spec.nodeName` of the objects it serves).
+    pub node: String,
+    /// The backend over this node's converged classes; `None` until the first class is ready. The
+    /// volume-group side replaces it when the set of classes changes.
+    pub backend: watch::Receiver<Option<Arc<B>>>,
+}
+
+impl<B> Context<B> {
+    /// A context whose backend never changes.
+    pub fn fixed(client: Client, node: impl Into<String>, backend: Arc<B>) -> Self {
+        Self {
+            client,
+            node: node.into(),
+            backend: watch::channel(Some(backend)).1,
+        }
+    }
+}
+
+/// Runs the reconciler until the watch ends: every `LogicalVolume`, filtered to this node's.
+pub async fn run<B: Backend>(ctx: Arc<Context<B>>) {
+    let api: Api<LogicalVolume> = Api::all(ctx.client.clone());
+    Controller::new(api, watcher::Config::default().any_semantic())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok((obj, _)) => debug!(logical_volume = %obj.name, "reconciled"),
+                Err(e) => warn!(error = %e, "logical volume reconcile failed"),
+            }
+        })
+        .await;
+}
+
+pub fn error_policy<B>(lv: Arc<LogicalVolume>, error: &Error, _ctx: Arc<Context<B>>) -> Action {
+    warn!(logical_volume = %lv.name_any(), error = %error, "will retry");
+    Action::requeue(ERROR_REQUEUE)
+}
+
+/// Takes `lv` as far as it can go now (see the [module documentation](self)).
+#[instrument(skip_all, fields(logical_volume = %lv.name_any(), node = %ctx.node))]
+pub async fn reconcile<B: Backend>(lv: Arc<LogicalVolume>, ctx: Arc<Context<B>>) -> Result<Action> {
+    if lv.spec.node_name != ctx.node {
+        return Ok(Action::await_change());
+    }
+    let backend = ctx.backend.borrow().clone();
+    let Some(backend) = backend else {
+        return Err(Error::NoClasses(ctx.node.clone()));
+    };
+    let api: Api<LogicalVolume> = Api::all(ctx.client.clone());
+    let mut lv = (*lv).clone();
+    for _ in 0..MAX_STEPS {
+        let step = next_step(&lv, &ctx.node, &*backend, &api).await?;
+        debug!(?step, "step");
+        match step {
+            Step::Done => return Ok(Action::requeue(DONE_REQUEUE)),
+            Step::Wait(why) => {
+                info!(%why, "waiting");
+                return Ok(Action::requeue(WAIT_REQUEUE));
+            }
+            Step::AddFinalizer => {
+                let mut finalizers = lv.finalizers().to_vec();
+                finalizers.push(LOGICAL_VOLUME_FINALIZER.to_owned());
+                lv = patch_finalizers(&api, &lv, finalizers).await?;
+            }
+            Step::RemoveFinalizer => {
+                let finalizers = lv
+                    .finalizers()
+                    .iter()
+                    .filter(|f| *f != LOGICAL_VOLUME_FINALIZER)
+                    .cloned()
+                    .collect();
+                patch_finalizers(&api, &lv, finalizers).await?;
+                info!("volume removed, finalizer released");
+                return Ok(Action::await_change());
+            }
+            Step::Create(req) => {
+                info!(volume = %req.name, class = %req.class, size = req.size, "creating");
+                if let Err(e) = backend.create_volume(&req).await {
+                    return record_failure(&api, &lv, "create", e).await;
+                }
+            }
+            Step::Snapshot(req) => {
+                info!(volume = %req.name, source = %req.source_volume, "snapshotting");
+                if let Err(e) = backend.create_snapshot(&req).await {
+                    return record_failure(&api, &lv, "snapshot", e).await;
+                }
+            }
+            Step::Expand { volume_id, size } => {
+                info!(%volume_id, size, "expanding");
+                if let Err(e) = backend.expand(&volume_id, size).await {
+                    return record_failure(&api, &lv, "expand", e).await;
+                }
+            }
+            Step::Delete { volume_id } => {
+                info!(%volume_id, "removing");
+                backend
+                    .delete(&volume_id)
+                    .await
+                    .map_err(|source| Error::Backend {
+                        action: format!("remove {volume_id}"),
+                        source,
+                    })?;
+            }
+            Step::WriteStatus(status) => {
+                lv = write_status(&api, &lv, &status).await?;
+            }
+        }
+    }
+    Err(Error::TooManySteps(lv.name_any()))
+}
+
+/// Reads what the plan needs and asks it.
+async fn next_step<B: Backend>(
+    lv: &LogicalVolume,
+    node: &str,
+    backend: &B,
+    api: &Api<LogicalVolume>,
+) -> Result<Step> {
+    let name = lv_name(lv);
+    let found = backend.get(&name).await.map_err(|source| Error::Backend {
+        action: format!("look up {name}"),
+        source,
+    })?;
+    let source = if lv.spec.source.is_empty() || lv.metadata.deletion_timestamp.is_some() {
+        None
+    } else {
+        let src = api
+            .get_opt(&lv.spec.source)
+            .await
+            .map_err(kube_err(format!(
+                "read source LogicalVolume {}",
+                lv.spec.source
+            )))?;
+        Some(match src {
+            None => SourceState::Missing,
+            Some(src) => match src.status.as_ref().map(|s| s.volume_id.as_str()) {
+                None | Some("") => SourceState::Pending,
+                Some(id) => SourceState::Ready {
+                    volume_id: id.to_owned(),
+                    snapshot: src.spec.access_type == "ro",
+                },
+            },
+        })
+    };
+    let default_class = backend
+        .classes()
+        .iter()
+        .find(|c| c.default)
+        .map(|c| c.name.as_str());
+    Ok(logical_volume::plan(
+        lv,
+        &Observed {
+            node,
+            default_class,
+            found: found.as_ref(),
+            source: source.as_ref(),
+        },
+    ))
+}
+
+/// Records a failure that retrying will not fix in `status`; returns the error otherwise.
+async fn record_failure(
+    api: &Api<LogicalVolume>,
+    lv: &LogicalVolume,
+    action: &str,
+    err: BackendError,
+) -> Result<Action> {
+    let current = lv.status.clone().unwrap_or_default();
+    match failure_status(&err, &current) {
+        Some(status) => {
+            warn!(error = %err, code = status.code, "{action} failed; recorded in status");
+            write_status(api, lv, &status).await?;
+            Ok(Action::requeue(ERROR_REQUEUE))
+        }
+        None => Err(Error::Backend {
+            action: format!("{action} {}", lv_name(lv)),
+            source: err,
+        }),
+    }
+}
+
+async fn patch_finalizers(
+    api: &Api<LogicalVolume>,
+    lv: &LogicalVolume,
+    finalizers: Vec<String>,
+) -> Result<LogicalVolume> {
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": lv.resource_version(),
+    }});
+    api.patch(
+        &lv.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(patch),
+    )
+    .await
+    .map_err(kube_err(format!("patch finalizers of {}", lv.name_any())))
+}
+
+/// The merge patch that makes `status` exactly `status`.
+pub fn status_patch(status: &LogicalVolumeStatus) -> Value {
+    fn or_null(s: &str) -> Value {
+        if s.is_empty() { Value::Null } else { json!(s) }
+    }
+    json!({"status": {
+        "volumeID": or_null(&status.volume_id),
+        "code": if status.code == 0 { Value::Null } else { json!(status.code) },
+        "message": or_null(&status.message),
+        "currentSize": status.current_size.as_ref().map_or(Value::Null, |q| json!(q.0)),
+    }})
+}
+
+async fn write_status(
+    api: &Api<LogicalVolume>,
+    lv: &LogicalVolume,
+    status: &LogicalVolumeStatus,
+) -> Result<LogicalVolume> {
+    api.patch_status(
+        &lv.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(status_patch(status)),
+    )
+    .await
+    .map_err(kube_err(format!("write status of {}", lv.name_any())))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,235 @@
+//! An in-memory [`Backend`] that behaves like LVM where the CSI contract can tell: extents of 4 MiB,
+//! thin capacity from an overprovision ratio, thick capacity from free extents, snapshots of thin
+//! volumes only, sources in the same class. The CSI contract tests and the node agent's reconciler
+//! tests run against it; every call is recorded ([`FakeBackend::calls`]).
+
+use std::{collections::BTreeMap, sync::Mutex, time::Duration};
+
+use lvms_core::lvattr::LvHealth;
+use lvms_csi::{
+    backend::{
+        Backend, BackendError, Capacity, ClassInfo, NewSnapshot, NewVolume, Result, Source, Volume,
+    },
+    ids,
+};
+
+pub const EXTENT: u64 = 4 << 20;
+pub const NODE: &str = "node-a";
+
+#[derive(Debug, Default)]
+pub struct State {
+    pub volumes: BTreeMap<String, Volume>,
+    /// Free bytes of each thick class's VG.
+    pub thick_free: BTreeMap<String, u64>,
+    /// Pool size of each thin class.
+    pub pool_size: BTreeMap<String, u64>,
+    pub create_delay: Duration,
+    pub calls: Vec<String>,
+}
+
+pub struct FakeBackend {
+    classes: Vec<ClassInfo>,
+    pub state: Mutex<State>,
+}
+
+impl Default for FakeBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FakeBackend {
+    /// Thin class `thin` (pool 4 GiB, ratio 2, default) and thick class `thick` (1 GiB free).
+    pub fn new() -> Self {
+        let mut state = State::default();
+        state.pool_size.insert("thin".into(), 4 << 30);
+        state.thick_free.insert("thick".into(), 1 << 30);
+        Self {
+            classes: vec![
+                ClassInfo {
+                    name: "thin".into(),
+                    thin_pool: Some("pool".into()),
+                    overprovision_ratio: 2,
+                    default: true,
+                },
+                ClassInfo {
+                    name: "thick".into(),
+                    thin_pool: None,
+                    overprovision_ratio: 1,
+                    default: false,
+                },
+            ],
+            state: Mutex::new(state),
+        }
+    }
+
+    pub fn calls(&self) -> Vec<String> {
+        self.state.lock().unwrap().calls.clone()
+    }
+
+    fn thin(&self, class: &str) -> bool {
+        self.classes
+            .iter()
+            .any(|c| c.name == class && c.thin_pool.is_some())
+    }
+
+    fn round(size: u64) -> u64 {
+        size.div_ceil(EXTENT) * EXTENT
+    }
+
+    fn volume(name: &str, id: String, class: &str, size: u64, thin: bool) -> Volume {
+        Volume {
+            id: id.clone(),
+            class: class.to_owned(),
+            size,
+            name: Some(name.to_owned()),
+            source: None,
+            snapshot: false,
+            thin,
+            created: Some(1_700_000_000),
+            requested: None,
+            health: LvHealth::Ok,
+            device: format!("/dev/{class}/{id}"),
+        }
+    }
+
+    fn used_virtual(state: &State, class: &str) -> u64 {
+        state
+            .volumes
+            .values()
+            .filter(|v| v.class == class)
+            .map(|v| v.size)
+            .sum()
+    }
+}
+
+impl Backend for FakeBackend {
+    fn node_id(&self) -> &str {
+        NODE
+    }
+
+    fn classes(&self) -> &[ClassInfo] {
+        &self.classes
+    }
+
+    async fn ready(&self) -> Result<bool> {
+        Ok(true)
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<Volume>> {
+        let s = self.state.lock().unwrap();
+        Ok(s.volumes.get(id).cloned())
+    }
+
+    async fn list(&self) -> Result<Vec<Volume>> {
+        let s = self.state.lock().unwrap();
+        Ok(s.volumes.values().cloned().collect())
+    }
+
+    async fn create_volume(&self, req: &NewVolume) -> Result<Volume> {
+        let delay = {
+            let mut s = self.state.lock().unwrap();
+            s.calls.push(format!("create_volume {}", req.name));
+            s.create_delay
+        };
+        tokio::time::sleep(delay).await;
+        let mut s = self.state.lock().unwrap();
+        let id = ids::volume_lv_name(&req.name);
+        let size = Self::round(req.size);
+        if let Some(v) = s.volumes.get_mut(&id) {
+            // As LocalBackend: a restore interrupted before its extend is finished.
+            if v.requested == Some(req.size) && v.size < size {
+                v.size = size;
+            }
+            return Ok(v.clone());
+        }
+        let thin = self.thin(&req.class);
+        if !thin {
+            let free = s.thick_free.get_mut(&req.class).unwrap();
+            if *free < size {
+                return Err(BackendError::InsufficientSpace(format!(
+                    "volume group {} has {} bytes free",
+                    req.class, free
+                )));
+            }
+            *free -= size;
+        }
+        let mut v = Self::volume(&req.name, id.clone(), &req.class, size, thin);
+        v.source = req.source.clone();
+        v.requested = req.source.as_ref().map(|_| req.size);
+        s.volumes.insert(id, v.clone());
+        Ok(v)
+    }
+
+    async fn create_snapshot(&self, req: &NewSnapshot) -> Result<Volume> {
+        let mut s = self.state.lock().unwrap();
+        s.calls.push(format!("create_snapshot {}", req.name));
+        let id = ids::snapshot_lv_name(&req.name);
+        if let Some(v) = s.volumes.get(&id) {
+            return Ok(v.clone());
+        }
+        let src = s
+            .volumes
+            .get(&req.source_volume)
+            .cloned()
+            .ok_or_else(|| BackendError::NotFound(req.source_volume.clone()))?;
+        let mut v = Self::volume(&req.name, id.clone(), &src.class, src.size, true);
+        v.snapshot = true;
+        v.source = Some(Source::Volume(src.id));
+        s.volumes.insert(id, v.clone());
+        Ok(v)
+    }
+
+    async fn delete(&self, id: &str) -> Result<bool> {
+        let mut s = self.state.lock().unwrap();
+        s.calls.push(format!("delete {id}"));
+        let Some(v) = s.volumes.remove(id) else {
+            return Ok(false);
+        };
+        if let Some(free) = s.thick_free.get_mut(&v.class) {
+            *free += v.size;
+        }
+        Ok(true)
+    }
+
+    async fn expand(&self, id: &str, size: u64) -> Result<u64> {
+        let mut s = self.state.lock().unwrap();
+        s.calls.push(format!("expand {id} {size}"));
+        let size = Self::round(size);
+        let v = s
+            .volumes
+            .get(id)
+            .cloned()
+            .ok_or_else(|| BackendError::NotFound(id.to_owned()))?;
+        if let Some(free) = s.thick_free.get_mut(&v.class) {
+            *free -= size - v.size;
+        }
+        let v = s.volumes.get_mut(id).unwrap();
+        v.size = v.size.max(size);
+        Ok(v.size)
+    }
+
+    async fn capacity(&self, class: &str) -> Result<Capacity> {
+        let s = self.state.lock().unwrap();
+        let available = if let Some(pool) = s.pool_size.get(class) {
+            (2 * pool).saturating_sub(Self::used_virtual(&s, class))
+        } else {
+            *s.thick_free
+                .get(class)
+                .ok_or_else(|| BackendError::NotFound(class.to_owned()))?
+        };
+        Ok(Capacity {
+            available,
+            maximum_volume_size: available,
+            minimum_volume_size: EXTENT,
+        })
+    }
+
+    async fn activate(&self, id: &str) -> Result<String> {
+        let s = self.state.lock().unwrap();
+        s.volumes
+            .get(id)
+            .map(|v| v.device.clone())
+            .ok_or_else(|| BackendError::NotFound(id.to_owned()))
+    }
+}
