@@ -5,11 +5,13 @@
 //! field, so manifests written for LVMS deserialise unchanged and objects written by us are read by the
 //! same tools. CRDs are generated from these types ([`crd`]); `deploy/crds/` holds the checked-in copies.
 //!
-//! Pure data: serde, schemars and kube's derive only; no client, no async.
+//! Pure data: serde, schemars and kube's derive only; no client, no async. [`selector`] holds
+//! Kubernetes' node selection rules, which the operator and the node agent both apply.
 #![forbid(unsafe_code)]
 
 pub mod crd;
 pub mod lvm;
+pub mod selector;
 pub mod topolvm;
 
 pub use lvm::*;

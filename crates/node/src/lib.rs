@@ -6,3 +6,5 @@
 
 pub mod logical_volume;
 pub mod lv_reconciler;
+pub mod vg_reconciler;
+pub mod volume_group;

@@ -18,7 +18,7 @@ pub mod controller;
 pub mod finalizer;
 pub mod metrics;
 pub mod render;
-pub mod selector;
+pub use lvms_api::selector;
 pub mod status;
 pub mod webhook;
 

@@ -1,0 +1,379 @@
+//! The volume-group reconciler's I/O: for each `LVMVolumeGroup` this node serves, the finalizer, the
+//! node engine ([`lvms_host::engine::converge`]), the node's `LVMVolumeGroupNodeStatus`, the set of
+//! classes the CSI backend serves, and the node-local cleanup when the object is deleted.
+//!
+//! - The node's status object (named after the node, in the objects' namespace) is server-side applied
+//!   whole, with field manager [`FIELD_MANAGER`], holding one entry per class this node serves, and
+//!   carries [`NODE_STATUS_FINALIZER`] so the operator can tell a node that went away.
+//! - Cleanup removes the thin pool, the volume group (only one tagged as ours) and the physical-volume
+//!   labels, and only when no other logical volume remains in the group; otherwise the class stays
+//!   `Failed` with the volumes to remove by hand, and the finalizer stays.
+//! - Static discovery converges on start and on spec changes; Dynamic converges again every
+//!   [`DYNAMIC_REQUEUE`], so disks added later are picked up.
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::{Controller, controller::Action, watcher},
+};
+use lvms_api::{
+    DeviceDiscoveryPolicy, LVMVolumeGroup, LVMVolumeGroupNodeStatus, LVMVolumeGroupNodeStatusSpec,
+    NODE_STATUS_FINALIZER, VGStatus, VGStatusType,
+};
+use lvms_core::config::VG_OWNER_TAG;
+use lvms_csi::backend::{Backend, ClassInfo};
+use lvms_host::{
+    engine::{RealNodeHost, converge},
+    runner::Runner,
+};
+use serde_json::json;
+use tokio::sync::{Mutex, watch};
+use tracing::{debug, info, instrument, warn};
+
+use crate::volume_group::{self, Step, class_info, cleanup_finalizer, vg_status};
+
+/// Field manager of everything the node agent applies.
+pub const FIELD_MANAGER: &str = "lvms-node";
+/// A class that is not ready (or not cleaned up) is looked at again after this long.
+pub const RETRY: Duration = Duration::from_secs(30);
+/// Dynamic discovery runs this often.
+pub const DYNAMIC_REQUEUE: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{action}: {source}")]
+    Kube {
+        action: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{action}: {source}")]
+    Host {
+        action: String,
+        #[source]
+        source: lvms_host::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let action = action.into();
+    move |source| Error::Kube { action, source }
+}
+
+fn host_err(action: impl Into<String>) -> impl FnOnce(lvms_host::Error) -> Error {
+    let action = action.into();
+    move |source| Error::Host { action, source }
+}
+
+/// Makes the CSI backend for a set of classes.
+pub type MakeBackend<B> = Box<dyn Fn(Vec<ClassInfo>) -> B + Send + Sync>;
+
+/// What the reconciler works with, and what it remembers between objects.
+pub struct Context<R, B> {
+    pub client: Client,
+    pub node: String,
+    /// Namespace of the `LVMVolumeGroup`s and of this node's status object.
+    pub namespace: String,
+    pub host: RealNodeHost<R>,
+    make_backend: MakeBackend<B>,
+    backend: watch::Sender<Option<Arc<B>>>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    statuses: BTreeMap<String, VGStatus>,
+    ready: BTreeMap<String, ClassInfo>,
+}
+
+impl<R: Runner, B: Backend> Context<R, B> {
+    pub fn new(
+        client: Client,
+        node: impl Into<String>,
+        namespace: impl Into<String>,
+        host: RealNodeHost<R>,
+        make_backend: MakeBackend<B>,
+    ) -> Self {
+        Self {
+            client,
+            node: node.into(),
+            namespace: namespace.into(),
+            host,
+            make_backend,
+            backend: watch::channel(None).0,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// The backend over the ready classes, as it changes (for the LogicalVolume reconciler and the CSI
+    /// services).
+    pub fn backend(&self) -> watch::Receiver<Option<Arc<B>>> {
+        self.backend.subscribe()
+    }
+
+    /// Records `status` for its class (`None`: the class is gone from this node), marks the class
+    /// ready or not, and publishes what changed.
+    async fn record(
+        &self,
+        class: &str,
+        status: Option<VGStatus>,
+        ready: Option<ClassInfo>,
+    ) -> Result<()> {
+        let mut st = self.state.lock().await;
+        let status_changed = st.statuses.get(class) != status.as_ref();
+        match status {
+            Some(s) => st.statuses.insert(class.to_owned(), s),
+            None => st.statuses.remove(class),
+        };
+        let classes_changed = st.ready.get(class) != ready.as_ref();
+        match ready {
+            Some(c) => st.ready.insert(class.to_owned(), c),
+            None => st.ready.remove(class),
+        };
+        if classes_changed {
+            let classes: Vec<ClassInfo> = st.ready.values().cloned().collect();
+            info!(classes = ?classes.iter().map(|c| &c.name).collect::<Vec<_>>(), "serving classes");
+            let backend = (!classes.is_empty()).then(|| Arc::new((self.make_backend)(classes)));
+            self.backend.send_replace(backend);
+        }
+        if status_changed {
+            self.apply_node_status(&st.statuses).await?;
+        }
+        Ok(())
+    }
+
+    async fn apply_node_status(&self, statuses: &BTreeMap<String, VGStatus>) -> Result<()> {
+        let api: Api<LVMVolumeGroupNodeStatus> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        let mut obj = LVMVolumeGroupNodeStatus::new(
+            &self.node,
+            LVMVolumeGroupNodeStatusSpec {
+                lvm_vg_status: statuses.values().cloned().collect(),
+            },
+        );
+        obj.metadata.namespace = Some(self.namespace.clone());
+        obj.metadata.finalizers = Some(vec![NODE_STATUS_FINALIZER.to_owned()]);
+        api.patch(
+            &self.node,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&obj),
+        )
+        .await
+        .map_err(kube_err(format!(
+            "apply LVMVolumeGroupNodeStatus {}",
+            self.node
+        )))?;
+        Ok(())
+    }
+}
+
+/// Runs the reconciler until the watch ends.
+pub async fn run<R: Runner, B: Backend>(ctx: Arc<Context<R, B>>) {
+    let api: Api<LVMVolumeGroup> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    Controller::new(api, watcher::Config::default().any_semantic())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok((obj, _)) => debug!(volume_group = %obj.name, "reconciled"),
+                Err(e) => warn!(error = %e, "volume group reconcile failed"),
+            }
+        })
+        .await;
+}
+
+pub fn error_policy<R, B>(
+    vg: Arc<LVMVolumeGroup>,
+    error: &Error,
+    _ctx: Arc<Context<R, B>>,
+) -> Action {
+    warn!(volume_group = %vg.name_any(), error = %error, "will retry");
+    Action::requeue(RETRY)
+}
+
+/// Takes one `LVMVolumeGroup` as far as it goes now on this node.
+#[instrument(skip_all, fields(device_class = %vg.name_any(), node = %ctx.node))]
+pub async fn reconcile<R: Runner, B: Backend>(
+    vg: Arc<LVMVolumeGroup>,
+    ctx: Arc<Context<R, B>>,
+) -> Result<Action> {
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let node = nodes
+        .get(&ctx.node)
+        .await
+        .map_err(kube_err(format!("read Node {}", ctx.node)))?;
+    let api: Api<LVMVolumeGroup> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    let class = vg.name_any();
+    let mut vg = (*vg).clone();
+    let mut step = volume_group::plan(&vg, &node);
+    if step == Step::AddFinalizer {
+        let mut finalizers = vg.finalizers().to_vec();
+        finalizers.push(cleanup_finalizer(&ctx.node));
+        vg = patch_finalizers(&api, &vg, finalizers).await?;
+        step = volume_group::plan(&vg, &node);
+    }
+    match step {
+        Step::Ignore | Step::AddFinalizer => {
+            ctx.record(&class, None, None).await?;
+            Ok(Action::await_change())
+        }
+        Step::Report(status) => {
+            warn!(reason = %status.reason, "cannot serve this device class");
+            ctx.record(&class, Some(status), None).await?;
+            Ok(Action::await_change())
+        }
+        Step::Converge(config) => {
+            let report = match converge(&ctx.host, &config).await {
+                Ok(report) => report,
+                Err(e) => {
+                    let status = VGStatus {
+                        name: class.clone(),
+                        status: Some(VGStatusType::Failed),
+                        reason: e.to_string(),
+                        ..VGStatus::default()
+                    };
+                    ctx.record(&class, Some(status), None).await?;
+                    return Err(host_err(format!("converge {class}"))(e));
+                }
+            };
+            let status = vg_status(&vg, &report.plan);
+            let ready = report.is_ready().then(|| class_info(&config));
+            let requeue = match (ready.is_some(), vg.spec.device_discovery_policy) {
+                (false, _) => Action::requeue(RETRY),
+                (true, Some(DeviceDiscoveryPolicy::Dynamic)) => Action::requeue(DYNAMIC_REQUEUE),
+                (true, _) => Action::await_change(),
+            };
+            if !report.executed.is_empty() {
+                info!(
+                    actions = report.executed.len(),
+                    ready = ready.is_some(),
+                    "converged"
+                );
+            }
+            ctx.record(&class, Some(status), ready).await?;
+            Ok(requeue)
+        }
+        Step::Cleanup => cleanup(&ctx, &api, &vg).await,
+    }
+}
+
+/// Removes the class from this node when nothing of value remains in it, then the finalizer.
+async fn cleanup<R: Runner, B: Backend>(
+    ctx: &Context<R, B>,
+    api: &Api<LVMVolumeGroup>,
+    vg: &LVMVolumeGroup,
+) -> Result<Action> {
+    let class = vg.name_any();
+    let lvm = ctx.host.lvm();
+    if let Some(group) = lvm
+        .vg(&class)
+        .await
+        .map_err(host_err(format!("read volume group {class}")))?
+    {
+        let pool = vg.spec.thin_pool_config.as_ref().map(|tp| tp.name.as_str());
+        let lvs = lvm
+            .lvs(Some(&class))
+            .await
+            .map_err(host_err(format!("list logical volumes of {class}")))?;
+        let remaining: Vec<&str> = lvs
+            .iter()
+            .map(|lv| lv.name.as_str())
+            .filter(|n| Some(*n) != pool && !n.starts_with('['))
+            .collect();
+        let refusal = if !group.tags.iter().any(|t| t == VG_OWNER_TAG) {
+            Some(format!(
+                "ManualCleanupRequired: volume group {class} is not tagged {VG_OWNER_TAG}, so lvms \
+                 leaves it alone; remove it by hand"
+            ))
+        } else if !remaining.is_empty() {
+            Some(format!(
+                "ManualCleanupRequired: logical volumes remain in volume group {class}: {}; delete \
+                 their PersistentVolumeClaims (or remove them with lvremove) and cleanup continues",
+                remaining.join(", ")
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = refusal {
+            warn!(%reason, "cleanup waits");
+            let status = VGStatus {
+                name: class.clone(),
+                status: Some(VGStatusType::Failed),
+                reason,
+                ..VGStatus::default()
+            };
+            // Still served (a restarted agent too), so the remaining volumes can be deleted through
+            // their claims.
+            let ready = volume_group::device_class_config(vg)
+                .ok()
+                .map(|c| class_info(&c));
+            ctx.record(&class, Some(status), ready).await?;
+            return Ok(Action::requeue(RETRY));
+        }
+        // Stop serving before anything is removed.
+        let current = ctx.state.lock().await.statuses.get(&class).cloned();
+        ctx.record(&class, current, None).await?;
+        let pvs: Vec<String> = lvm
+            .pvs()
+            .await
+            .map_err(host_err("list physical volumes"))?
+            .into_iter()
+            .filter(|pv| pv.vg_name.as_deref() == Some(class.as_str()))
+            .map(|pv| pv.name)
+            .collect();
+        if let Some(pool) = pool
+            && lvs.iter().any(|lv| lv.name == pool)
+        {
+            info!(pool, "removing thin pool");
+            lvm.lv_remove(&class, pool)
+                .await
+                .map_err(host_err(format!("remove thin pool {class}/{pool}")))?;
+        }
+        info!("removing volume group");
+        lvm.vg_remove(&class)
+            .await
+            .map_err(host_err(format!("remove volume group {class}")))?;
+        for pv in &pvs {
+            lvm.pv_remove(pv)
+                .await
+                .map_err(host_err(format!("remove physical volume label of {pv}")))?;
+        }
+    }
+    ctx.record(&class, None, None).await?;
+    let finalizer = cleanup_finalizer(&ctx.node);
+    let finalizers = vg
+        .finalizers()
+        .iter()
+        .filter(|f| **f != finalizer)
+        .cloned()
+        .collect();
+    patch_finalizers(api, vg, finalizers).await?;
+    info!("device class removed from this node");
+    Ok(Action::await_change())
+}
+
+async fn patch_finalizers(
+    api: &Api<LVMVolumeGroup>,
+    vg: &LVMVolumeGroup,
+    finalizers: Vec<String>,
+) -> Result<LVMVolumeGroup> {
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": vg.resource_version(),
+    }});
+    api.patch(
+        &vg.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(patch),
+    )
+    .await
+    .map_err(kube_err(format!(
+        "patch finalizers of LVMVolumeGroup {}",
+        vg.name_any()
+    )))
+}

@@ -1,0 +1,262 @@
+//! The volume-group reconciler's pure part: which `LVMVolumeGroup`s this node serves, the node engine's
+//! configuration from one, the step to take, and the `VGStatus` the node reports from the engine's
+//! result.
+//!
+//! | state | step |
+//! |---|---|
+//! | the node selector does not match this node, no finalizer of ours | [`Step::Ignore`] |
+//! | being deleted, our finalizer present | [`Step::Cleanup`] |
+//! | being deleted without our finalizer | [`Step::Ignore`] |
+//! | no finalizer of ours yet | [`Step::AddFinalizer`] (before any disk is touched) |
+//! | a spec the engine cannot take | [`Step::Report`] a `Failed` status naming the field |
+//! | otherwise | [`Step::Converge`] |
+//!
+//! A node that stops matching the selector while holding the finalizer keeps converging: its volumes
+//! stay served until the `LVMVolumeGroup` is deleted, rather than being dropped on a label change.
+
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use lvms_api::{
+    ChunkSizeCalculationPolicy, DeviceDiscoveryPolicy, DeviceDiscoveryPolicyStatus, LVMVolumeGroup,
+    MetadataSizePolicy, NODE_CLEANUP_FINALIZER_PREFIX, VGStatus, VGStatusType, selector,
+};
+use lvms_core::{
+    config::{
+        CalculationPolicy, DeviceClassConfig, DeviceSelector, Fstype, RaidConfig, RaidType,
+        ThinPoolConfig,
+    },
+    plan::{ClassPlan, ClassState, DeviceVerdict},
+    size::ByteSize,
+};
+use lvms_csi::backend::ClassInfo;
+
+/// The finalizer this node puts on each `LVMVolumeGroup` it serves (LVMS's name).
+pub fn cleanup_finalizer(node: &str) -> String {
+    format!("{NODE_CLEANUP_FINALIZER_PREFIX}{node}")
+}
+
+/// Whether `vg`'s node selector matches `node` (no selector: every node).
+pub fn selects(vg: &LVMVolumeGroup, node: &Node) -> bool {
+    vg.spec
+        .node_selector
+        .as_ref()
+        .is_none_or(|s| selector::matches(s, node))
+}
+
+/// The next step for one `LVMVolumeGroup`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Not this node's.
+    Ignore,
+    /// Add [`cleanup_finalizer`].
+    AddFinalizer,
+    /// Remove the class from this node (when no volumes remain), then the finalizer.
+    Cleanup,
+    /// Report this status without touching the disks.
+    Report(VGStatus),
+    /// Run the node engine with this configuration.
+    Converge(Box<DeviceClassConfig>),
+}
+
+/// The next step for `vg` on `node` (see the [module documentation](self)).
+pub fn plan(vg: &LVMVolumeGroup, node: &Node) -> Step {
+    let finalizer = cleanup_finalizer(&node.name_any());
+    let has_finalizer = vg.finalizers().contains(&finalizer);
+    if vg.metadata.deletion_timestamp.is_some() {
+        return if has_finalizer {
+            Step::Cleanup
+        } else {
+            Step::Ignore
+        };
+    }
+    if !has_finalizer {
+        return if selects(vg, node) {
+            Step::AddFinalizer
+        } else {
+            Step::Ignore
+        };
+    }
+    match device_class_config(vg) {
+        Ok(config) => Step::Converge(Box::new(config)),
+        Err(reason) => Step::Report(VGStatus {
+            name: vg.name_any(),
+            status: Some(VGStatusType::Failed),
+            reason,
+            device_discovery_policy: Some(discovery_status(vg)),
+            ..VGStatus::default()
+        }),
+    }
+}
+
+fn quantity(
+    field: &str,
+    q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+) -> Result<ByteSize, String> {
+    q.0.parse::<ByteSize>().map_err(|e| format!("{field}: {e}"))
+}
+
+fn positive(field: &str, n: i32) -> Result<u32, String> {
+    u32::try_from(n)
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{field} is {n}: give a positive number"))
+}
+
+/// The node engine's configuration for `vg` (the class is named after the object), or why there is
+/// none, naming the field.
+pub fn device_class_config(vg: &LVMVolumeGroup) -> Result<DeviceClassConfig, String> {
+    let spec = &vg.spec;
+    let selector = spec.device_selector.clone().unwrap_or_default();
+    if selector.paths.is_empty() && selector.optional_paths.is_empty() {
+        return Err(format!(
+            "deviceSelector of device class {} lists no devices: lvms-rs never picks disks on its own; \
+             list them in deviceSelector.paths or deviceSelector.optionalPaths",
+            vg.name_any()
+        ));
+    }
+    let thin_pool_config = match &spec.thin_pool_config {
+        None => None,
+        Some(tp) => {
+            let size_percent = u8::try_from(tp.size_percent_or_default()).map_err(|_| {
+                "thinPoolConfig.sizePercent: give a percentage from 10 to 100".to_owned()
+            })?;
+            let chunk_size_calculation_policy = match tp.chunk_size_policy_or_default() {
+                ChunkSizeCalculationPolicy::Host => CalculationPolicy::Host,
+                ChunkSizeCalculationPolicy::Static => CalculationPolicy::Static,
+            };
+            let chunk_size = match (&tp.chunk_size, chunk_size_calculation_policy) {
+                (Some(q), _) => Some(quantity("thinPoolConfig.chunkSize", q)?),
+                (None, CalculationPolicy::Static) => Some(quantity_str(
+                    "thinPoolConfig.chunkSize",
+                    lvms_api::DEFAULT_CHUNK_SIZE,
+                )?),
+                (None, CalculationPolicy::Host) => None,
+            };
+            let metadata_size_calculation_policy = match tp.metadata_size_policy_or_default() {
+                MetadataSizePolicy::Host => CalculationPolicy::Host,
+                MetadataSizePolicy::Static => CalculationPolicy::Static,
+            };
+            Some(ThinPoolConfig {
+                name: tp.name.clone(),
+                size_percent,
+                overprovision_ratio: positive(
+                    "thinPoolConfig.overprovisionRatio",
+                    tp.overprovision_ratio,
+                )?,
+                chunk_size_calculation_policy,
+                chunk_size,
+                metadata_size_calculation_policy,
+                metadata_size: tp
+                    .metadata_size
+                    .as_ref()
+                    .map(|q| quantity("thinPoolConfig.metadataSize", q))
+                    .transpose()?,
+            })
+        }
+    };
+    let raid_config = match &spec.raid_config {
+        None => None,
+        Some(r) => Some(RaidConfig {
+            raid_type: match r.raid_type {
+                lvms_api::RaidType::Raid1 => RaidType::Raid1,
+                lvms_api::RaidType::Raid4 => RaidType::Raid4,
+                lvms_api::RaidType::Raid5 => RaidType::Raid5,
+                lvms_api::RaidType::Raid6 => RaidType::Raid6,
+                lvms_api::RaidType::Raid10 => RaidType::Raid10,
+            },
+            mirrors: r
+                .mirrors
+                .map(|m| positive("raidConfig.mirrors", m))
+                .transpose()?,
+            stripes: r
+                .stripes
+                .map(|s| positive("raidConfig.stripes", s))
+                .transpose()?,
+            stripe_size: r
+                .stripe_size
+                .as_ref()
+                .map(|q| quantity("raidConfig.stripeSize", q))
+                .transpose()?,
+        }),
+    };
+    Ok(DeviceClassConfig {
+        name: vg.name_any(),
+        device_selector: DeviceSelector {
+            paths: selector.paths,
+            optional_paths: selector.optional_paths,
+            force_wipe_devices_and_destroy_all_data: selector
+                .force_wipe_devices_and_destroy_all_data
+                .unwrap_or(false),
+        },
+        thin_pool_config,
+        raid_config,
+        default: spec.default,
+        // The filesystem is the StorageClass's business; the engine does not use it.
+        fstype: Fstype::default(),
+    })
+}
+
+fn quantity_str(field: &str, s: &str) -> Result<ByteSize, String> {
+    s.parse::<ByteSize>().map_err(|e| format!("{field}: {e}"))
+}
+
+fn discovery_status(vg: &LVMVolumeGroup) -> DeviceDiscoveryPolicyStatus {
+    match vg.spec.device_discovery_policy {
+        Some(DeviceDiscoveryPolicy::Dynamic) => DeviceDiscoveryPolicyStatus::RuntimeDynamic,
+        Some(DeviceDiscoveryPolicy::Static) | None => DeviceDiscoveryPolicyStatus::RuntimeStatic,
+    }
+}
+
+/// The class as the CSI backend serves it.
+pub fn class_info(config: &DeviceClassConfig) -> ClassInfo {
+    ClassInfo {
+        name: config.name.clone(),
+        thin_pool: config.thin_pool_config.as_ref().map(|tp| tp.name.clone()),
+        overprovision_ratio: config
+            .thin_pool_config
+            .as_ref()
+            .map_or(1, |tp| tp.overprovision_ratio),
+        default: config.default,
+    }
+}
+
+/// What this node reports for `vg` after the engine's last plan.
+pub fn vg_status(vg: &LVMVolumeGroup, plan: &ClassPlan) -> VGStatus {
+    let mut devices = Vec::new();
+    let mut excluded = Vec::new();
+    for d in &plan.devices {
+        let name = d.canonical_path.clone().unwrap_or_else(|| d.path.clone());
+        match &d.verdict {
+            DeviceVerdict::Member => devices.push(name),
+            DeviceVerdict::Usable { .. } => {}
+            DeviceVerdict::Excluded { reasons } => excluded.push(lvms_api::ExcludedDevice {
+                name,
+                reasons: reasons.iter().map(|r| r.message(&d.path)).collect(),
+            }),
+            DeviceVerdict::Missing => excluded.push(lvms_api::ExcludedDevice {
+                name,
+                reasons: vec![format!(
+                    "{} does not exist or is not a block device",
+                    d.path
+                )],
+            }),
+        }
+    }
+    let (status, reason) = match &plan.state {
+        ClassState::Ready => (VGStatusType::Ready, String::new()),
+        ClassState::Progressing => (VGStatusType::Progressing, String::new()),
+        ClassState::Failed { reason } => (VGStatusType::Failed, reason.clone()),
+    };
+    VGStatus {
+        name: vg.name_any(),
+        status: Some(status),
+        reason,
+        devices,
+        excluded,
+        device_discovery_policy: Some(discovery_status(vg)),
+        raid_status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

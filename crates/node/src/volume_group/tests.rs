@@ -1,0 +1,210 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use lvms_core::{filter::ExclusionReason, plan::DeviceReport};
+use serde_json::json;
+
+use super::*;
+
+fn node(name: &str, labels: serde_json::Value) -> Node {
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap()
+}
+
+fn vg(spec: serde_json::Value) -> LVMVolumeGroup {
+    serde_json::from_value(json!({
+        "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
+        "metadata": {"name": "vg1", "namespace": "lvms"},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn thin_spec() -> serde_json::Value {
+    json!({
+        "deviceSelector": {"paths": ["/dev/vdb"], "optionalPaths": ["/dev/vdc"]},
+        "thinPoolConfig": {"name": "thin-pool-1", "overprovisionRatio": 10},
+        "default": true,
+    })
+}
+
+fn with_finalizer(mut vg: LVMVolumeGroup, node: &str) -> LVMVolumeGroup {
+    vg.metadata.finalizers = Some(vec![cleanup_finalizer(node)]);
+    vg
+}
+
+#[test]
+fn the_finalizer_is_lvms_per_node_name() {
+    assert_eq!(
+        cleanup_finalizer("worker-1"),
+        "cleanup.vgmanager.node.topolvm.io/worker-1"
+    );
+}
+
+#[test]
+fn steps_follow_selector_finalizer_and_deletion() {
+    let a = node("a", json!({"disk": "yes"}));
+    let b = node("b", json!({}));
+    let mut selected = thin_spec();
+    selected["nodeSelector"] = json!({"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "disk", "operator": "In", "values": ["yes"]}]}]});
+    let fresh = vg(selected);
+    assert_eq!(plan(&fresh, &a), Step::AddFinalizer);
+    assert_eq!(plan(&fresh, &b), Step::Ignore);
+
+    let held = with_finalizer(fresh.clone(), "a");
+    assert!(matches!(plan(&held, &a), Step::Converge(_)));
+    assert_eq!(plan(&held, &b), Step::Ignore, "a's finalizer is not b's");
+
+    let mut deleting = held.clone();
+    deleting.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+    assert_eq!(plan(&deleting, &a), Step::Cleanup);
+    assert_eq!(plan(&deleting, &b), Step::Ignore);
+
+    // Still holding the finalizer after the node stopped matching: keeps serving.
+    assert!(matches!(
+        plan(&held, &node("a", json!({}))),
+        Step::Converge(_)
+    ));
+}
+
+#[test]
+fn the_engine_config_carries_every_field_with_the_apis_defaults() {
+    let cfg = device_class_config(&vg(thin_spec())).unwrap();
+    assert_eq!(cfg.name, "vg1");
+    assert_eq!(cfg.device_selector.paths, ["/dev/vdb"]);
+    assert_eq!(cfg.device_selector.optional_paths, ["/dev/vdc"]);
+    assert!(!cfg.device_selector.force_wipe_devices_and_destroy_all_data);
+    assert!(cfg.default);
+    let tp = cfg.thin_pool_config.clone().unwrap();
+    assert_eq!(tp.name, "thin-pool-1");
+    assert_eq!(tp.size_percent, 90);
+    assert_eq!(tp.overprovision_ratio, 10);
+    assert_eq!(tp.chunk_size_calculation_policy, CalculationPolicy::Static);
+    assert_eq!(tp.chunk_size, Some(ByteSize(128 << 10)));
+    assert_eq!(tp.metadata_size_calculation_policy, CalculationPolicy::Host);
+    assert_eq!(tp.metadata_size, None);
+    assert_eq!(
+        class_info(&cfg),
+        ClassInfo {
+            name: "vg1".into(),
+            thin_pool: Some("thin-pool-1".into()),
+            overprovision_ratio: 10,
+            default: true,
+        }
+    );
+
+    let raid = device_class_config(&vg(json!({
+        "deviceSelector": {"paths": ["/dev/vdb", "/dev/vdc"], "forceWipeDevicesAndDestroyAllData": true},
+        "raidConfig": {"type": "raid1", "mirrors": 1, "stripeSize": "64Ki"},
+    })))
+    .unwrap();
+    assert!(raid.device_selector.force_wipe_devices_and_destroy_all_data);
+    let r = raid.raid_config.clone().unwrap();
+    assert_eq!(
+        (r.raid_type, r.mirrors, r.stripes, r.stripe_size),
+        (RaidType::Raid1, Some(1), None, Some(ByteSize(64 << 10)))
+    );
+    assert_eq!(class_info(&raid).thin_pool, None);
+    assert_eq!(class_info(&raid).overprovision_ratio, 1);
+
+    let host = device_class_config(&vg(json!({
+        "deviceSelector": {"paths": ["/dev/vdb"]},
+        "thinPoolConfig": {"name": "p", "overprovisionRatio": 1, "sizePercent": 50,
+            "chunkSizeCalculationPolicy": "Host", "metadataSizeCalculationPolicy": "Static",
+            "metadataSize": "1Gi"},
+    })))
+    .unwrap()
+    .thin_pool_config
+    .unwrap();
+    assert_eq!(host.size_percent, 50);
+    assert_eq!(host.chunk_size_calculation_policy, CalculationPolicy::Host);
+    assert_eq!(host.chunk_size, None);
+    assert_eq!(host.metadata_size, Some(ByteSize(1 << 30)));
+}
+
+#[test]
+fn specs_the_engine_cannot_take_are_reported_failed_naming_the_field() {
+    let a = node("a", json!({}));
+    for (spec, field) in [
+        (json!({}), "deviceSelector"),
+        (
+            json!({"deviceSelector": {"paths": ["/dev/vdb"]},
+                   "thinPoolConfig": {"name": "p", "overprovisionRatio": 0}}),
+            "thinPoolConfig.overprovisionRatio",
+        ),
+        (
+            json!({"deviceSelector": {"paths": ["/dev/vdb"]},
+                   "thinPoolConfig": {"name": "p", "overprovisionRatio": 1, "chunkSize": "lots"}}),
+            "thinPoolConfig.chunkSize",
+        ),
+        (
+            json!({"deviceSelector": {"paths": ["/dev/vdb"]},
+                   "raidConfig": {"type": "raid5", "stripes": -2}}),
+            "raidConfig.stripes",
+        ),
+    ] {
+        match plan(&with_finalizer(vg(spec.clone()), "a"), &a) {
+            Step::Report(s) => {
+                assert_eq!(s.status, Some(VGStatusType::Failed), "{spec}");
+                assert!(s.reason.contains(field), "{spec}: {}", s.reason);
+                assert_eq!(s.name, "vg1");
+            }
+            other => panic!("{spec}: expected a failed report, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_status_lists_members_and_excluded_devices_with_reasons() {
+    let report = |path: &str, canonical: Option<&str>, verdict| DeviceReport {
+        path: path.into(),
+        canonical_path: canonical.map(str::to_owned),
+        optional: false,
+        verdict,
+    };
+    let plan = ClassPlan {
+        devices: vec![
+            report("/dev/disk/by-id/a", Some("/dev/vdb"), DeviceVerdict::Member),
+            report(
+                "/dev/vdc",
+                None,
+                DeviceVerdict::Excluded {
+                    reasons: vec![ExclusionReason::ReadOnly],
+                },
+            ),
+            report("/dev/vdz", None, DeviceVerdict::Missing),
+        ],
+        actions: vec![],
+        state: ClassState::Ready,
+    };
+    let mut dynamic = thin_spec();
+    dynamic["deviceDiscoveryPolicy"] = json!("Dynamic");
+    let s = vg_status(&vg(dynamic), &plan);
+    assert_eq!(s.status, Some(VGStatusType::Ready));
+    assert_eq!(s.devices, ["/dev/vdb"]);
+    assert_eq!(
+        s.excluded
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect::<Vec<_>>(),
+        ["/dev/vdc", "/dev/vdz"]
+    );
+    assert!(s.excluded[0].reasons[0].contains("/dev/vdc"));
+    assert!(s.excluded[1].reasons[0].contains("does not exist"));
+    assert_eq!(
+        s.device_discovery_policy,
+        Some(DeviceDiscoveryPolicyStatus::RuntimeDynamic)
+    );
+
+    let failed = ClassPlan {
+        state: ClassState::Failed {
+            reason: "no usable device".into(),
+        },
+        ..plan
+    };
+    let s = vg_status(&vg(thin_spec()), &failed);
+    assert_eq!(
+        (s.status, s.reason.as_str()),
+        (Some(VGStatusType::Failed), "no usable device")
+    );
+}

@@ -1,0 +1,251 @@
+//! The node agent's reconcilers against real LVM inside the test VM (`cargo xtask vm-test agent_`), with
+//! the in-memory API server standing in for Kubernetes: the objects go through a real `kube::Client`,
+//! the volumes through the same backend `lvms standalone` uses.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod vm_agent {
+    use std::sync::Arc;
+
+    use http::{Method, StatusCode};
+    use kube::runtime::controller::Action;
+    use lvms_api::{LOGICAL_VOLUME_FINALIZER, LVMVolumeGroup, topolvm::LogicalVolume};
+    use lvms_csi::{ids, local::LocalBackend};
+    use lvms_host::{engine::RealNodeHost, lvm::Lvm, runner::RealRunner, shell::LvmShell};
+    use lvms_node::{lv_reconciler, vg_reconciler};
+    use lvms_testkit::{Scratch, fake_api::FakeApi, lvs_field, sh, sh_status, vgs_field};
+    use serde_json::{Value, json};
+
+    static RUNNER: RealRunner = RealRunner;
+    const NODE: &str = "vm-node";
+    const NS: &str = "lvms";
+    const MIB: u64 = 1 << 20;
+
+    type VgContext = vg_reconciler::Context<&'static RealRunner, LocalBackend<LvmShell>>;
+
+    /// A node agent as it starts: nothing remembered, the backend made once classes are ready.
+    fn agent(api: &FakeApi) -> Arc<VgContext> {
+        Arc::new(vg_reconciler::Context::new(
+            api.client(NS),
+            NODE,
+            NS,
+            RealNodeHost::new(&RUNNER),
+            Box::new(|classes| LocalBackend::new(NODE, classes, Lvm::new(LvmShell::new()))),
+        ))
+    }
+
+    fn lv_context(
+        api: &FakeApi,
+        agent: &VgContext,
+    ) -> Arc<lv_reconciler::Context<LocalBackend<LvmShell>>> {
+        Arc::new(lv_reconciler::Context {
+            client: api.client(NS),
+            node: NODE.into(),
+            backend: agent.backend(),
+        })
+    }
+
+    fn vg_path(name: &str) -> String {
+        format!("/apis/lvm.topolvm.io/v1alpha1/namespaces/{NS}/lvmvolumegroups/{name}")
+    }
+
+    fn status_path() -> String {
+        format!("/apis/lvm.topolvm.io/v1alpha1/namespaces/{NS}/lvmvolumegroupnodestatuses/{NODE}")
+    }
+
+    fn lv_path(name: &str) -> String {
+        format!("/apis/topolvm.io/v1/logicalvolumes/{name}")
+    }
+
+    fn typed<K: serde::de::DeserializeOwned>(api: &FakeApi, path: &str) -> Arc<K> {
+        Arc::new(serde_json::from_value(api.get(path).expect("object exists")).unwrap())
+    }
+
+    /// The class's entry in the node's status object.
+    fn vg_entry(api: &FakeApi, class: &str) -> Option<Value> {
+        api.get(&status_path()).and_then(|s| {
+            s["spec"]["nodeStatus"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["name"] == class)
+                .cloned()
+        })
+    }
+
+    /// The LV names in `vg`, hidden ones left out.
+    fn lv_names(vg: &str) -> Vec<String> {
+        sh(&format!("lvm lvs --noheadings -o lv_name {vg}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn agent_builds_the_class_serves_a_volume_adopts_it_after_a_crash_and_cleans_up() {
+        let mut s = Scratch::new(1, 1200);
+        let class = s.vg_name();
+        let disk = s.disks[0].clone();
+        let api = FakeApi::new();
+        api.insert(
+            &format!("/api/v1/nodes/{NODE}"),
+            json!({"apiVersion": "v1", "kind": "Node",
+                   "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}}}),
+        );
+        api.insert(
+            &vg_path(&class),
+            json!({"apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
+                   "metadata": {"name": class, "namespace": NS},
+                   "spec": {"deviceSelector": {"paths": [disk]},
+                            "thinPoolConfig": {"name": "pool", "overprovisionRatio": 10},
+                            "default": true}}),
+        );
+
+        // The LVMVolumeGroup becomes a volume group with a thin pool and a Ready status.
+        let agent1 = agent(&api);
+        let action = vg_reconciler::reconcile(
+            typed::<LVMVolumeGroup>(&api, &vg_path(&class)),
+            agent1.clone(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            action,
+            Action::await_change(),
+            "Static discovery: converge once"
+        );
+        assert!(vgs_field(&class, "vg_tags").contains("lvms"));
+        assert!(lvs_field(&class, "pool", "lv_attr").starts_with('t'));
+        let entry = vg_entry(&api, &class).expect("the node reports the class");
+        assert_eq!(entry["status"], "Ready", "{entry}");
+        assert_eq!(entry["devices"], json!([disk]));
+        assert_eq!(
+            api.get(&vg_path(&class)).unwrap()["metadata"]["finalizers"],
+            json!([format!("cleanup.vgmanager.node.topolvm.io/{NODE}")])
+        );
+        assert_eq!(
+            api.get(&status_path()).unwrap()["metadata"]["finalizers"],
+            json!(["delete-protection.lvm.openshift.io"])
+        );
+        assert!(agent1.backend().borrow().is_some(), "the class is served");
+
+        // A LogicalVolume of the default class; the agent dies after lvcreate, before the status.
+        api.insert(
+            &lv_path("pvc-a"),
+            json!({"apiVersion": "topolvm.io/v1", "kind": "LogicalVolume",
+                   "metadata": {"name": "pvc-a"},
+                   "spec": {"name": "pvc-a", "nodeName": NODE, "size": "64Mi"}}),
+        );
+        api.fail(
+            Method::PATCH,
+            &format!("{}/status", lv_path("pvc-a")),
+            StatusCode::SERVICE_UNAVAILABLE,
+            1,
+        );
+        let id = ids::volume_lv_name("pvc-a");
+        let err = lv_reconciler::reconcile(
+            typed::<LogicalVolume>(&api, &lv_path("pvc-a")),
+            lv_context(&api, &agent1),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, lv_reconciler::Error::Kube { .. }), "{err}");
+        assert_eq!(lvs_field(&class, &id, "lv_size"), (64 * MIB).to_string());
+        assert!(api.get(&lv_path("pvc-a")).unwrap().get("status").is_none());
+        drop(agent1);
+
+        // A restarted agent converges without touching the disk again and records the LV it finds.
+        let agent2 = agent(&api);
+        vg_reconciler::reconcile(
+            typed::<LVMVolumeGroup>(&api, &vg_path(&class)),
+            agent2.clone(),
+        )
+        .await
+        .unwrap();
+        lv_reconciler::reconcile(
+            typed::<LogicalVolume>(&api, &lv_path("pvc-a")),
+            lv_context(&api, &agent2),
+        )
+        .await
+        .unwrap();
+        let lv = api.get(&lv_path("pvc-a")).unwrap();
+        assert_eq!(lv["status"]["volumeID"], json!(id));
+        assert_eq!(lv["status"]["currentSize"], json!((64 * MIB).to_string()));
+        assert_eq!(
+            lv["metadata"]["finalizers"],
+            json!([LOGICAL_VOLUME_FINALIZER])
+        );
+        assert_eq!(
+            lv_names(&class),
+            ["pool".to_owned(), id.clone()],
+            "no duplicate"
+        );
+
+        // Growing spec.size grows the LV.
+        let mut grown = api.get(&lv_path("pvc-a")).unwrap();
+        grown["spec"]["size"] = json!("128Mi");
+        api.insert(&lv_path("pvc-a"), grown);
+        lv_reconciler::reconcile(
+            typed::<LogicalVolume>(&api, &lv_path("pvc-a")),
+            lv_context(&api, &agent2),
+        )
+        .await
+        .unwrap();
+        assert_eq!(lvs_field(&class, &id, "lv_size"), (128 * MIB).to_string());
+        assert_eq!(
+            api.get(&lv_path("pvc-a")).unwrap()["status"]["currentSize"],
+            json!((128 * MIB).to_string())
+        );
+
+        // Deleting the LVMVolumeGroup while a volume remains keeps everything and says why.
+        let mut deleting = api.get(&vg_path(&class)).unwrap();
+        deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:01Z");
+        api.insert(&vg_path(&class), deleting);
+        vg_reconciler::reconcile(
+            typed::<LVMVolumeGroup>(&api, &vg_path(&class)),
+            agent2.clone(),
+        )
+        .await
+        .unwrap();
+        let entry = vg_entry(&api, &class).unwrap();
+        assert_eq!(entry["status"], "Failed");
+        let reason = entry["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("ManualCleanupRequired") && reason.contains(&id),
+            "{reason}"
+        );
+        assert!(api.get(&vg_path(&class)).is_some(), "the finalizer stays");
+
+        // The volume can still be deleted; then cleanup removes pool, group and labels.
+        let mut gone = api.get(&lv_path("pvc-a")).unwrap();
+        gone["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:02Z");
+        api.insert(&lv_path("pvc-a"), gone);
+        lv_reconciler::reconcile(
+            typed::<LogicalVolume>(&api, &lv_path("pvc-a")),
+            lv_context(&api, &agent2),
+        )
+        .await
+        .unwrap();
+        assert!(api.get(&lv_path("pvc-a")).is_none());
+        assert_eq!(lv_names(&class), ["pool"]);
+
+        vg_reconciler::reconcile(
+            typed::<LVMVolumeGroup>(&api, &vg_path(&class)),
+            agent2.clone(),
+        )
+        .await
+        .unwrap();
+        assert_ne!(
+            sh_status(&format!("lvm vgs {class}")).0,
+            0,
+            "volume group removed"
+        );
+        assert_ne!(sh_status(&format!("lvm pvs {disk}")).0, 0, "label wiped");
+        assert!(
+            api.get(&vg_path(&class)).is_none(),
+            "finalizer removed, object gone"
+        );
+        assert_eq!(vg_entry(&api, &class), None);
+        assert!(agent2.backend().borrow().is_none(), "nothing served");
+    }
+}
