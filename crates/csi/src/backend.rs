@@ -139,8 +139,8 @@ pub trait Backend: Send + Sync + 'static {
     /// The node this backend's volumes live on.
     fn node_id(&self) -> &str;
 
-    /// The classes served.
-    fn classes(&self) -> &[ClassInfo];
+    /// The classes served (owned: the node agent's set changes as device classes become ready).
+    fn classes(&self) -> Vec<ClassInfo>;
 
     /// Whether every class is ready to serve (volume group and pool exist).
     fn ready(&self) -> impl Future<Output = Result<bool>> + Send;

@@ -329,7 +329,7 @@ impl<B: Backend> ControllerService<B> {
         }
     }
 
-    fn class(&self, asked: Option<&str>) -> Result<&ClassInfo, RpcError> {
+    fn class(&self, asked: Option<&str>) -> Result<ClassInfo, RpcError> {
         let classes = self.backend.classes();
         let known = || {
             classes
@@ -339,7 +339,7 @@ impl<B: Backend> ControllerService<B> {
                 .join(", ")
         };
         match asked {
-            Some(name) => classes.iter().find(|c| c.name == name).ok_or_else(|| {
+            Some(name) => classes.iter().find(|c| c.name == name).cloned().ok_or_else(|| {
                 RpcError::invalid(format!(
                     "device class {name:?} is not served on node {}: use one of {}",
                     self.backend.node_id(),
@@ -350,6 +350,7 @@ impl<B: Backend> ControllerService<B> {
                 .iter()
                 .find(|c| c.default)
                 .or_else(|| (classes.len() == 1).then(|| &classes[0]))
+                .cloned()
                 .ok_or_else(|| {
                     RpcError::invalid(format!(
                         "no device class named ({}) and no default class: set parameter {} to one of {}",
@@ -413,7 +414,7 @@ impl<B: Backend> ControllerService<B> {
         require("name", &req.name)?;
         check_capabilities(&req.volume_capabilities)?;
         let params = params::parse(&req.parameters).map_err(RpcError::invalid)?;
-        let class = self.class(params.class.as_deref())?.clone();
+        let class = self.class(params.class.as_deref())?;
         if let Some(req_topo) = &req.accessibility_requirements
             && !req_topo.requisite.is_empty()
             && !req_topo.requisite.iter().any(|t| self.is_here(t))
@@ -767,7 +768,7 @@ impl<B: Backend> Controller for ControllerService<B> {
             .try_for_each(check_capability)
             .map_err(RpcError::invalid)?;
         let params = params::parse(&req.parameters).map_err(RpcError::invalid)?;
-        let class = self.class(params.class.as_deref())?.name.clone();
+        let class = self.class(params.class.as_deref())?.name;
         let elsewhere = req
             .accessible_topology
             .as_ref()

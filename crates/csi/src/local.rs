@@ -712,8 +712,8 @@ impl<R: Runner> Backend for LocalBackend<R> {
         &self.node_id
     }
 
-    fn classes(&self) -> &[ClassInfo] {
-        &self.classes
+    fn classes(&self) -> Vec<ClassInfo> {
+        self.classes.clone()
     }
 
     #[tracing::instrument(skip(self), fields(node = %self.node_id))]

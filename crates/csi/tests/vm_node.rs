@@ -62,8 +62,8 @@ mod vm_node {
         fn node_id(&self) -> &str {
             "vm-node"
         }
-        fn classes(&self) -> &[ClassInfo] {
-            &[]
+        fn classes(&self) -> Vec<ClassInfo> {
+            vec![]
         }
         async fn ready(&self) -> BResult<bool> {
             Ok(true)

@@ -1,6 +1,7 @@
 //! `lvms`: one binary, one subcommand per role.
 
 mod csi_cli;
+mod node;
 mod standalone;
 
 use std::{collections::BTreeSet, path::PathBuf, sync::Arc};
@@ -72,6 +73,9 @@ enum Cmd {
     },
     /// Run the operator: the LVMCluster controller and the admission webhook.
     Operator(OperatorArgs),
+    /// Run the node agent: converge this node's LVMVolumeGroups, serve its LogicalVolumes, and
+    /// serve CSI Identity and Node on the plugin socket.
+    Node(node::NodeArgs),
     /// Call one CSI RPC on a CSI endpoint (a small CSI client).
     Csi(csi_cli::CsiArgs),
     /// Run the CSI driver without Kubernetes: converge the config's device classes, serve Identity,
@@ -119,6 +123,7 @@ fn main() -> Result<()> {
             Cmd::Operator(args) => cmd_operator(args).await,
             Cmd::Csi(args) => csi_cli::run(args).await,
             Cmd::Standalone(args) => standalone::run(args).await,
+            Cmd::Node(args) => node::run(args).await,
         }
     })
 }

@@ -3,8 +3,12 @@
 //! - [`logical_volume`]: the pure plan of the `LogicalVolume` reconciler, one step at a time, over the
 //!   same [`lvms_csi::backend::Backend`] the standalone driver uses.
 //! - [`lv_reconciler`]: its I/O, carrying each step to LVM and to the API server.
+//! - [`volume_group`] and [`vg_reconciler`]: each `LVMVolumeGroup` this node serves, through the node
+//!   engine, to a volume group (and pool), the node's `LVMVolumeGroupNodeStatus`, and cleanup.
+//! - [`switch`]: the CSI backend that follows the set of ready classes.
 
 pub mod logical_volume;
 pub mod lv_reconciler;
+pub mod switch;
 pub mod vg_reconciler;
 pub mod volume_group;

@@ -215,11 +215,8 @@ async fn next_step<B: Backend>(
             },
         })
     };
-    let default_class = backend
-        .classes()
-        .iter()
-        .find(|c| c.default)
-        .map(|c| c.name.as_str());
+    let classes = backend.classes();
+    let default_class = classes.iter().find(|c| c.default).map(|c| c.name.as_str());
     Ok(logical_volume::plan(
         lv,
         &Observed {

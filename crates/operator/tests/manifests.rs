@@ -117,6 +117,39 @@ const OPERATOR_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
     ("", "persistentvolumes", &["get", "list"], Scope::Cluster),
 ];
 
+/// Every API call the node agent (`lvms node`, service account `vg-manager`) makes.
+const NODE_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
+    // The volume-group reconciler: which LVMVolumeGroups select this node.
+    ("", "nodes", &["get"], Scope::Cluster),
+    // Watched, their per-node finalizer merge-patched.
+    (
+        "lvm.topolvm.io",
+        "lvmvolumegroups",
+        &["list", "watch", "patch"],
+        Scope::Namespace,
+    ),
+    // The node's status object, server-side applied.
+    (
+        "lvm.topolvm.io",
+        "lvmvolumegroupnodestatuses",
+        &["create", "patch"],
+        Scope::Namespace,
+    ),
+    // The LogicalVolume reconciler: watched, sources read, finalizer merge-patched, status patched.
+    (
+        "topolvm.io",
+        "logicalvolumes",
+        &["get", "list", "watch", "patch"],
+        Scope::Cluster,
+    ),
+    (
+        "topolvm.io",
+        "logicalvolumes/status",
+        &["patch"],
+        Scope::Cluster,
+    ),
+];
+
 type Permission = (String, String, String, Scope);
 
 fn workspace() -> PathBuf {
@@ -306,24 +339,18 @@ fn env<'a>(container: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("the operator container has no env {name}"))
 }
 
-fn is_operator_account(subject: &Value) -> bool {
-    subject["kind"] == "ServiceAccount"
-        && subject["name"] == OPERATOR
-        && subject["namespace"] == NAMESPACE
-}
-
-/// What the roles bound to the operator's service account grant.
-fn operator_grants() -> BTreeSet<Permission> {
+/// What the roles bound to service account `account` of the namespace grant.
+fn grants(account: &str) -> BTreeSet<Permission> {
     let mut granted = BTreeSet::new();
     let bindings = all_of("ClusterRoleBinding").chain(all_of("RoleBinding"));
-    for binding in bindings.filter(|b| binds_operator(b)) {
+    for binding in bindings.filter(|b| binds(b, account)) {
         let scope = if binding["kind"] == "ClusterRoleBinding" {
             Scope::Cluster
         } else {
             assert_eq!(
                 binding["metadata"]["namespace"],
                 NAMESPACE,
-                "{} binds the operator outside its namespace",
+                "{} binds {account} outside its namespace",
                 describe(binding)
             );
             Scope::Namespace
@@ -359,14 +386,16 @@ fn operator_grants() -> BTreeSet<Permission> {
     granted
 }
 
-fn binds_operator(binding: &Value) -> bool {
-    binding["subjects"]
-        .as_array()
-        .is_some_and(|subjects| subjects.iter().any(is_operator_account))
+fn binds(binding: &Value, account: &str) -> bool {
+    binding["subjects"].as_array().is_some_and(|subjects| {
+        subjects.iter().any(|s| {
+            s["kind"] == "ServiceAccount" && s["name"] == account && s["namespace"] == NAMESPACE
+        })
+    })
 }
 
-fn expected_grants() -> BTreeSet<Permission> {
-    OPERATOR_PERMISSIONS
+fn expected_grants(table: &[(&str, &str, &[&str], Scope)]) -> BTreeSet<Permission> {
+    table
         .iter()
         .flat_map(|(group, resource, verbs, scope)| {
             verbs
@@ -388,8 +417,8 @@ fn show(permissions: &BTreeSet<&Permission>) -> String {
 
 #[test]
 fn operator_is_granted_every_api_call_it_makes() {
-    let expected = expected_grants();
-    let granted = operator_grants();
+    let expected = expected_grants(OPERATOR_PERMISSIONS);
+    let granted = grants(OPERATOR);
     let missing: BTreeSet<&Permission> = expected.difference(&granted).collect();
     assert!(
         missing.is_empty(),
@@ -400,12 +429,26 @@ fn operator_is_granted_every_api_call_it_makes() {
 
 #[test]
 fn operator_is_granted_nothing_beyond_the_api_calls_it_makes() {
-    let expected = expected_grants();
-    let granted = operator_grants();
+    let expected = expected_grants(OPERATOR_PERMISSIONS);
+    let granted = grants(OPERATOR);
     let extra: BTreeSet<&Permission> = granted.difference(&expected).collect();
     assert!(
         extra.is_empty(),
         "the operator's roles grant more than it uses:{}",
+        show(&extra)
+    );
+}
+
+#[test]
+fn node_agent_is_granted_exactly_the_api_calls_it_makes() {
+    let expected = expected_grants(NODE_PERMISSIONS);
+    let granted = grants(NODE_SERVICE_ACCOUNT);
+    let missing: BTreeSet<&Permission> = expected.difference(&granted).collect();
+    let extra: BTreeSet<&Permission> = granted.difference(&expected).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "the node agent's roles lack:{}\nand grant beyond its calls:{}",
+        show(&missing),
         show(&extra)
     );
 }

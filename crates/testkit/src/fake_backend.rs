@@ -108,8 +108,8 @@ impl Backend for FakeBackend {
         NODE
     }
 
-    fn classes(&self) -> &[ClassInfo] {
-        &self.classes
+    fn classes(&self) -> Vec<ClassInfo> {
+        self.classes.clone()
     }
 
     async fn ready(&self) -> Result<bool> {

@@ -61,8 +61,8 @@ impl Backend for TestBackend {
     fn node_id(&self) -> &str {
         "node-1"
     }
-    fn classes(&self) -> &[ClassInfo] {
-        &[]
+    fn classes(&self) -> Vec<ClassInfo> {
+        vec![]
     }
     async fn ready(&self) -> crate::backend::Result<bool> {
         Ok(true)

@@ -1,0 +1,118 @@
+//! `lvms node`: the node agent, run by the DaemonSet the operator renders (it sets `NODE_NAME`,
+//! `NAMESPACE`, `CSI_ENDPOINT` and `CSI_DRIVER_NAME`).
+//!
+//! - The volume-group reconciler converges each `LVMVolumeGroup` this node serves and reports the
+//!   node's `LVMVolumeGroupNodeStatus`.
+//! - The `LogicalVolume` reconciler makes, grows and removes this node's volumes.
+//! - Identity and Node are served on the plugin socket; `Probe` is ready once a device class is.
+//!
+//! LVM commands of the volumes go to one long-lived `lvm` shell per set of ready classes; the node
+//! engine and the filesystem tools run as processes.
+
+use std::{path::PathBuf, sync::Arc};
+
+use anyhow::{Context, Result, bail};
+use lvms_core::config::Fstype;
+use lvms_csi::{
+    identity::{Converged, IdentityService},
+    local::LocalBackend,
+    node::{NodeOptions, NodeService},
+    server::{self, Services},
+};
+use lvms_host::{
+    engine::RealNodeHost, fs::Filesystems, lvm::Lvm, runner::RealRunner, shell::LvmShell,
+};
+use lvms_node::{lv_reconciler, switch::Switch, vg_reconciler};
+
+/// `lvms node`'s flags.
+#[derive(clap::Args)]
+pub struct NodeArgs {
+    /// This node's name (`spec.nodeName` of its pod).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// Namespace of the `LVMVolumeGroup`s and of this node's status object.
+    #[arg(long, env = "NAMESPACE")]
+    namespace: String,
+    /// The CSI socket kubelet dials through the plugin directory.
+    #[arg(long, env = "CSI_ENDPOINT", default_value = "unix:///csi/csi.sock")]
+    endpoint: String,
+    /// The CSI driver name.
+    #[arg(long, env = "CSI_DRIVER_NAME", default_value = lvms_csi::DEFAULT_DRIVER_NAME)]
+    driver_name: String,
+    /// Filesystem made on a blank volume whose capability names none.
+    #[arg(long, env = "LVMS_DEFAULT_FSTYPE", default_value = "xfs", value_parser = parse_fstype)]
+    default_fstype: Fstype,
+}
+
+fn parse_fstype(s: &str) -> Result<Fstype, String> {
+    match s {
+        "xfs" => Ok(Fstype::Xfs),
+        "ext4" => Ok(Fstype::Ext4),
+        other => Err(format!("{other:?}: use xfs or ext4")),
+    }
+}
+
+/// Runs the node agent until SIGTERM or Ctrl-C, or until a watch ends.
+pub async fn run(args: NodeArgs) -> Result<()> {
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API")?;
+    let runner = Arc::new(RealRunner);
+    let node = args.node_name.clone();
+    let vg_ctx = Arc::new(vg_reconciler::Context::new(
+        client.clone(),
+        &args.node_name,
+        &args.namespace,
+        RealNodeHost::new(runner.clone()),
+        Box::new(move |classes| {
+            LocalBackend::new(node.clone(), classes, Lvm::new(Arc::new(LvmShell::new())))
+        }),
+    ));
+    let lv_ctx = Arc::new(lv_reconciler::Context {
+        client,
+        node: args.node_name.clone(),
+        backend: vg_ctx.backend(),
+    });
+    let switch = Arc::new(Switch::new(&args.node_name, vg_ctx.backend()));
+
+    // Probe follows whether any class is served.
+    let converged = Converged::default();
+    {
+        let converged = converged.clone();
+        let mut backend = vg_ctx.backend();
+        tokio::spawn(async move {
+            loop {
+                converged.set(backend.borrow_and_update().is_some());
+                if backend.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    let socket = PathBuf::from(
+        args.endpoint
+            .strip_prefix("unix://")
+            .unwrap_or(&args.endpoint),
+    );
+    let listener = server::bind(&socket)?;
+    tracing::info!(socket = %socket.display(), node = %args.node_name, "serving CSI Identity and Node");
+    let services = Services {
+        identity: IdentityService::new(args.driver_name, false, switch.clone(), converged),
+        controller: None,
+        node: Some(NodeService::new(
+            switch,
+            Filesystems::new(runner),
+            NodeOptions {
+                default_fstype: args.default_fstype,
+            },
+        )),
+    };
+    tokio::select! {
+        () = vg_reconciler::run(vg_ctx) => bail!("the LVMVolumeGroup watch ended"),
+        () = lv_reconciler::run(lv_ctx) => bail!("the LogicalVolume watch ended"),
+        served = server::serve(listener, services, crate::shutdown_signal()) => {
+            served.context("serving CSI")
+        }
+    }
+}
