@@ -12,8 +12,13 @@
 //!   finalizer is removed;
 //! - every write bumps `metadata.resourceVersion`; creation sets `uid` and `creationTimestamp`.
 //!
-//! What it does not: watches, field ownership of server-side apply (an apply is merged like a merge
-//! patch), label or field selectors, admission, validation against the schema. Every request is
+//! - `GET …?watch=true` streams `ADDED`/`MODIFIED`/`DELETED` events of the collection from the
+//!   request's `resourceVersion` on (earlier changes are replayed), so `kube::runtime` watchers and
+//!   `await_condition` work against it;
+//! - `fieldSelector=metadata.name=<name>` on lists and watches.
+//!
+//! What it does not: field ownership of server-side apply (an apply is merged like a merge patch),
+//! label selectors and other field selectors, admission, validation against the schema. Every request is
 //! recorded ([`FakeApi::requests`]) so a test can still assert the exact calls, and
 //! [`FakeApi::fail`] makes chosen calls fail, as a crash or a lost connection would.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -24,9 +29,14 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::UnsyncBoxBody};
 use kube::{Client, client::Body};
 use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+type ResponseBody = UnsyncBoxBody<Bytes, Infallible>;
 
 /// One request as the fake saw it.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,9 +59,60 @@ struct Fault {
     times: usize,
 }
 
+/// One change, kept so a watch from an older `resourceVersion` replays it.
+#[derive(Debug, Clone)]
+struct Event {
+    resource_version: u64,
+    path: String,
+    kind: &'static str,
+    object: Value,
+}
+
+#[derive(Debug)]
+struct Watch {
+    collection: String,
+    name: Option<String>,
+    tx: mpsc::UnboundedSender<Bytes>,
+}
+
+impl Watch {
+    fn wants(&self, path: &str) -> bool {
+        in_collection(path, &self.collection)
+            && self
+                .name
+                .as_deref()
+                .is_none_or(|n| path.rsplit('/').next() == Some(n))
+    }
+}
+
+/// Whether object `path` is in `collection` (`/apis/g/v/plural` also covers every namespace's).
+fn in_collection(path: &str, collection: &str) -> bool {
+    let Some((parent, _)) = path.rsplit_once('/') else {
+        return false;
+    };
+    if parent == collection {
+        return true;
+    }
+    let Some((group, plural)) = collection.rsplit_once('/') else {
+        return false;
+    };
+    parent
+        .strip_prefix(&format!("{group}/namespaces/"))
+        .and_then(|rest| rest.split_once('/'))
+        .is_some_and(|(_, p)| p == plural)
+}
+
+fn event_line(kind: &str, object: &Value) -> Bytes {
+    let mut line = serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap();
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
 #[derive(Debug, Default)]
 struct State {
     objects: BTreeMap<String, Value>,
+    events: Vec<Event>,
+    watches: Vec<Watch>,
     resource_version: u64,
     uid: u64,
     seen: Vec<Seen>,
@@ -104,7 +165,7 @@ impl FakeApi {
         let api = self.clone();
         let service = tower::service_fn(move |req: Request<Body>| {
             let api = api.clone();
-            async move { Ok::<_, Infallible>(api.serve(req).await) }
+            async move { Ok::<Response<ResponseBody>, Infallible>(api.serve(req).await) }
         });
         Client::new(service, namespace)
     }
@@ -113,15 +174,23 @@ impl FakeApi {
     /// `/apis/topolvm.io/v1/logicalvolumes/pvc-1`), as if it had been created.
     pub fn insert(&self, path: &str, mut object: Value) {
         let mut st = self.state.lock().unwrap();
-        st.resource_version += 1;
         st.uid += 1;
         let meta = &mut object["metadata"];
         if meta.get("uid").is_none() {
             meta["uid"] = json!(format!("uid-{}", st.uid));
         }
-        meta["resourceVersion"] = json!(st.resource_version.to_string());
         meta["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
-        st.objects.insert(path.to_owned(), object);
+        let kind = if st.objects.contains_key(path) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        st.store(path, object, kind);
+    }
+
+    /// Deletes the object at `path` as the API server does (held while it has finalizers).
+    pub fn delete(&self, path: &str) {
+        self.state.lock().unwrap().delete(path);
     }
 
     /// The object at `path`, if any.
@@ -150,7 +219,7 @@ impl FakeApi {
         });
     }
 
-    async fn serve(&self, req: Request<Body>) -> Response<Body> {
+    async fn serve(&self, req: Request<Body>) -> Response<ResponseBody> {
         let (parts, body) = req.into_parts();
         let bytes = body.collect_bytes().await.unwrap_or_default();
         let body: Value = if bytes.is_empty() {
@@ -165,21 +234,92 @@ impl FakeApi {
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let path = parts.uri.path().to_owned();
+        let query = Query::parse(parts.uri.query().unwrap_or_default());
         let mut st = self.state.lock().unwrap();
-        let (code, answer) = st.answer(&parts.method, &path, content_type.as_deref(), &body);
-        st.seen.push(Seen {
-            method: parts.method,
-            path,
+        let seen = |status: StatusCode| Seen {
+            method: parts.method.clone(),
+            path: path.clone(),
             query: parts.uri.query().unwrap_or_default().to_owned(),
-            content_type,
-            body,
-            status: code.as_u16(),
-        });
+            content_type: content_type.clone(),
+            body: body.clone(),
+            status: status.as_u16(),
+        };
+        if parts.method == Method::GET && query.watch && matches!(target(&path), Target::Collection)
+        {
+            let rx = st.watch(&path, &query);
+            st.seen.push(seen(StatusCode::OK));
+            let stream = futures::stream::unfold(rx, |mut rx| async move {
+                rx.recv()
+                    .await
+                    .map(|line| (Ok::<_, Infallible>(http_body::Frame::data(line)), rx))
+            });
+            return Response::builder()
+                .status(StatusCode::OK)
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(StreamBody::new(stream).boxed_unsync())
+                .unwrap();
+        }
+        let (code, answer) =
+            st.answer(&parts.method, &path, &query, content_type.as_deref(), &body);
+        st.seen.push(seen(code));
         Response::builder()
             .status(code)
             .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+            .body(Full::new(Bytes::from(serde_json::to_vec(&answer).unwrap())).boxed_unsync())
             .unwrap()
+    }
+}
+
+/// The query parameters the fake understands.
+#[derive(Debug, Default)]
+struct Query {
+    watch: bool,
+    resource_version: Option<u64>,
+    name: Option<String>,
+}
+
+/// `%XX` decoding of a query value.
+fn decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl Query {
+    fn parse(query: &str) -> Self {
+        let mut q = Query::default();
+        for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            let v = decode(v);
+            match k {
+                "watch" => q.watch = v == "true" || v == "1",
+                "resourceVersion" => q.resource_version = v.parse().ok(),
+                "fieldSelector" => {
+                    q.name = v.strip_prefix("metadata.name=").map(str::to_owned);
+                }
+                _ => {}
+            }
+        }
+        q
     }
 }
 
@@ -188,6 +328,7 @@ impl State {
         &mut self,
         method: &Method,
         path: &str,
+        query: &Query,
         content_type: Option<&str>,
         body: &Value,
     ) -> (StatusCode, Value) {
@@ -204,7 +345,7 @@ impl State {
             );
         }
         match (method, target(path)) {
-            (&Method::GET, Target::Collection) => self.list(path),
+            (&Method::GET, Target::Collection) => self.list(path, query),
             (&Method::GET, Target::Object) => match self.objects.get(path) {
                 Some(obj) => (StatusCode::OK, obj.clone()),
                 None => not_found(path),
@@ -228,32 +369,19 @@ impl State {
         }
     }
 
-    fn list(&self, path: &str) -> (StatusCode, Value) {
-        let prefix = format!("{path}/");
+    fn list(&self, path: &str, query: &Query) -> (StatusCode, Value) {
         let items: Vec<Value> = self
             .objects
             .iter()
-            .filter(|(k, _)| k.strip_prefix(&prefix).is_some_and(|n| !n.contains('/')))
+            .filter(|(k, _)| in_collection(k, path))
+            .filter(|(k, _)| {
+                query
+                    .name
+                    .as_deref()
+                    .is_none_or(|n| k.rsplit('/').next() == Some(n))
+            })
             .map(|(_, v)| v.clone())
             .collect();
-        // Cluster-wide lists of namespaced kinds (`/apis/g/v/plural` over `…/namespaces/ns/plural/x`).
-        let items = if items.is_empty() {
-            let plural = path.rsplit('/').next().unwrap_or_default();
-            let group = path.rsplit_once('/').map(|(g, _)| g).unwrap_or_default();
-            self.objects
-                .iter()
-                .filter(|(k, _)| {
-                    k.strip_prefix(&format!("{group}/namespaces/"))
-                        .is_some_and(|rest| {
-                            let s: Vec<&str> = rest.split('/').collect();
-                            s.len() == 3 && s[1] == plural
-                        })
-                })
-                .map(|(_, v)| v.clone())
-                .collect()
-        } else {
-            items
-        };
         (
             StatusCode::OK,
             json!({"apiVersion": "v1", "kind": "List",
@@ -262,9 +390,44 @@ impl State {
         )
     }
 
-    fn bump(&mut self, object: &mut Value) {
+    /// Registers a watch of `collection`; events after the query's `resourceVersion` are replayed.
+    fn watch(&mut self, collection: &str, query: &Query) -> mpsc::UnboundedReceiver<Bytes> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let watch = Watch {
+            collection: collection.to_owned(),
+            name: query.name.clone(),
+            tx,
+        };
+        let from = query.resource_version.unwrap_or(self.resource_version);
+        for e in self.events.iter().filter(|e| e.resource_version > from) {
+            if watch.wants(&e.path) {
+                let _ = watch.tx.send(event_line(e.kind, &e.object));
+            }
+        }
+        self.watches.push(watch);
+        rx
+    }
+
+    /// Stores `object` at `path` with a new `resourceVersion` and tells the watches.
+    fn store(&mut self, path: &str, mut object: Value, kind: &'static str) -> Value {
         self.resource_version += 1;
         object["metadata"]["resourceVersion"] = json!(self.resource_version.to_string());
+        if kind == "DELETED" {
+            self.objects.remove(path);
+        } else {
+            self.objects.insert(path.to_owned(), object.clone());
+        }
+        self.events.push(Event {
+            resource_version: self.resource_version,
+            path: path.to_owned(),
+            kind,
+            object: object.clone(),
+        });
+        self.watches.retain(|w| !w.tx.is_closed());
+        for w in self.watches.iter().filter(|w| w.wants(path)) {
+            let _ = w.tx.send(event_line(kind, &object));
+        }
+        object
     }
 
     fn create(&mut self, collection: &str, mut object: Value) -> (StatusCode, Value) {
@@ -286,8 +449,7 @@ impl State {
         self.uid += 1;
         object["metadata"]["uid"] = json!(format!("uid-{}", self.uid));
         object["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
-        self.bump(&mut object);
-        self.objects.insert(path, object.clone());
+        let object = self.store(&path, object, "ADDED");
         (StatusCode::CREATED, object)
     }
 
@@ -369,15 +531,17 @@ impl State {
                 merged["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
             }
         }
-        self.bump(&mut merged);
         let finalizers_left = merged["metadata"]["finalizers"]
             .as_array()
             .is_some_and(|f| !f.is_empty());
-        if merged["metadata"].get("deletionTimestamp").is_some() && !finalizers_left {
-            self.objects.remove(path);
+        let kind = if merged["metadata"].get("deletionTimestamp").is_some() && !finalizers_left {
+            "DELETED"
+        } else if current == json!({}) {
+            "ADDED"
         } else {
-            self.objects.insert(path.to_owned(), merged.clone());
-        }
+            "MODIFIED"
+        };
+        let merged = self.store(path, merged, kind);
         (StatusCode::OK, merged)
     }
 
@@ -391,11 +555,10 @@ impl State {
         if finalizers_left {
             if object["metadata"].get("deletionTimestamp").is_none() {
                 object["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:01Z");
-                self.bump(&mut object);
-                self.objects.insert(path.to_owned(), object.clone());
+                object = self.store(path, object, "MODIFIED");
             }
         } else {
-            self.objects.remove(path);
+            object = self.store(path, object, "DELETED");
         }
         (StatusCode::OK, object)
     }
@@ -480,6 +643,70 @@ mod tests {
             matches!(err, kube::Error::Api(ref s) if s.code == 409),
             "{err:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn watches_see_changes_after_their_resource_version_and_await_condition_works() {
+        let fake = FakeApi::new();
+        fake.insert(CM, cm());
+        let api: Api<ConfigMap> = Api::namespaced(fake.client("ns"), "ns");
+        let waiting = tokio::spawn(kube::runtime::wait::await_condition(
+            api.clone(),
+            "a",
+            |cm: Option<&ConfigMap>| {
+                cm.and_then(|c| c.data.as_ref())
+                    .is_some_and(|d| d.get("k").map(String::as_str) == Some("done"))
+            },
+        ));
+        // Let the watcher list and start watching, then change the object twice.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let pp = PatchParams::default();
+        api.patch("a", &pp, &Patch::Merge(json!({"data": {"k": "half"}})))
+            .await
+            .unwrap();
+        api.patch("a", &pp, &Patch::Merge(json!({"data": {"k": "done"}})))
+            .await
+            .unwrap();
+        let seen = tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("the watch delivered the change")
+            .unwrap()
+            .unwrap();
+        assert_eq!(seen.unwrap().data.unwrap()["k"], "done");
+        let watches = fake
+            .requests()
+            .iter()
+            .filter(|s| s.query.contains("watch=true"))
+            .count();
+        assert!(watches >= 1, "{:?}", fake.requests());
+        assert!(
+            fake.requests()
+                .iter()
+                .any(|s| s.query.contains("fieldSelector=metadata.name%3Da"))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_watch_from_an_old_resource_version_replays_what_it_missed() {
+        let fake = FakeApi::new();
+        fake.insert(CM, cm());
+        let mut st = fake.state.lock().unwrap();
+        let mut rx = st.watch(
+            "/api/v1/namespaces/ns/configmaps",
+            &Query {
+                watch: true,
+                resource_version: Some(0),
+                name: None,
+            },
+        );
+        drop(st);
+        let line = rx.try_recv().unwrap();
+        let event: Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(event["type"], "ADDED");
+        assert_eq!(event["object"]["metadata"]["name"], "a");
+        fake.delete(CM);
+        let event: Value = serde_json::from_slice(&rx.try_recv().unwrap()).unwrap();
+        assert_eq!(event["type"], "DELETED");
     }
 
     #[tokio::test]
