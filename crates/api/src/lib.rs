@@ -56,6 +56,21 @@ pub fn node_of_cleanup_finalizer(finalizer: &str) -> Option<&str> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Capacity
+// ---------------------------------------------------------------------------------------------
+
+/// Where the class `class` of a node sits among the `capacity.<driver>/…` annotations when it is
+/// the node's default class (TopoLVM's name).
+pub const DEFAULT_CLASS_CAPACITY_KEY: &str = "00default";
+
+/// The Node annotation in which the node agent publishes the bytes a new volume of device class
+/// `class` may take on that node (TopoLVM's `capacity.<driver>/<class>`; the default class is also
+/// published under [`DEFAULT_CLASS_CAPACITY_KEY`]). The CSI controller answers `GetCapacity` from it.
+pub fn capacity_annotation(driver: &str, class: &str) -> String {
+    format!("capacity.{driver}/{class}")
+}
+
+// ---------------------------------------------------------------------------------------------
 // Labels
 // ---------------------------------------------------------------------------------------------
 

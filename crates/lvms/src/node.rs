@@ -5,6 +5,7 @@
 //!   node's `LVMVolumeGroupNodeStatus`.
 //! - The `LogicalVolume` reconciler makes, grows and removes this node's volumes.
 //! - Identity and Node are served on the plugin socket; `Probe` is ready once a device class is.
+//! - What each class can still hold is published on the Node (`capacity.<driver>/<class>`).
 //!
 //! LVM commands of the volumes go to one long-lived `lvm` shell per set of ready classes; the node
 //! engine and the filesystem tools run as processes.
@@ -22,7 +23,7 @@ use lvms_csi::{
 use lvms_host::{
     engine::RealNodeHost, fs::Filesystems, lvm::Lvm, runner::RealRunner, shell::LvmShell,
 };
-use lvms_node::{lv_reconciler, switch::Switch, vg_reconciler};
+use lvms_node::{capacity::Publisher, lv_reconciler, switch::Switch, vg_reconciler};
 
 /// `lvms node`'s flags.
 #[derive(clap::Args)]
@@ -68,6 +69,12 @@ pub async fn run(args: NodeArgs) -> Result<()> {
             LocalBackend::new(node.clone(), classes, Lvm::new(Arc::new(LvmShell::new())))
         }),
     ));
+    let publisher = Publisher::new(
+        client.clone(),
+        &args.node_name,
+        &args.driver_name,
+        vg_ctx.backend(),
+    );
     let lv_ctx = Arc::new(lv_reconciler::Context {
         client,
         node: args.node_name.clone(),
@@ -111,6 +118,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
     tokio::select! {
         () = vg_reconciler::run(vg_ctx) => bail!("the LVMVolumeGroup watch ended"),
         () = lv_reconciler::run(lv_ctx) => bail!("the LogicalVolume watch ended"),
+        () = publisher.run() => bail!("the capacity publisher ended"),
         served = server::serve(listener, services, crate::shutdown_signal()) => {
             served.context("serving CSI")
         }

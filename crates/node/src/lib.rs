@@ -6,7 +6,9 @@
 //! - [`volume_group`] and [`vg_reconciler`]: each `LVMVolumeGroup` this node serves, through the node
 //!   engine, to a volume group (and pool), the node's `LVMVolumeGroupNodeStatus`, and cleanup.
 //! - [`switch`]: the CSI backend that follows the set of ready classes.
+//! - [`capacity`]: what each class can still hold, published on the Node for the CSI controller.
 
+pub mod capacity;
 pub mod logical_volume;
 pub mod lv_reconciler;
 pub mod switch;

@@ -34,7 +34,7 @@ use serde_json::json;
 use tokio::sync::{Mutex, watch};
 use tracing::{debug, info, instrument, warn};
 
-use crate::volume_group::{self, Step, class_info, cleanup_finalizer, vg_status};
+use crate::volume_group::{self, Step, class_info, vg_status};
 
 /// Field manager of everything the node agent applies.
 pub const FIELD_MANAGER: &str = "lvms-node";
@@ -213,7 +213,7 @@ pub async fn reconcile<R: Runner, B: Backend>(
     let mut step = volume_group::plan(&vg, &node);
     if step == Step::AddFinalizer {
         let mut finalizers = vg.finalizers().to_vec();
-        finalizers.push(cleanup_finalizer(&ctx.node));
+        finalizers.push(lvms_api::node_cleanup_finalizer(&ctx.node));
         vg = patch_finalizers(&api, &vg, finalizers).await?;
         step = volume_group::plan(&vg, &node);
     }
@@ -345,7 +345,7 @@ async fn cleanup<R: Runner, B: Backend>(
         }
     }
     ctx.record(&class, None, None).await?;
-    let finalizer = cleanup_finalizer(&ctx.node);
+    let finalizer = lvms_api::node_cleanup_finalizer(&ctx.node);
     let finalizers = vg
         .finalizers()
         .iter()

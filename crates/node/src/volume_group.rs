@@ -7,7 +7,7 @@
 //! | the node selector does not match this node, no finalizer of ours | [`Step::Ignore`] |
 //! | being deleted, our finalizer present | [`Step::Cleanup`] |
 //! | being deleted without our finalizer | [`Step::Ignore`] |
-//! | no finalizer of ours yet | [`Step::AddFinalizer`] (before any disk is touched) |
+//! | no finalizer of ours yet ([`node_cleanup_finalizer`]) | [`Step::AddFinalizer`] (before any disk is touched) |
 //! | a spec the engine cannot take | [`Step::Report`] a `Failed` status naming the field |
 //! | otherwise | [`Step::Converge`] |
 //!
@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use lvms_api::{
     ChunkSizeCalculationPolicy, DeviceDiscoveryPolicy, DeviceDiscoveryPolicyStatus, LVMVolumeGroup,
-    MetadataSizePolicy, NODE_CLEANUP_FINALIZER_PREFIX, VGStatus, VGStatusType, selector,
+    MetadataSizePolicy, VGStatus, VGStatusType, node_cleanup_finalizer, selector,
 };
 use lvms_core::{
     config::{
@@ -29,11 +29,6 @@ use lvms_core::{
     size::ByteSize,
 };
 use lvms_csi::backend::ClassInfo;
-
-/// The finalizer this node puts on each `LVMVolumeGroup` it serves (LVMS's name).
-pub fn cleanup_finalizer(node: &str) -> String {
-    format!("{NODE_CLEANUP_FINALIZER_PREFIX}{node}")
-}
 
 /// Whether `vg`'s node selector matches `node` (no selector: every node).
 pub fn selects(vg: &LVMVolumeGroup, node: &Node) -> bool {
@@ -48,7 +43,7 @@ pub fn selects(vg: &LVMVolumeGroup, node: &Node) -> bool {
 pub enum Step {
     /// Not this node's.
     Ignore,
-    /// Add [`cleanup_finalizer`].
+    /// Add [`node_cleanup_finalizer`].
     AddFinalizer,
     /// Remove the class from this node (when no volumes remain), then the finalizer.
     Cleanup,
@@ -60,7 +55,7 @@ pub enum Step {
 
 /// The next step for `vg` on `node` (see the [module documentation](self)).
 pub fn plan(vg: &LVMVolumeGroup, node: &Node) -> Step {
-    let finalizer = cleanup_finalizer(&node.name_any());
+    let finalizer = node_cleanup_finalizer(&node.name_any());
     let has_finalizer = vg.finalizers().contains(&finalizer);
     if vg.metadata.deletion_timestamp.is_some() {
         return if has_finalizer {

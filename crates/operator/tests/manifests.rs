@@ -119,8 +119,9 @@ const OPERATOR_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
 
 /// Every API call the node agent (`lvms node`, service account `vg-manager`) makes.
 const NODE_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
-    // The volume-group reconciler: which LVMVolumeGroups select this node.
-    ("", "nodes", &["get"], Scope::Cluster),
+    // The volume-group reconciler: which LVMVolumeGroups select this node. The capacity
+    // publisher: its capacity annotations, merge-patched.
+    ("", "nodes", &["get", "patch"], Scope::Cluster),
     // Watched, their per-node finalizer merge-patched.
     (
         "lvm.topolvm.io",

@@ -28,16 +28,8 @@ fn thin_spec() -> serde_json::Value {
 }
 
 fn with_finalizer(mut vg: LVMVolumeGroup, node: &str) -> LVMVolumeGroup {
-    vg.metadata.finalizers = Some(vec![cleanup_finalizer(node)]);
+    vg.metadata.finalizers = Some(vec![node_cleanup_finalizer(node)]);
     vg
-}
-
-#[test]
-fn the_finalizer_is_lvms_per_node_name() {
-    assert_eq!(
-        cleanup_finalizer("worker-1"),
-        "cleanup.vgmanager.node.topolvm.io/worker-1"
-    );
 }
 
 #[test]

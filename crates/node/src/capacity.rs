@@ -1,0 +1,218 @@
+//! What this node's device classes can still hold, published on its `Node` object as TopoLVM does
+//! (ADR 0009): `capacity.<driver>/<class>` holds the bytes a new volume of that class may take, and the
+//! default class is also published under `capacity.<driver>/00default`. The CSI controller answers
+//! `GetCapacity` (and so external-provisioner's `CSIStorageCapacity` objects) and picks nodes from them.
+//!
+//! The publisher looks every [`PERIOD`] and whenever the set of ready classes changes, and patches the
+//! Node only when a value changed; a class no longer served loses its annotation.
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+};
+use lvms_api::{DEFAULT_CLASS_CAPACITY_KEY, capacity_annotation};
+use lvms_csi::backend::Backend;
+use serde_json::{Map, Value, json};
+use tokio::sync::watch;
+use tracing::{debug, warn};
+
+/// How often the capacities are looked at.
+pub const PERIOD: Duration = Duration::from_secs(10);
+
+/// The annotations for `available` bytes per class (with whether it is the default class).
+pub fn annotations(driver: &str, available: &[(String, bool, u64)]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (class, default, bytes) in available {
+        out.insert(capacity_annotation(driver, class), bytes.to_string());
+        if *default {
+            out.insert(
+                capacity_annotation(driver, DEFAULT_CLASS_CAPACITY_KEY),
+                bytes.to_string(),
+            );
+        }
+    }
+    out
+}
+
+/// The merge patch from the `published` annotations to `wanted` (`null` removes a key); `None` when
+/// nothing changed.
+pub fn patch(
+    published: &BTreeMap<String, String>,
+    wanted: &BTreeMap<String, String>,
+) -> Option<Value> {
+    let mut changes = Map::new();
+    for (k, v) in wanted {
+        if published.get(k) != Some(v) {
+            changes.insert(k.clone(), json!(v));
+        }
+    }
+    for k in published.keys().filter(|k| !wanted.contains_key(*k)) {
+        changes.insert(k.clone(), Value::Null);
+    }
+    (!changes.is_empty()).then(|| json!({"metadata": {"annotations": changes}}))
+}
+
+/// Publishes the capacities of this node's classes until the backend channel closes.
+pub struct Publisher<B> {
+    pub client: Client,
+    pub node: String,
+    pub driver: String,
+    pub backend: watch::Receiver<Option<Arc<B>>>,
+    published: BTreeMap<String, String>,
+}
+
+impl<B: Backend> Publisher<B> {
+    pub fn new(
+        client: Client,
+        node: impl Into<String>,
+        driver: impl Into<String>,
+        backend: watch::Receiver<Option<Arc<B>>>,
+    ) -> Self {
+        Self {
+            client,
+            node: node.into(),
+            driver: driver.into(),
+            backend,
+            published: BTreeMap::new(),
+        }
+    }
+
+    /// Reads the annotations this node carries now (so a restart removes what it no longer serves).
+    async fn read_published(&mut self) -> Result<(), kube::Error> {
+        let node = Api::<Node>::all(self.client.clone())
+            .get(&self.node)
+            .await?;
+        let prefix = capacity_annotation(&self.driver, "");
+        self.published = node
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(k, _)| k.starts_with(&prefix))
+            .collect();
+        Ok(())
+    }
+
+    /// One look: computes the annotations and patches the Node when they changed.
+    pub async fn publish_once(&mut self) -> Result<(), String> {
+        let backend = self.backend.borrow().clone();
+        let mut available = Vec::new();
+        if let Some(b) = backend {
+            for class in b.classes() {
+                let c = b
+                    .capacity(&class.name)
+                    .await
+                    .map_err(|e| format!("capacity of {}: {e}", class.name))?;
+                available.push((class.name, class.default, c.available));
+            }
+        }
+        let wanted = annotations(&self.driver, &available);
+        if let Some(p) = patch(&self.published, &wanted) {
+            debug!(annotations = %p, "publishing capacity");
+            Api::<Node>::all(self.client.clone())
+                .patch(&self.node, &PatchParams::default(), &Patch::Merge(p))
+                .await
+                .map_err(|e| format!("annotate Node {}: {e}", self.node))?;
+            self.published = wanted;
+        }
+        Ok(())
+    }
+
+    /// Publishes every [`PERIOD`] and on every change of the ready classes.
+    pub async fn run(mut self) {
+        if let Err(e) = self.read_published().await {
+            warn!(error = %e, "cannot read this node's annotations; publishing from scratch");
+        }
+        loop {
+            if let Err(e) = self.publish_once().await {
+                warn!(error = %e, "publishing capacity failed");
+            }
+            tokio::select! {
+                () = tokio::time::sleep(PERIOD) => {}
+                changed = self.backend.changed() => if changed.is_err() { return },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use lvms_testkit::{fake_api::FakeApi, fake_backend::FakeBackend};
+
+    use super::*;
+
+    #[test]
+    fn each_class_and_the_default_get_an_annotation_and_stale_ones_are_removed() {
+        let wanted = annotations(
+            "topolvm.io",
+            &[
+                ("thin".into(), true, 8 << 30),
+                ("thick".into(), false, 1 << 30),
+            ],
+        );
+        assert_eq!(
+            wanted,
+            BTreeMap::from([
+                (
+                    "capacity.topolvm.io/00default".into(),
+                    (8u64 << 30).to_string()
+                ),
+                ("capacity.topolvm.io/thick".into(), (1u64 << 30).to_string()),
+                ("capacity.topolvm.io/thin".into(), (8u64 << 30).to_string()),
+            ])
+        );
+        assert_eq!(
+            patch(&wanted, &wanted),
+            None,
+            "nothing changed, nothing sent"
+        );
+        let mut published = wanted.clone();
+        published.insert("capacity.topolvm.io/old".into(), "1".into());
+        published.insert("capacity.topolvm.io/thick".into(), "2".into());
+        assert_eq!(
+            patch(&published, &wanted),
+            Some(json!({"metadata": {"annotations": {
+                "capacity.topolvm.io/old": null,
+                "capacity.topolvm.io/thick": (1u64 << 30).to_string(),
+            }}}))
+        );
+    }
+
+    #[tokio::test]
+    async fn the_node_is_annotated_once_per_change() {
+        let api = FakeApi::new();
+        api.insert(
+            "/api/v1/nodes/node-a",
+            json!({"metadata": {"name": "node-a", "annotations": {"capacity.topolvm.io/gone": "5"}}}),
+        );
+        let (tx, rx) = watch::channel(None);
+        let mut p = Publisher::new(api.client("default"), "node-a", "topolvm.io", rx);
+        p.read_published().await.unwrap();
+        p.publish_once().await.unwrap();
+        let annotations = &api.get("/api/v1/nodes/node-a").unwrap()["metadata"]["annotations"];
+        assert_eq!(
+            annotations,
+            &json!({}),
+            "nothing served: the stale key is removed"
+        );
+
+        tx.send_replace(Some(Arc::new(FakeBackend::new())));
+        p.publish_once().await.unwrap();
+        let node = api.get("/api/v1/nodes/node-a").unwrap();
+        // FakeBackend: thin (default) 2 x 4 GiB overprovisioned, thick 1 GiB free.
+        assert_eq!(
+            node["metadata"]["annotations"],
+            json!({"capacity.topolvm.io/00default": (8u64 << 30).to_string(),
+                   "capacity.topolvm.io/thin": (8u64 << 30).to_string(),
+                   "capacity.topolvm.io/thick": (1u64 << 30).to_string()})
+        );
+        api.clear_requests();
+        p.publish_once().await.unwrap();
+        assert!(api.requests().is_empty(), "unchanged: no patch");
+    }
+}
