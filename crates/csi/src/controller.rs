@@ -276,7 +276,7 @@ fn timestamp(unix_seconds: u64) -> prost_types::Timestamp {
 }
 
 /// Pages `items` (sorted by id): `starting_token` is the id of the first entry to return.
-fn page<T>(
+pub fn page<T>(
     items: Vec<T>,
     id: impl Fn(&T) -> &str,
     max_entries: i32,

@@ -19,7 +19,7 @@ use crate::{
     backend::Backend,
     controller::ControllerService,
     csi::{
-        controller_server::ControllerServer,
+        controller_server::{Controller, ControllerServer},
         identity_server::IdentityServer,
         node_server::{Node, NodeServer},
     },
@@ -78,25 +78,27 @@ pub fn bind(path: &Path) -> Result<UnixListener> {
     Ok(listener)
 }
 
-/// Which services to serve (`N` is the Node service, [`crate::node`]'s in the driver).
-pub struct Services<B, N> {
+/// Which services to serve (`N` is the Node service, [`crate::node`]'s in the driver; `C` the Controller
+/// service, [`ControllerService`] over one node's backend unless a cluster-wide one is given).
+pub struct Services<B, N, C = ControllerService<B>> {
     /// Always served.
     pub identity: IdentityService<B>,
     /// The Controller service, if this process is a controller.
-    pub controller: Option<ControllerService<B>>,
+    pub controller: Option<C>,
     /// The Node service, if this process is on a node.
     pub node: Option<N>,
 }
 
 /// Serves `services` on `listener` until `shutdown` completes.
-pub async fn serve<B, N>(
+pub async fn serve<B, N, C>(
     listener: UnixListener,
-    services: Services<B, N>,
+    services: Services<B, N, C>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()>
 where
     B: Backend,
     N: Node,
+    C: Controller,
 {
     let router = Server::builder()
         .add_service(IdentityServer::new(services.identity))

@@ -104,8 +104,8 @@ pub async fn run(args: NodeArgs) -> Result<()> {
     );
     let listener = server::bind(&socket)?;
     tracing::info!(socket = %socket.display(), node = %args.node_name, "serving CSI Identity and Node");
-    let services = Services {
-        identity: IdentityService::new(args.driver_name, false, switch.clone(), converged),
+    let services: Services<_, _> = Services {
+        identity: IdentityService::new(args.driver_name.clone(), false, switch.clone(), converged),
         controller: None,
         node: Some(NodeService::new(
             switch,

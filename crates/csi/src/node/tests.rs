@@ -1051,7 +1051,7 @@ async fn node_codes_over_a_real_socket() {
     let svc = NodeService::new(s.backend.clone(), fs, NodeOptions::default());
     let socket = s.dir.path().join("csi.sock");
     let listener = server::bind(&socket).unwrap();
-    let services = Services {
+    let services: Services<_, _> = Services {
         identity: IdentityService::new(
             "topolvm.io",
             false,
