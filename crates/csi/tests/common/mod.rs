@@ -9,83 +9,12 @@ use std::{
 
 use lvms_csi::{
     controller::ControllerService,
-    csi::{
-        controller_client::ControllerClient, identity_client::IdentityClient, node_server::Node,
-    },
+    csi::{controller_client::ControllerClient, identity_client::IdentityClient},
     identity::{Converged, IdentityService},
     server::{self, Services},
 };
-pub use lvms_testkit::fake_backend::{EXTENT, FakeBackend, NODE};
+pub use lvms_testkit::fake_backend::{EXTENT, FakeBackend, NODE, NoNode};
 use tonic::transport::Channel;
-
-/// A Node service that is never called (the contract tests here cover Identity and Controller).
-pub struct NoNode;
-
-#[tonic::async_trait]
-impl Node for NoNode {
-    async fn node_stage_volume(
-        &self,
-        _: tonic::Request<lvms_csi::csi::NodeStageVolumeRequest>,
-    ) -> std::result::Result<tonic::Response<lvms_csi::csi::NodeStageVolumeResponse>, tonic::Status>
-    {
-        Err(tonic::Status::unimplemented(""))
-    }
-    async fn node_unstage_volume(
-        &self,
-        _: tonic::Request<lvms_csi::csi::NodeUnstageVolumeRequest>,
-    ) -> std::result::Result<tonic::Response<lvms_csi::csi::NodeUnstageVolumeResponse>, tonic::Status>
-    {
-        Err(tonic::Status::unimplemented(""))
-    }
-    async fn node_publish_volume(
-        &self,
-        _: tonic::Request<lvms_csi::csi::NodePublishVolumeRequest>,
-    ) -> std::result::Result<tonic::Response<lvms_csi::csi::NodePublishVolumeResponse>, tonic::Status>
-    {
-        Err(tonic::Status::unimplemented(""))
-    }
-    async fn node_unpublish_volume(
-        &self,
-        _: tonic::Request<lvms_csi::csi::NodeUnpublishVolumeRequest>,
-    ) -> std::result::Result<
-        tonic::Response<lvms_csi::csi::NodeUnpublishVolumeResponse>,
-        tonic::Status,
-    > {
-        Err(tonic::Status::unimplemented(""))
-    }
-    async fn node_get_volume_stats(
-        &self,
-        _: tonic::Request<lvms_csi::csi::NodeGetVolumeStatsRequest>,
-    ) -> std::result::Result<
-        tonic::Response<lvms_csi::csi::NodeGetVolumeStatsResponse>,
-        tonic::Status,
-    > {
-        Err(tonic::Status::unimplemented(""))
-    }
-    async fn node_expand_volume(
-        &self,
-        _: tonic::Request<lvms_csi::csi::NodeExpandVolumeRequest>,
-    ) -> std::result::Result<tonic::Response<lvms_csi::csi::NodeExpandVolumeResponse>, tonic::Status>
-    {
-        Err(tonic::Status::unimplemented(""))
-    }
-    async fn node_get_capabilities(
-        &self,
-        _: tonic::Request<lvms_csi::csi::NodeGetCapabilitiesRequest>,
-    ) -> std::result::Result<
-        tonic::Response<lvms_csi::csi::NodeGetCapabilitiesResponse>,
-        tonic::Status,
-    > {
-        Err(tonic::Status::unimplemented(""))
-    }
-    async fn node_get_info(
-        &self,
-        _: tonic::Request<lvms_csi::csi::NodeGetInfoRequest>,
-    ) -> std::result::Result<tonic::Response<lvms_csi::csi::NodeGetInfoResponse>, tonic::Status>
-    {
-        Err(tonic::Status::unimplemented(""))
-    }
-}
 
 /// The Identity and Controller services over `backend` on a socket in a temp dir, and clients.
 pub struct Driver {

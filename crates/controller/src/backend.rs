@@ -1,0 +1,344 @@
+//! [`NodeBackend`]: the [`Backend`] of one node as the controller sees it on Kubernetes. A volume is a
+//! `LogicalVolume` object named after the volume id (ADR 0008: `csi-…`/`snap-…` from the CSI name),
+//! made by that node's agent; this backend creates, patches and deletes the objects and waits for the
+//! agent's answer by watching the object (never polling).
+//!
+//! - Create: the object is created (or found, after a crash or a cancelled call) and the backend waits
+//!   for `status.volumeID`. A non-zero `status.code` deletes the object and returns that failure.
+//! - Expand: `spec.size` is patched; the backend waits for `status.currentSize` to reach it.
+//! - Delete: the object is deleted; the backend waits until it is gone (its finalizer goes when the LV is
+//!   removed).
+//! - Reads come from the [`View`]'s stores; capacity from the node's annotations (ADR 0009).
+
+use std::{sync::Arc, time::Duration};
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+    runtime::wait::await_condition,
+};
+use lvms_api::topolvm::{LogicalVolume, LogicalVolumeSpec};
+use lvms_core::{lvattr::LvHealth, size::ByteSize};
+use lvms_csi::{
+    backend::{
+        Backend, BackendError, Capacity, ClassInfo, LvType, NewSnapshot, NewVolume, Result, Source,
+        Volume,
+    },
+    ids,
+};
+use serde_json::json;
+
+use crate::view::View;
+
+/// How long a call waits for the node agent before answering `UNAVAILABLE` (the CO retries; the
+/// object stays, so the retry picks up where this one stopped).
+pub const WAIT: Duration = Duration::from_secs(120);
+
+/// gRPC codes the node agent records in `status.code`.
+fn from_code(code: i32, message: String) -> BackendError {
+    match code {
+        3 => BackendError::InvalidArgument(message),
+        5 => BackendError::NotFound(message),
+        6 => BackendError::Conflict(message),
+        8 => BackendError::InsufficientSpace(message),
+        _ => BackendError::Unavailable(message),
+    }
+}
+
+fn api_err(what: String) -> impl FnOnce(kube::Error) -> BackendError {
+    move |e| BackendError::Unavailable(format!("{what}: {e}"))
+}
+
+/// One node's volumes, through `LogicalVolume` objects.
+pub struct NodeBackend {
+    node: String,
+    view: Arc<View>,
+    api: Api<LogicalVolume>,
+    wait: Duration,
+}
+
+impl NodeBackend {
+    pub fn new(node: impl Into<String>, view: Arc<View>, api: Api<LogicalVolume>) -> Self {
+        Self {
+            node: node.into(),
+            view,
+            api,
+            wait: WAIT,
+        }
+    }
+
+    /// Waits at most `wait` for the node agent.
+    pub fn with_wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// The volume `lv` holds, once the agent recorded it.
+    fn volume(&self, lv: &LogicalVolume, classes: &[ClassInfo]) -> Option<Volume> {
+        let status = lv.status.as_ref()?;
+        if status.volume_id.is_empty() || status.code != 0 {
+            return None;
+        }
+        let class = if lv.spec.device_class.is_empty() {
+            classes.iter().find(|c| c.default)?.name.clone()
+        } else {
+            lv.spec.device_class.clone()
+        };
+        let size = status
+            .current_size
+            .as_ref()
+            .or(Some(&lv.spec.size))
+            .and_then(|q| q.0.parse::<ByteSize>().ok())
+            .map_or(0, |b| b.0);
+        let snapshot = !lv.spec.source.is_empty() && lv.spec.access_type == "ro";
+        let source = (!lv.spec.source.is_empty()).then(|| {
+            // Objects are named after their ids, so the source's name is its id.
+            if ids::is_snapshot_id(&lv.spec.source) {
+                Source::Snapshot(lv.spec.source.clone())
+            } else {
+                Source::Volume(lv.spec.source.clone())
+            }
+        });
+        Some(Volume {
+            id: status.volume_id.clone(),
+            class: class.clone(),
+            size,
+            name: Some(lv.spec.name.clone()),
+            source,
+            snapshot,
+            thin: classes
+                .iter()
+                .any(|c| c.name == class && c.thin_pool.is_some()),
+            created: lv
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .and_then(|t| u64::try_from(t.0.as_second()).ok()),
+            requested: None,
+            health: LvHealth::Ok,
+            device: String::new(),
+        })
+    }
+
+    /// Creates `lv` (or finds it from an earlier attempt) and waits for the agent's answer.
+    async fn make(&self, lv: LogicalVolume) -> Result<Volume> {
+        let name = lv.name_any();
+        match self.api.create(&PostParams::default(), &lv).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                let found = self
+                    .api
+                    .get(&name)
+                    .await
+                    .map_err(api_err(format!("read LogicalVolume {name}")))?;
+                if found.spec.node_name != self.node || found.spec.name != lv.spec.name {
+                    return Err(BackendError::Conflict(format!(
+                        "LogicalVolume {name} exists for {:?} on node {}",
+                        found.spec.name, found.spec.node_name
+                    )));
+                }
+            }
+            Err(e) => return Err(api_err(format!("create LogicalVolume {name}"))(e)),
+        }
+        let answered = |o: Option<&LogicalVolume>| {
+            o.and_then(|o| o.status.as_ref())
+                .is_some_and(|s| !s.volume_id.is_empty() || s.code != 0)
+        };
+        let lv = self.wait_for(&name, answered).await?.ok_or_else(|| {
+            BackendError::Unavailable(format!("LogicalVolume {name} was deleted while being made"))
+        })?;
+        let status = lv.status.clone().unwrap_or_default();
+        if status.code != 0 {
+            // The controller owns the failed request: remove it (the agent releases it) so a retry
+            // starts afresh.
+            match self.api.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => {
+                    if let Err(e) = self.wait_for(&name, |o| o.is_none()).await {
+                        tracing::warn!(logical_volume = %name, error = %e, "failed request not yet removed");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(logical_volume = %name, error = %e, "cannot remove failed request")
+                }
+            }
+            return Err(from_code(status.code, status.message));
+        }
+        let classes = self.classes();
+        self.volume(&lv, &classes).ok_or_else(|| {
+            BackendError::Unavailable(format!(
+                "node {} serves no default class for LogicalVolume {name}",
+                self.node
+            ))
+        })
+    }
+
+    async fn wait_for(
+        &self,
+        name: &str,
+        cond: impl Fn(Option<&LogicalVolume>) -> bool + Send + 'static,
+    ) -> Result<Option<LogicalVolume>> {
+        match tokio::time::timeout(self.wait, await_condition(self.api.clone(), name, cond)).await {
+            Ok(Ok(lv)) => Ok(lv),
+            Ok(Err(e)) => Err(BackendError::Unavailable(format!(
+                "watching LogicalVolume {name}: {e}"
+            ))),
+            Err(_) => Err(BackendError::Unavailable(format!(
+                "node {} has not answered LogicalVolume {name} within {} s; the request stays \
+                 and a retry picks it up",
+                self.node,
+                self.wait.as_secs()
+            ))),
+        }
+    }
+
+    fn object(&self, id: &str, spec: LogicalVolumeSpec) -> LogicalVolume {
+        LogicalVolume::new(id, spec)
+    }
+}
+
+impl Backend for NodeBackend {
+    fn node_id(&self) -> &str {
+        &self.node
+    }
+
+    fn classes(&self) -> Vec<ClassInfo> {
+        self.view.node_classes(&self.node)
+    }
+
+    async fn ready(&self) -> Result<bool> {
+        Ok(true)
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<Volume>> {
+        let classes = self.classes();
+        Ok(self
+            .view
+            .logical_volume(id)
+            .filter(|lv| lv.spec.node_name == self.node)
+            .and_then(|lv| self.volume(&lv, &classes)))
+    }
+
+    async fn list(&self) -> Result<Vec<Volume>> {
+        let classes = self.classes();
+        let mut out: Vec<Volume> = self
+            .view
+            .logical_volumes_on(&self.node)
+            .iter()
+            .filter_map(|lv| self.volume(lv, &classes))
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    async fn create_volume(&self, req: &NewVolume) -> Result<Volume> {
+        if req.lv_type != LvType::Linear {
+            return Err(BackendError::InvalidArgument(
+                "volume layouts (the lvType parameter) are not supported on Kubernetes yet: thick \
+                 volumes are linear; remove the parameter"
+                    .to_owned(),
+            ));
+        }
+        let id = ids::volume_lv_name(&req.name);
+        let (source, access_type) = match &req.source {
+            None => (String::new(), String::new()),
+            Some(s) => (s.id().to_owned(), "rw".to_owned()),
+        };
+        self.make(self.object(
+            &id,
+            LogicalVolumeSpec {
+                name: req.name.clone(),
+                node_name: self.node.clone(),
+                size: Quantity(req.size.to_string()),
+                device_class: req.class.clone(),
+                lvcreate_option_class: String::new(),
+                source,
+                access_type,
+            },
+        ))
+        .await
+    }
+
+    async fn create_snapshot(&self, req: &NewSnapshot) -> Result<Volume> {
+        let source = self.get(&req.source_volume).await?.ok_or_else(|| {
+            BackendError::NotFound(format!("volume {} does not exist", req.source_volume))
+        })?;
+        let id = ids::snapshot_lv_name(&req.name);
+        self.make(self.object(
+            &id,
+            LogicalVolumeSpec {
+                name: req.name.clone(),
+                node_name: self.node.clone(),
+                size: Quantity(source.size.to_string()),
+                device_class: source.class.clone(),
+                lvcreate_option_class: String::new(),
+                source: source.id.clone(),
+                access_type: "ro".to_owned(),
+            },
+        ))
+        .await
+    }
+
+    async fn delete(&self, id: &str) -> Result<bool> {
+        let found = self
+            .api
+            .get_opt(id)
+            .await
+            .map_err(api_err(format!("read LogicalVolume {id}")))?;
+        match found {
+            Some(lv) if lv.spec.node_name == self.node => {}
+            _ => return Ok(false),
+        }
+        match self.api.delete(id, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(true),
+            Err(e) => return Err(api_err(format!("delete LogicalVolume {id}"))(e)),
+        }
+        self.wait_for(id, |o| o.is_none()).await?;
+        Ok(true)
+    }
+
+    async fn expand(&self, id: &str, size: u64) -> Result<u64> {
+        let patch = json!({"spec": {"size": size.to_string()}});
+        self.api
+            .patch(id, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map_err(api_err(format!("grow LogicalVolume {id}")))?;
+        let grown = move |o: Option<&LogicalVolume>| {
+            o.and_then(|o| o.status.as_ref()).is_some_and(|s| {
+                s.code != 0
+                    || s.current_size
+                        .as_ref()
+                        .and_then(|q| q.0.parse::<ByteSize>().ok())
+                        .is_some_and(|b| b.0 >= size)
+            })
+        };
+        let lv = self.wait_for(id, grown).await?.ok_or_else(|| {
+            BackendError::NotFound(format!("LogicalVolume {id} was deleted while growing"))
+        })?;
+        let status = lv.status.unwrap_or_default();
+        if status.code != 0 {
+            return Err(from_code(status.code, status.message));
+        }
+        Ok(status
+            .current_size
+            .and_then(|q| q.0.parse::<ByteSize>().ok())
+            .map_or(size, |b| b.0))
+    }
+
+    async fn capacity(&self, class: &str) -> Result<Capacity> {
+        let available = self.view.available(&self.node, Some(class)).unwrap_or(0);
+        Ok(Capacity {
+            available,
+            maximum_volume_size: available,
+            minimum_volume_size: 0,
+        })
+    }
+
+    async fn activate(&self, id: &str) -> Result<String> {
+        Err(BackendError::Unavailable(format!(
+            "{id}: volumes are activated by the node agent of node {}, not by the controller",
+            self.node
+        )))
+    }
+}

@@ -1,0 +1,12 @@
+//! The CSI controller on Kubernetes (`lvms csi-controller`): the Controller service of the whole cluster.
+//! A volume is a `LogicalVolume` object for one node, made by that node's agent (`lvms node`); the
+//! controller creates the object and waits, by watching it, for the agent's answer.
+//!
+//! - [`view`]: the cluster as reflector stores (volumes, nodes and their capacity, classes).
+//! - [`backend`]: one node's volumes as a [`lvms_csi::backend::Backend`] over `LogicalVolume`s.
+//! - [`service`]: the Controller service, routing each call to the single-node service of the right node.
+#![forbid(unsafe_code)]
+
+pub mod backend;
+pub mod service;
+pub mod view;

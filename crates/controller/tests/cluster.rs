@@ -1,0 +1,424 @@
+//! The cluster's Controller service on a real socket, driven by the generated CSI client, against the
+//! in-memory API server, with two real node agents (`lvms_node::lv_reconciler::run`, the watch-driven
+//! controller `lvms node` runs) over in-memory backends answering the `LogicalVolume`s.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use kube::Api;
+use lvms_api::topolvm::LogicalVolume;
+use lvms_controller::{backend::NodeBackend, service::ClusterController, view::View};
+use lvms_csi::{
+    TOPOLOGY_NODE_KEY,
+    csi::{
+        CapacityRange, ControllerExpandVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest,
+        DeleteVolumeRequest, GetCapacityRequest, ListVolumesRequest, Topology, TopologyRequirement,
+        VolumeCapability, VolumeContentSource, controller_client::ControllerClient,
+        volume_capability, volume_content_source,
+    },
+    identity::{Converged, IdentityService},
+    ids,
+    server::{self, Services},
+};
+use lvms_node::lv_reconciler;
+use lvms_testkit::{
+    fake_api::FakeApi,
+    fake_backend::{FakeBackend, NoNode},
+};
+use serde_json::json;
+use tonic::{Code, transport::Channel};
+
+const NS: &str = "lvms";
+const GIB: i64 = 1 << 30;
+
+struct Cluster {
+    api: FakeApi,
+    agents: HashMap<&'static str, Arc<FakeBackend>>,
+    client: ControllerClient<Channel>,
+    _dir: tempfile::TempDir,
+}
+
+fn node(name: &str, thin_gib: u64, thick_gib: u64) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "annotations": {
+        "capacity.topolvm.io/thin": (thin_gib << 30).to_string(),
+        "capacity.topolvm.io/00default": (thin_gib << 30).to_string(),
+        "capacity.topolvm.io/thick": (thick_gib << 30).to_string(),
+    }}})
+}
+
+/// Two nodes serving `thin` (default) and `thick`; node-a has more room.
+async fn cluster() -> Cluster {
+    let api = FakeApi::new();
+    api.insert("/api/v1/nodes/node-a", node("node-a", 8, 100));
+    api.insert("/api/v1/nodes/node-b", node("node-b", 2, 1));
+    for (name, spec) in [
+        (
+            "thin",
+            json!({"deviceSelector": {"paths": ["/dev/vdb"]}, "default": true,
+                   "thinPoolConfig": {"name": "pool", "overprovisionRatio": 2}}),
+        ),
+        ("thick", json!({"deviceSelector": {"paths": ["/dev/vdc"]}})),
+    ] {
+        api.insert(
+            &format!("/apis/lvm.topolvm.io/v1alpha1/namespaces/{NS}/lvmvolumegroups/{name}"),
+            json!({"apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
+                   "metadata": {"name": name, "namespace": NS}, "spec": spec}),
+        );
+    }
+    let mut agents = HashMap::new();
+    for n in ["node-a", "node-b"] {
+        api.insert(
+            &format!(
+                "/apis/lvm.topolvm.io/v1alpha1/namespaces/{NS}/lvmvolumegroupnodestatuses/{n}"
+            ),
+            json!({"apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroupNodeStatus",
+                   "metadata": {"name": n, "namespace": NS},
+                   "spec": {"nodeStatus": [{"name": "thin", "status": "Ready"},
+                                           {"name": "thick", "status": "Ready"}]}}),
+        );
+        let backend = Arc::new(FakeBackend::new());
+        agents.insert(n, backend.clone());
+        tokio::spawn(lv_reconciler::run(Arc::new(lv_reconciler::Context::fixed(
+            api.client(NS),
+            n,
+            backend,
+        ))));
+    }
+
+    let (view, keep_current) = View::start(api.client(NS), NS, "topolvm.io");
+    tokio::spawn(keep_current);
+    tokio::time::timeout(Duration::from_secs(5), view.ready())
+        .await
+        .expect("the stores list within 5 s")
+        .unwrap();
+    let lvs: Api<LogicalVolume> = Api::all(api.client(NS));
+    let controller =
+        ClusterController::new(view.clone(), lvs.clone()).with_wait(Duration::from_secs(10));
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("csi.sock");
+    let listener = server::bind(&socket).unwrap();
+    let services: Services<NodeBackend, NoNode, ClusterController> = Services {
+        identity: IdentityService::new(
+            "topolvm.io",
+            true,
+            Arc::new(NodeBackend::new("", view, lvs)),
+            Converged::default(),
+        ),
+        controller: Some(controller),
+        node: None,
+    };
+    tokio::spawn(server::serve(listener, services, std::future::pending()));
+    let channel = server::connect(&socket).await.unwrap();
+    Cluster {
+        api,
+        agents,
+        client: ControllerClient::new(channel),
+        _dir: dir,
+    }
+}
+
+fn mount() -> VolumeCapability {
+    VolumeCapability {
+        access_type: Some(volume_capability::AccessType::Mount(
+            volume_capability::MountVolume {
+                fs_type: "ext4".into(),
+                ..Default::default()
+            },
+        )),
+        access_mode: Some(volume_capability::AccessMode {
+            mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+        }),
+    }
+}
+
+fn create(name: &str, gib: i64) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: gib * GIB,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![mount()],
+        ..Default::default()
+    }
+}
+
+fn on(node: &str) -> Topology {
+    Topology {
+        segments: [(TOPOLOGY_NODE_KEY.to_owned(), node.to_owned())].into(),
+    }
+}
+
+fn lv_path(id: &str) -> String {
+    format!("/apis/topolvm.io/v1/logicalvolumes/{id}")
+}
+
+#[tokio::test]
+async fn create_goes_to_the_roomiest_node_through_a_logical_volume_and_is_idempotent() {
+    let mut c = cluster().await;
+    let vol = c
+        .client
+        .create_volume(create("pvc-1", 1))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let id = ids::volume_lv_name("pvc-1");
+    assert_eq!(vol.volume_id, id);
+    assert_eq!(vol.capacity_bytes, GIB);
+    assert_eq!(vol.accessible_topology, vec![on("node-a")]);
+    let lv = c.api.get(&lv_path(&id)).expect("the LogicalVolume exists");
+    assert_eq!(lv["spec"]["nodeName"], "node-a");
+    assert_eq!(lv["spec"]["name"], "pvc-1");
+    assert_eq!(lv["status"]["volumeID"], json!(id));
+
+    let again = c
+        .client
+        .create_volume(create("pvc-1", 1))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(again, vol);
+    assert_eq!(c.agents["node-a"].calls(), ["create_volume pvc-1"]);
+    assert!(c.agents["node-b"].calls().is_empty());
+
+    let bigger = c
+        .client
+        .create_volume(create("pvc-1", 2))
+        .await
+        .unwrap_err();
+    assert_eq!(bigger.code(), Code::AlreadyExists, "{bigger:?}");
+}
+
+#[tokio::test]
+async fn accessibility_requirements_choose_the_node_and_an_unserved_one_is_resource_exhausted() {
+    let mut c = cluster().await;
+    let mut req = create("pvc-b", 1);
+    req.accessibility_requirements = Some(TopologyRequirement {
+        requisite: vec![on("node-b")],
+        preferred: vec![on("node-b")],
+    });
+    let vol = c
+        .client
+        .create_volume(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(vol.accessible_topology, vec![on("node-b")]);
+    assert_eq!(c.agents["node-b"].calls(), ["create_volume pvc-b"]);
+
+    let mut req = create("pvc-x", 1);
+    req.accessibility_requirements = Some(TopologyRequirement {
+        requisite: vec![on("node-x")],
+        preferred: vec![],
+    });
+    let err = c.client.create_volume(req).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("node-x"), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_failure_the_node_records_is_returned_and_its_logical_volume_removed() {
+    let mut c = cluster().await;
+    // node-a claims 100 GiB of thick room, its disk (the fake) has 1 GiB.
+    let mut req = create("big", 2);
+    req.parameters = [("topolvm.io/device-class".to_owned(), "thick".to_owned())].into();
+    let err = c.client.create_volume(req).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("bytes free"), "{err:?}");
+    assert!(c.api.get(&lv_path(&ids::volume_lv_name("big"))).is_none());
+    assert_eq!(c.agents["node-a"].calls(), ["create_volume big"]);
+}
+
+#[tokio::test]
+async fn snapshot_restore_expand_and_delete_follow_the_volume_to_its_node() {
+    let mut c = cluster().await;
+    let mut req = create("src", 1);
+    req.accessibility_requirements = Some(TopologyRequirement {
+        requisite: vec![on("node-b")],
+        preferred: vec![],
+    });
+    let src = c
+        .client
+        .create_volume(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+
+    let snap = c
+        .client
+        .create_snapshot(CreateSnapshotRequest {
+            source_volume_id: src.volume_id.clone(),
+            name: "snap-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert_eq!(snap.snapshot_id, ids::snapshot_lv_name("snap-1"));
+    assert_eq!(snap.source_volume_id, src.volume_id);
+    assert!(snap.ready_to_use);
+
+    let mut restore = create("restored", 1);
+    restore.volume_content_source = Some(VolumeContentSource {
+        r#type: Some(volume_content_source::Type::Snapshot(
+            volume_content_source::SnapshotSource {
+                snapshot_id: snap.snapshot_id.clone(),
+            },
+        )),
+    });
+    let restored = c
+        .client
+        .create_volume(restore)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(restored.accessible_topology, vec![on("node-b")]);
+    assert_eq!(
+        c.agents["node-b"].calls(),
+        [
+            "create_volume src",
+            "create_snapshot snap-1",
+            "create_volume restored"
+        ]
+    );
+    assert!(c.agents["node-a"].calls().is_empty());
+
+    let grown = c
+        .client
+        .controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: src.volume_id.clone(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 2 * GIB,
+                limit_bytes: 0,
+            }),
+            volume_capability: Some(mount()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grown.capacity_bytes, 2 * GIB);
+    assert!(grown.node_expansion_required);
+    assert_eq!(
+        c.api.get(&lv_path(&src.volume_id)).unwrap()["status"]["currentSize"],
+        json!((2 * GIB).to_string())
+    );
+
+    c.client
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: restored.volume_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(c.api.get(&lv_path(&restored.volume_id)).is_none());
+    assert!(
+        !c.agents["node-b"]
+            .state
+            .lock()
+            .unwrap()
+            .volumes
+            .contains_key(&restored.volume_id),
+        "the node removed the LV before the object went"
+    );
+    // Deleting it again, or an id no node knows, is OK.
+    for id in [restored.volume_id.clone(), ids::volume_lv_name("never")] {
+        c.client
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: id,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    let missing = c
+        .client
+        .controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: ids::volume_lv_name("never"),
+            capacity_range: Some(CapacityRange {
+                required_bytes: GIB,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+}
+
+#[tokio::test]
+async fn list_volumes_pages_over_every_node_and_capacity_is_per_node_or_summed() {
+    let mut c = cluster().await;
+    for (name, node) in [("v1", "node-a"), ("v2", "node-b"), ("v3", "node-a")] {
+        let mut req = create(name, 1);
+        req.accessibility_requirements = Some(TopologyRequirement {
+            requisite: vec![on(node)],
+            preferred: vec![],
+        });
+        c.client.create_volume(req).await.unwrap();
+    }
+    let mut ids_seen = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = c
+            .client
+            .list_volumes(ListVolumesRequest {
+                max_entries: 2,
+                starting_token: token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(page.entries.len() <= 2);
+        ids_seen.extend(
+            page.entries
+                .iter()
+                .map(|e| e.volume.as_ref().unwrap().volume_id.clone()),
+        );
+        if page.next_token.is_empty() {
+            break;
+        }
+        token = page.next_token;
+    }
+    let mut want: Vec<String> = ["v1", "v2", "v3"]
+        .iter()
+        .map(|n| ids::volume_lv_name(n))
+        .collect();
+    want.sort();
+    assert_eq!(ids_seen, want);
+
+    let on_b = c
+        .client
+        .get_capacity(GetCapacityRequest {
+            volume_capabilities: vec![mount()],
+            accessible_topology: Some(on("node-b")),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(on_b.available_capacity, 2 * GIB);
+    let total = c
+        .client
+        .get_capacity(GetCapacityRequest {
+            volume_capabilities: vec![mount()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(total.available_capacity, 10 * GIB);
+    assert_eq!(total.maximum_volume_size, Some(8 * GIB));
+}
