@@ -36,7 +36,7 @@ pub struct View {
     pub driver: String,
 }
 
-fn reflect<K>(api: Api<K>) -> (Store<K>, impl Future<Output = ()> + Send)
+fn reflect<K>(api: Api<K>) -> (Store<K>, impl Future<Output = ()> + Send + use<K>)
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
@@ -55,7 +55,7 @@ impl View {
         client: Client,
         namespace: &str,
         driver: &str,
-    ) -> (Arc<Self>, impl Future<Output = ()> + Send) {
+    ) -> (Arc<Self>, impl Future<Output = ()> + Send + use<>) {
         let (logical_volumes, lvs) = reflect(Api::<LogicalVolume>::all(client.clone()));
         let (nodes, ns) = reflect(Api::<Node>::all(client.clone()));
         let (volume_groups, vgs) =

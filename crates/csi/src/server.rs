@@ -121,3 +121,65 @@ pub async fn connect(path: impl Into<PathBuf>) -> Result<Channel, tonic::transpo
         }))
         .await
 }
+
+/// The Node service type of a server that serves none (`node: None`): every call is UNIMPLEMENTED.
+pub struct NoNode;
+
+#[tonic::async_trait]
+impl Node for NoNode {
+    async fn node_stage_volume(
+        &self,
+        _: tonic::Request<crate::csi::NodeStageVolumeRequest>,
+    ) -> std::result::Result<tonic::Response<crate::csi::NodeStageVolumeResponse>, tonic::Status>
+    {
+        Err(tonic::Status::unimplemented(""))
+    }
+    async fn node_unstage_volume(
+        &self,
+        _: tonic::Request<crate::csi::NodeUnstageVolumeRequest>,
+    ) -> std::result::Result<tonic::Response<crate::csi::NodeUnstageVolumeResponse>, tonic::Status>
+    {
+        Err(tonic::Status::unimplemented(""))
+    }
+    async fn node_publish_volume(
+        &self,
+        _: tonic::Request<crate::csi::NodePublishVolumeRequest>,
+    ) -> std::result::Result<tonic::Response<crate::csi::NodePublishVolumeResponse>, tonic::Status>
+    {
+        Err(tonic::Status::unimplemented(""))
+    }
+    async fn node_unpublish_volume(
+        &self,
+        _: tonic::Request<crate::csi::NodeUnpublishVolumeRequest>,
+    ) -> std::result::Result<tonic::Response<crate::csi::NodeUnpublishVolumeResponse>, tonic::Status>
+    {
+        Err(tonic::Status::unimplemented(""))
+    }
+    async fn node_get_volume_stats(
+        &self,
+        _: tonic::Request<crate::csi::NodeGetVolumeStatsRequest>,
+    ) -> std::result::Result<tonic::Response<crate::csi::NodeGetVolumeStatsResponse>, tonic::Status>
+    {
+        Err(tonic::Status::unimplemented(""))
+    }
+    async fn node_expand_volume(
+        &self,
+        _: tonic::Request<crate::csi::NodeExpandVolumeRequest>,
+    ) -> std::result::Result<tonic::Response<crate::csi::NodeExpandVolumeResponse>, tonic::Status>
+    {
+        Err(tonic::Status::unimplemented(""))
+    }
+    async fn node_get_capabilities(
+        &self,
+        _: tonic::Request<crate::csi::NodeGetCapabilitiesRequest>,
+    ) -> std::result::Result<tonic::Response<crate::csi::NodeGetCapabilitiesResponse>, tonic::Status>
+    {
+        Err(tonic::Status::unimplemented(""))
+    }
+    async fn node_get_info(
+        &self,
+        _: tonic::Request<crate::csi::NodeGetInfoRequest>,
+    ) -> std::result::Result<tonic::Response<crate::csi::NodeGetInfoResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented(""))
+    }
+}

@@ -1,6 +1,7 @@
 //! `lvms`: one binary, one subcommand per role.
 
 mod csi_cli;
+mod csi_controller;
 mod node;
 mod standalone;
 
@@ -76,6 +77,9 @@ enum Cmd {
     /// Run the node agent: converge this node's LVMVolumeGroups, serve its LogicalVolumes, and
     /// serve CSI Identity and Node on the plugin socket.
     Node(node::NodeArgs),
+    /// Run the cluster's CSI Controller service (beside the CSI sidecars): volumes become
+    /// LogicalVolumes that the node agents make.
+    CsiController(csi_controller::CsiControllerArgs),
     /// Call one CSI RPC on a CSI endpoint (a small CSI client).
     Csi(csi_cli::CsiArgs),
     /// Run the CSI driver without Kubernetes: converge the config's device classes, serve Identity,
@@ -124,6 +128,7 @@ fn main() -> Result<()> {
             Cmd::Csi(args) => csi_cli::run(args).await,
             Cmd::Standalone(args) => standalone::run(args).await,
             Cmd::Node(args) => node::run(args).await,
+            Cmd::CsiController(args) => csi_controller::run(args).await,
         }
     })
 }

@@ -10,7 +10,6 @@ use lvms_csi::{
     backend::{
         Backend, BackendError, Capacity, ClassInfo, NewSnapshot, NewVolume, Result, Source, Volume,
     },
-    csi::node_server::Node,
     ids,
 };
 
@@ -235,71 +234,4 @@ impl Backend for FakeBackend {
     }
 }
 
-/// A Node service that is never called, for servers of Identity and Controller only.
-pub struct NoNode;
-
-#[tonic::async_trait]
-impl Node for NoNode {
-    async fn node_stage_volume(
-        &self,
-        _: tonic::Request<lvms_csi::csi::NodeStageVolumeRequest>,
-    ) -> std::result::Result<tonic::Response<lvms_csi::csi::NodeStageVolumeResponse>, tonic::Status>
-    {
-        Err(tonic::Status::unimplemented(""))
-    }
-    async fn node_unstage_volume(
-        &self,
-        _: tonic::Request<lvms_csi::csi::NodeUnstageVolumeRequest>,
-    ) -> std::result::Result<tonic::Response<lvms_csi::csi::NodeUnstageVolumeResponse>, tonic::Status>
-    {
-        Err(tonic::Status::unimplemented(""))
-    }
-    async fn node_publish_volume(
-        &self,
-        _: tonic::Request<lvms_csi::csi::NodePublishVolumeRequest>,
-    ) -> std::result::Result<tonic::Response<lvms_csi::csi::NodePublishVolumeResponse>, tonic::Status>
-    {
-        Err(tonic::Status::unimplemented(""))
-    }
-    async fn node_unpublish_volume(
-        &self,
-        _: tonic::Request<lvms_csi::csi::NodeUnpublishVolumeRequest>,
-    ) -> std::result::Result<
-        tonic::Response<lvms_csi::csi::NodeUnpublishVolumeResponse>,
-        tonic::Status,
-    > {
-        Err(tonic::Status::unimplemented(""))
-    }
-    async fn node_get_volume_stats(
-        &self,
-        _: tonic::Request<lvms_csi::csi::NodeGetVolumeStatsRequest>,
-    ) -> std::result::Result<
-        tonic::Response<lvms_csi::csi::NodeGetVolumeStatsResponse>,
-        tonic::Status,
-    > {
-        Err(tonic::Status::unimplemented(""))
-    }
-    async fn node_expand_volume(
-        &self,
-        _: tonic::Request<lvms_csi::csi::NodeExpandVolumeRequest>,
-    ) -> std::result::Result<tonic::Response<lvms_csi::csi::NodeExpandVolumeResponse>, tonic::Status>
-    {
-        Err(tonic::Status::unimplemented(""))
-    }
-    async fn node_get_capabilities(
-        &self,
-        _: tonic::Request<lvms_csi::csi::NodeGetCapabilitiesRequest>,
-    ) -> std::result::Result<
-        tonic::Response<lvms_csi::csi::NodeGetCapabilitiesResponse>,
-        tonic::Status,
-    > {
-        Err(tonic::Status::unimplemented(""))
-    }
-    async fn node_get_info(
-        &self,
-        _: tonic::Request<lvms_csi::csi::NodeGetInfoRequest>,
-    ) -> std::result::Result<tonic::Response<lvms_csi::csi::NodeGetInfoResponse>, tonic::Status>
-    {
-        Err(tonic::Status::unimplemented(""))
-    }
-}
+pub use lvms_csi::server::NoNode;

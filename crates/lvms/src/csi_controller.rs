@@ -1,0 +1,72 @@
+//! `lvms csi-controller`: the CSI Controller (and Identity) service of the cluster, beside the CSI
+//! sidecars (external-provisioner, -resizer, -snapshotter) in the operator's pod. Volumes are
+//! `LogicalVolume` objects the node agents answer (see `lvms_controller`).
+
+use std::{path::PathBuf, sync::Arc};
+
+use anyhow::{Context, Result, bail};
+use kube::Api;
+use lvms_api::topolvm::LogicalVolume;
+use lvms_controller::{backend::NodeBackend, service::ClusterController, view::View};
+use lvms_csi::{
+    identity::{Converged, IdentityService},
+    server::{self, NoNode, Services},
+};
+
+/// `lvms csi-controller`'s flags.
+#[derive(clap::Args)]
+pub struct CsiControllerArgs {
+    /// Namespace of the `LVMVolumeGroup`s and node statuses (the operator's).
+    #[arg(long, env = "NAMESPACE")]
+    namespace: String,
+    /// The CSI socket the sidecars dial.
+    #[arg(
+        long,
+        env = "CSI_ENDPOINT",
+        default_value = "unix:///run/lvms/csi-controller.sock"
+    )]
+    endpoint: String,
+    /// The CSI driver name.
+    #[arg(long, env = "CSI_DRIVER_NAME", default_value = lvms_csi::DEFAULT_DRIVER_NAME)]
+    driver_name: String,
+}
+
+/// Serves until SIGTERM or Ctrl-C, or until the watches end.
+pub async fn run(args: CsiControllerArgs) -> Result<()> {
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API")?;
+    let (view, keep_current) = View::start(client.clone(), &args.namespace, &args.driver_name);
+    let lvs: Api<LogicalVolume> = Api::all(client);
+    let socket = PathBuf::from(
+        args.endpoint
+            .strip_prefix("unix://")
+            .unwrap_or(&args.endpoint),
+    );
+    let converged = Converged::default();
+    let services: Services<NodeBackend, NoNode, ClusterController> = Services {
+        identity: IdentityService::new(
+            args.driver_name,
+            true,
+            Arc::new(NodeBackend::new("", view.clone(), lvs.clone())),
+            converged.clone(),
+        ),
+        controller: Some(ClusterController::new(view.clone(), lvs)),
+        node: None,
+    };
+    let listener = server::bind(&socket)?;
+    tracing::info!(socket = %socket.display(), "serving CSI Identity and Controller");
+    let ready = async {
+        view.ready().await.context("watching the cluster")?;
+        converged.set(true);
+        tracing::info!("cluster view ready");
+        std::future::pending::<Result<()>>().await
+    };
+    tokio::select! {
+        () = keep_current => bail!("the cluster watches ended"),
+        r = ready => r,
+        served = server::serve(listener, services, crate::shutdown_signal()) => {
+            served.context("serving CSI")
+        }
+    }
+}
