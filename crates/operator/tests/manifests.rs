@@ -151,6 +151,106 @@ const NODE_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
     ),
 ];
 
+/// Every API call of the CSI controller side of the operator's pod: `lvms csi-controller` and the
+/// CSI sidecars (their upstream RBAC), granted to the operator's service account by their own roles.
+const CSI_CONTROLLER_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
+    (
+        "topolvm.io",
+        "logicalvolumes",
+        &["get", "list", "watch", "create", "patch", "delete"],
+        Scope::Cluster,
+    ),
+    ("", "nodes", &["get", "list", "watch"], Scope::Cluster),
+    (
+        "",
+        "persistentvolumes",
+        &["get", "list", "watch", "create", "patch", "delete"],
+        Scope::Cluster,
+    ),
+    (
+        "",
+        "persistentvolumeclaims",
+        &["get", "list", "watch", "update"],
+        Scope::Cluster,
+    ),
+    (
+        "",
+        "persistentvolumeclaims/status",
+        &["patch"],
+        Scope::Cluster,
+    ),
+    (
+        "",
+        "events",
+        &["list", "watch", "create", "update", "patch"],
+        Scope::Cluster,
+    ),
+    ("", "pods", &["get", "list", "watch"], Scope::Cluster),
+    (
+        "storage.k8s.io",
+        "storageclasses",
+        &["get", "list", "watch"],
+        Scope::Cluster,
+    ),
+    (
+        "storage.k8s.io",
+        "csinodes",
+        &["get", "list", "watch"],
+        Scope::Cluster,
+    ),
+    (
+        "storage.k8s.io",
+        "volumeattachments",
+        &["get", "list", "watch"],
+        Scope::Cluster,
+    ),
+    (
+        "storage.k8s.io",
+        "volumeattributesclasses",
+        &["get", "list", "watch"],
+        Scope::Cluster,
+    ),
+    (
+        "snapshot.storage.k8s.io",
+        "volumesnapshots",
+        &["get", "list"],
+        Scope::Cluster,
+    ),
+    (
+        "snapshot.storage.k8s.io",
+        "volumesnapshotclasses",
+        &["get", "list", "watch"],
+        Scope::Cluster,
+    ),
+    (
+        "snapshot.storage.k8s.io",
+        "volumesnapshotcontents",
+        &["get", "list", "watch", "update", "patch"],
+        Scope::Cluster,
+    ),
+    (
+        "snapshot.storage.k8s.io",
+        "volumesnapshotcontents/status",
+        &["update", "patch"],
+        Scope::Cluster,
+    ),
+    (
+        "coordination.k8s.io",
+        "leases",
+        &["get", "list", "watch", "create", "update", "delete"],
+        Scope::Namespace,
+    ),
+    (
+        "storage.k8s.io",
+        "csistoragecapacities",
+        &[
+            "get", "list", "watch", "create", "update", "patch", "delete",
+        ],
+        Scope::Namespace,
+    ),
+    ("apps", "replicasets", &["get"], Scope::Namespace),
+];
+
 type Permission = (String, String, String, Scope);
 
 fn workspace() -> PathBuf {
@@ -304,15 +404,18 @@ fn deployment() -> &'static Value {
     find("Deployment", OPERATOR, true)
 }
 
-fn operator_container() -> &'static Value {
+fn container(name: &str) -> &'static Value {
     let deploy = deployment();
-    let containers = at(deploy, "/spec/template/spec/containers")
+    at(deploy, "/spec/template/spec/containers")
         .as_array()
-        .expect("containers is a list");
-    let [container] = containers.as_slice() else {
-        panic!("{}: expected one container", describe(deploy));
-    };
-    container
+        .expect("containers is a list")
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("{}: no container {name}", describe(deploy)))
+}
+
+fn operator_container() -> &'static Value {
+    container("operator")
 }
 
 /// The container port `port` (a number or a port name) stands for.
@@ -418,7 +521,8 @@ fn show(permissions: &BTreeSet<&Permission>) -> String {
 
 #[test]
 fn operator_is_granted_every_api_call_it_makes() {
-    let expected = expected_grants(OPERATOR_PERMISSIONS);
+    let mut expected = expected_grants(OPERATOR_PERMISSIONS);
+    expected.extend(expected_grants(CSI_CONTROLLER_PERMISSIONS));
     let granted = grants(OPERATOR);
     let missing: BTreeSet<&Permission> = expected.difference(&granted).collect();
     assert!(
@@ -430,7 +534,8 @@ fn operator_is_granted_every_api_call_it_makes() {
 
 #[test]
 fn operator_is_granted_nothing_beyond_the_api_calls_it_makes() {
-    let expected = expected_grants(OPERATOR_PERMISSIONS);
+    let mut expected = expected_grants(OPERATOR_PERMISSIONS);
+    expected.extend(expected_grants(CSI_CONTROLLER_PERMISSIONS));
     let granted = grants(OPERATOR);
     let extra: BTreeSet<&Permission> = granted.difference(&expected).collect();
     assert!(
@@ -452,6 +557,64 @@ fn node_agent_is_granted_exactly_the_api_calls_it_makes() {
         show(&missing),
         show(&extra)
     );
+}
+
+#[test]
+fn the_operator_pod_runs_the_csi_controller_with_the_standard_sidecars_on_one_socket() {
+    let socket = "/run/csi/csi.sock";
+    let ctrl = container("csi-controller");
+    assert_eq!(strings(&ctrl["args"]), ["csi-controller"]);
+    assert_eq!(
+        str_at(env(ctrl, "CSI_ENDPOINT"), "/value"),
+        format!("unix://{socket}")
+    );
+    for (name, required) in [
+        (
+            "csi-provisioner",
+            &[
+                "--enable-capacity",
+                "--strict-topology",
+                "--extra-create-metadata",
+            ][..],
+        ),
+        ("csi-resizer", &[][..]),
+        ("csi-snapshotter", &[][..]),
+        ("livenessprobe", &[][..]),
+    ] {
+        let c = container(name);
+        let args = strings(&c["args"]);
+        assert!(
+            args.contains(&format!("--csi-address={socket}").as_str()),
+            "{name}: {args:?}"
+        );
+        for flag in required {
+            assert!(args.contains(flag), "{name} lacks {flag}: {args:?}");
+        }
+        let image = str_at(c, "/image");
+        assert!(
+            image.starts_with("registry.k8s.io/sig-storage/"),
+            "{name}: {image}"
+        );
+    }
+    // --enable-capacity needs the pod's namespace and name.
+    let provisioner = container("csi-provisioner");
+    for var in ["NAMESPACE", "POD_NAME"] {
+        assert!(env(provisioner, var).get("valueFrom").is_some(), "{var}");
+    }
+    // Every one of them mounts the socket's directory.
+    let containers = at(deployment(), "/spec/template/spec/containers")
+        .as_array()
+        .unwrap();
+    for c in containers.iter().filter(|c| c["name"] != "operator") {
+        let mounts = c["volumeMounts"].as_array().cloned().unwrap_or_default();
+        assert!(
+            mounts
+                .iter()
+                .any(|m| m["name"] == "socket-dir" && m["mountPath"] == "/run/csi"),
+            "{} does not mount the socket directory",
+            c["name"]
+        );
+    }
 }
 
 #[test]
