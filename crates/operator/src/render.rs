@@ -717,6 +717,9 @@ fn host_volumes(cfg: &RenderConfig) -> Vec<HostVolume> {
         // in the pod see each other's locks.
         v("run-lvm", "/run/lvm", Some("DirectoryOrCreate")),
         v("run-lock-lvm", "/run/lock/lvm", Some("DirectoryOrCreate")),
+        // The host's LVM configuration (filters, devices file) and its metadata backups and
+        // archives: lvm in the pod behaves as lvm on the host (ADR 0010).
+        v("etc-lvm", "/etc/lvm", Some("DirectoryOrCreate")),
         // The udev database (lsblk, blkid, lvm's udev checks) and sysfs.
         v("run-udev", "/run/udev", None),
         v("sys", "/sys", None),
@@ -805,6 +808,7 @@ fn daemon_set(owner: &Owner<'_>, cfg: &RenderConfig, cluster: &LVMCluster) -> Da
             mount("device-dir", "/dev", Some("HostToContainer")),
             mount("run-lvm", "/run/lvm", None),
             mount("run-lock-lvm", "/run/lock/lvm", None),
+            mount("etc-lvm", "/etc/lvm", None),
             mount("run-udev", "/run/udev", Some("HostToContainer")),
             mount("sys", "/sys", Some("HostToContainer")),
         ]),
@@ -888,6 +892,9 @@ fn daemon_set(owner: &Owner<'_>, cfg: &RenderConfig, cluster: &LVMCluster) -> Da
                     affinity,
                     containers: vec![node, registrar, liveness],
                     volumes: Some(volumes),
+                    // lvm waits for the host's udev through System V semaphores (udev_sync): the
+                    // cookies must live in the host's IPC namespace (ADR 0010).
+                    host_ipc: Some(true),
                     ..PodSpec::default()
                 }),
             },

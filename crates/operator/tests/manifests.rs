@@ -921,3 +921,38 @@ fn kustomizations_list_every_manifest_file() {
         }
     }
 }
+
+#[test]
+fn the_image_carries_the_node_tools_and_runs_lvms() {
+    let dockerfile = std::fs::read_to_string(workspace().join("deploy/Dockerfile"))
+        .expect("deploy/Dockerfile exists");
+    let stages: Vec<&str> = dockerfile
+        .lines()
+        .filter(|l| l.starts_with("FROM "))
+        .collect();
+    assert_eq!(
+        stages.len(),
+        2,
+        "a build stage and a runtime stage: {stages:?}"
+    );
+    assert!(stages[1].contains("debian:bookworm"), "{}", stages[1]);
+    let install = dockerfile
+        .split("apt-get install")
+        .nth(1)
+        .expect("the runtime stage installs packages");
+    let install = install.split("&&").next().unwrap_or_default();
+    for tool in [
+        "lvm2",
+        "thin-provisioning-tools",
+        "e2fsprogs",
+        "xfsprogs",
+        "util-linux",
+    ] {
+        assert!(
+            install.split_whitespace().any(|w| w == tool),
+            "the image lacks {tool}"
+        );
+    }
+    assert!(dockerfile.contains("COPY --from=build /out/lvms /usr/local/bin/lvms"));
+    assert!(dockerfile.contains(r#"ENTRYPOINT ["/usr/local/bin/lvms"]"#));
+}

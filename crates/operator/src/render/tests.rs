@@ -111,6 +111,7 @@ metadata:
       labels: *labels
     spec:
       serviceAccountName: vg-manager
+      hostIPC: true
       priorityClassName: system-node-critical
 {affinity}      containers:
       - name: vg-manager
@@ -157,6 +158,8 @@ metadata:
           mountPath: /run/lvm
         - name: run-lock-lvm
           mountPath: /run/lock/lvm
+        - name: etc-lvm
+          mountPath: /etc/lvm
         - name: run-udev
           mountPath: /run/udev
           mountPropagation: HostToContainer
@@ -218,6 +221,10 @@ metadata:
       - name: run-lock-lvm
         hostPath:
           path: /run/lock/lvm
+          type: DirectoryOrCreate
+      - name: etc-lvm
+        hostPath:
+          path: /etc/lvm
           type: DirectoryOrCreate
       - name: run-udev
         hostPath:
@@ -702,6 +709,7 @@ fn configuration_flows_into_driver_paths_and_images() {
             {"name": "device-dir", "hostPath": {"path": "/dev", "type": "Directory"}},
             {"name": "run-lvm", "hostPath": {"path": "/run/lvm", "type": "DirectoryOrCreate"}},
             {"name": "run-lock-lvm", "hostPath": {"path": "/run/lock/lvm", "type": "DirectoryOrCreate"}},
+            {"name": "etc-lvm", "hostPath": {"path": "/etc/lvm", "type": "DirectoryOrCreate"}},
             {"name": "run-udev", "hostPath": {"path": "/run/udev"}},
             {"name": "sys", "hostPath": {"path": "/sys"}},
         ])
