@@ -1,5 +1,6 @@
 //! Developer tasks: `cargo xtask deps | vm-run | vm-test | demo`.
 
+mod helm;
 mod vm;
 
 use std::{
@@ -47,6 +48,8 @@ enum Task {
     },
     /// The demo: in the VM, the standalone CSI driver on real LVM, driven by `lvms csi` (scripts/demo.sh).
     Demo,
+    /// Regenerate the Helm chart deploy/helm/lvms from the kustomize base (needs kubectl).
+    Helm,
     /// The CSI benchmark in the VM (release build): the driver against raw LVM, ratios printed.
     Bench {
         /// Passed to lvms-csi-bench: `--runner process`, or `--scale 2000` for the scale check.
@@ -127,6 +130,7 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
             deps()?;
             demo(&repo)
         }
+        Task::Helm => helm::generate(&repo).map(|()| ExitCode::SUCCESS),
         Task::Bench { args } => {
             deps()?;
             bench(&repo, &args)

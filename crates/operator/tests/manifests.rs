@@ -956,3 +956,110 @@ fn the_image_carries_the_node_tools_and_runs_lvms() {
     assert!(dockerfile.contains("COPY --from=build /out/lvms /usr/local/bin/lvms"));
     assert!(dockerfile.contains(r#"ENTRYPOINT ["/usr/local/bin/lvms"]"#));
 }
+
+/// Renders a chart template with `namespace` and the chart's default image, as Helm would for the only
+/// expressions the generated chart uses.
+fn render_template(text: &str, namespace: &str, repository: &str, tag: &str) -> String {
+    let out = text
+        .replace("{{ .Release.Namespace }}", namespace)
+        .replace("{{ .Values.image.repository }}", repository)
+        .replace("{{ .Values.image.tag }}", tag);
+    assert!(
+        !out.contains("{{"),
+        "a template expression this test does not model:\n{out}"
+    );
+    out
+}
+
+#[test]
+fn the_helm_chart_holds_the_objects_of_the_kustomize_base() {
+    let Some(rendered) = RENDERED.as_deref() else {
+        eprintln!("skipped: kubectl is not on PATH (LVMS_REQUIRE_KUBECTL=1 makes this a failure)");
+        return;
+    };
+    let chart = workspace().join("deploy/helm/lvms");
+    let values: Value = serde_norway::from_str(
+        &std::fs::read_to_string(chart.join("values.yaml")).expect("values.yaml"),
+    )
+    .expect("values.yaml parses");
+    let (repository, tag) = (
+        str_at(&values, "/image/repository"),
+        str_at(&values, "/image/tag"),
+    );
+    let mut from_chart = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(chart.join("templates")).expect("templates/") {
+        let path = entry.expect("an entry").path();
+        let text = render_template(
+            &std::fs::read_to_string(&path).expect("a template"),
+            NAMESPACE,
+            repository,
+            tag,
+        );
+        for obj in parse_documents(&text, &path.display().to_string()) {
+            assert!(
+                from_chart.insert(describe(&obj), obj).is_none(),
+                "{} twice",
+                path.display()
+            );
+        }
+    }
+    let from_base: std::collections::BTreeMap<String, Value> =
+        parse_documents(rendered, "`kubectl kustomize deploy/base`")
+            .into_iter()
+            .filter(|o| o["kind"] != "Namespace" && o["kind"] != "CustomResourceDefinition")
+            .map(|o| (describe(&o), o))
+            .collect();
+    assert_eq!(
+        from_chart.keys().collect::<Vec<_>>(),
+        from_base.keys().collect::<Vec<_>>(),
+        "regenerate the chart: cargo xtask helm"
+    );
+    for (key, obj) in &from_base {
+        assert_eq!(
+            &from_chart[key], obj,
+            "{key} differs: regenerate the chart with cargo xtask helm"
+        );
+    }
+    // The CRDs, unchanged.
+    let crds = |dir: &Path| -> std::collections::BTreeMap<String, String> {
+        std::fs::read_dir(dir)
+            .expect("a CRD directory")
+            .map(|e| e.expect("an entry").path())
+            .filter(|p| {
+                p.extension().is_some_and(|e| e == "yaml")
+                    && p.file_name().is_some_and(|n| n != "kustomization.yaml")
+            })
+            .map(|p| {
+                (
+                    p.file_name()
+                        .unwrap_or_default()
+                        .to_string_lossy()
+                        .into_owned(),
+                    std::fs::read_to_string(&p).expect("a CRD file"),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        crds(&chart.join("crds")),
+        crds(&workspace().join("deploy/crds")),
+        "regenerate the chart: cargo xtask helm"
+    );
+}
+
+#[test]
+fn the_sample_lvmcluster_passes_the_admission_rules() {
+    let path = workspace().join("deploy/samples/lvmcluster.yaml");
+    let cluster: lvms_api::LVMCluster =
+        serde_norway::from_str(&std::fs::read_to_string(&path).expect("the sample exists"))
+            .expect("the sample is an LVMCluster");
+    assert_eq!(cluster.metadata.namespace.as_deref(), Some(NAMESPACE));
+    let review = lvms_core::webhook::validate_create(
+        &cluster,
+        &lvms_core::webhook::Context {
+            operator_namespace: NAMESPACE.to_owned(),
+            ..Default::default()
+        },
+    );
+    assert!(review.errors.is_empty(), "{:?}", review.errors);
+}
