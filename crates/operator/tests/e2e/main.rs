@@ -16,11 +16,14 @@
 //! - [`operator`]: the LVMCluster controller renders every object, aggregates a hand-written node
 //!   status into `LVMCluster.status`, and runs the deletion flow (PVCs and Retain PVs block it, node
 //!   cleanup finalizers are awaited);
-//! - [`node_removal`]: deleting a Node releases its node status and cleanup finalizers.
+//! - [`node_removal`]: deleting a Node releases its node status and cleanup finalizers;
+//! - [`provisioning`]: the CSI controller and a node agent's LogicalVolume reconciler (over an in-memory
+//!   backend, no disks) make, grow, snapshot and remove a volume through LogicalVolume objects.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod crds;
 mod node_removal;
 mod operator;
+mod provisioning;
 mod support;
 mod webhook;
