@@ -210,6 +210,12 @@ cat > /run/lvm-etc/lvm.conf <<'LVMCONF'
 devices {
     obtain_device_list_from_udev = 0
 }
+global {
+    # No autoactivation from udev events: Debian's 69-lvm.rules would run `vgchange -aay` (there is
+    # no systemd here) when a PV appears on a loop disk, which can reactivate an LV a test has just
+    # deactivated.
+    event_activation = 0
+}
 backup {
     backup_dir = "/run/lvm-etc/backup"
     archive_dir = "/run/lvm-etc/archive"
