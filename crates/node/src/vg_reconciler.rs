@@ -148,6 +148,22 @@ impl<R: Runner, B: Backend> Context<R, B> {
         Ok(())
     }
 
+    /// Starts from the entries this node's status object holds (a restarted agent keeps reporting
+    /// every class while it converges them one by one, instead of dropping the others).
+    pub async fn load_node_status(&self) -> Result<()> {
+        let api: Api<LVMVolumeGroupNodeStatus> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        let found = api.get_opt(&self.node).await.map_err(kube_err(format!(
+            "read LVMVolumeGroupNodeStatus {}",
+            self.node
+        )))?;
+        let mut st = self.state.lock().await;
+        for entry in found.into_iter().flat_map(|s| s.spec.lvm_vg_status) {
+            st.statuses.entry(entry.name.clone()).or_insert(entry);
+        }
+        Ok(())
+    }
+
     async fn apply_node_status(&self, statuses: &BTreeMap<String, VGStatus>) -> Result<()> {
         let api: Api<LVMVolumeGroupNodeStatus> =
             Api::namespaced(self.client.clone(), &self.namespace);
@@ -175,6 +191,9 @@ impl<R: Runner, B: Backend> Context<R, B> {
 
 /// Runs the reconciler until the watch ends.
 pub async fn run<R: Runner, B: Backend>(ctx: Arc<Context<R, B>>) {
+    if let Err(e) = ctx.load_node_status().await {
+        warn!(error = %e, "cannot read this node's status object; it is rewritten as classes converge");
+    }
     let api: Api<LVMVolumeGroup> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     Controller::new(api, watcher::Config::default().any_semantic())
         .run(reconcile, error_policy, ctx)
@@ -377,3 +396,6 @@ async fn patch_finalizers(
         vg.name_any()
     )))
 }
+
+#[cfg(test)]
+mod tests;
