@@ -33,6 +33,7 @@ const GIB: i64 = 1 << 30;
 
 struct Cluster {
     api: FakeApi,
+    view: Arc<View>,
     agents: HashMap<&'static str, Arc<FakeBackend>>,
     client: ControllerClient<Channel>,
     _dir: tempfile::TempDir,
@@ -101,7 +102,7 @@ async fn cluster() -> Cluster {
         identity: IdentityService::new(
             "topolvm.io",
             true,
-            Arc::new(NodeBackend::new("", view, lvs)),
+            Arc::new(NodeBackend::new("", view.clone(), lvs)),
             Converged::default(),
         ),
         controller: Some(controller),
@@ -111,6 +112,7 @@ async fn cluster() -> Cluster {
     let channel = server::connect(&socket).await.unwrap();
     Cluster {
         api,
+        view,
         agents,
         client: ControllerClient::new(channel),
         _dir: dir,
@@ -421,4 +423,68 @@ async fn list_volumes_pages_over_every_node_and_capacity_is_per_node_or_summed()
         .into_inner();
     assert_eq!(total.available_capacity, 10 * GIB);
     assert_eq!(total.maximum_volume_size, Some(8 * GIB));
+}
+
+#[tokio::test]
+async fn the_collector_reports_unclaimed_volumes_and_deletes_them_after_the_window_only() {
+    let mut c = cluster().await;
+    for name in ["claimed", "unclaimed"] {
+        c.client.create_volume(create(name, 1)).await.unwrap();
+    }
+    let claimed = ids::volume_lv_name("claimed");
+    c.client
+        .create_snapshot(CreateSnapshotRequest {
+            source_volume_id: claimed.clone(),
+            name: "snap".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    c.api.insert(
+        "/api/v1/persistentvolumes/pv-1",
+        json!({"metadata": {"name": "pv-1"},
+               "spec": {"csi": {"driver": "topolvm.io", "volumeHandle": claimed}}}),
+    );
+    let lvs: Api<LogicalVolume> = Api::all(c.api.client(NS));
+    let unclaimed = ids::volume_lv_name("unclaimed");
+
+    let mut report =
+        lvms_controller::gc::ControllerCollector::new(c.view.clone(), lvs.clone(), None);
+    let s = report.sweep_once().await.unwrap();
+    assert_eq!(
+        s.orphans.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(),
+        [unclaimed.as_str()],
+        "the claimed volume and the snapshot are not orphans"
+    );
+    assert!(s.delete.is_empty());
+    let event = c
+        .api
+        .requests()
+        .into_iter()
+        .find(|r| r.path.contains("/events"))
+        .expect("an event");
+    assert_eq!(event.body["reason"], "OrphanedLogicalVolume");
+    assert_eq!(event.body["regarding"]["name"], json!(unclaimed));
+
+    let mut collect =
+        lvms_controller::gc::ControllerCollector::new(c.view.clone(), lvs, Some(Duration::ZERO));
+    let s = collect.sweep_once().await.unwrap();
+    assert_eq!(s.delete, std::slice::from_ref(&unclaimed));
+    let gone = async {
+        while c.api.get(&lv_path(&unclaimed)).is_some() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), gone)
+        .await
+        .expect("the node agent removes the LV and releases the object");
+    assert!(c.api.get(&lv_path(&claimed)).is_some());
+    assert!(
+        !c.agents["node-a"]
+            .state
+            .lock()
+            .unwrap()
+            .volumes
+            .contains_key(&unclaimed)
+    );
 }

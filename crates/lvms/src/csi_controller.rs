@@ -7,7 +7,9 @@ use std::{path::PathBuf, sync::Arc};
 use anyhow::{Context, Result, bail};
 use kube::Api;
 use lvms_api::topolvm::LogicalVolume;
-use lvms_controller::{backend::NodeBackend, service::ClusterController, view::View};
+use lvms_controller::{
+    backend::NodeBackend, gc::ControllerCollector, service::ClusterController, view::View,
+};
 use lvms_csi::{
     identity::{Converged, IdentityService},
     server::{self, NoNode, Services},
@@ -29,6 +31,10 @@ pub struct CsiControllerArgs {
     /// The CSI driver name.
     #[arg(long, env = "CSI_DRIVER_NAME", default_value = lvms_csi::DEFAULT_DRIVER_NAME)]
     driver_name: String,
+    /// Delete volume LogicalVolumes that no PersistentVolume refers to after this many seconds
+    /// (unset: only report them, with an event).
+    #[arg(long, env = "LVMS_GC_DELETE_AFTER", value_name = "SECONDS")]
+    gc_delete_after: Option<u64>,
 }
 
 /// Serves until SIGTERM or Ctrl-C, or until the watches end.
@@ -38,6 +44,11 @@ pub async fn run(args: CsiControllerArgs) -> Result<()> {
         .context("connecting to the Kubernetes API")?;
     let (view, keep_current) = View::start(client.clone(), &args.namespace, &args.driver_name);
     let lvs: Api<LogicalVolume> = Api::all(client);
+    let collector = ControllerCollector::new(
+        view.clone(),
+        lvs.clone(),
+        args.gc_delete_after.map(std::time::Duration::from_secs),
+    );
     let socket = PathBuf::from(
         args.endpoint
             .strip_prefix("unix://")
@@ -64,6 +75,7 @@ pub async fn run(args: CsiControllerArgs) -> Result<()> {
     };
     tokio::select! {
         () = keep_current => bail!("the cluster watches ended"),
+        () = collector.run() => bail!("the garbage collector ended"),
         r = ready => r,
         served = server::serve(listener, services, crate::shutdown_signal()) => {
             served.context("serving CSI")

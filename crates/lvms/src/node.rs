@@ -6,6 +6,7 @@
 //! - The `LogicalVolume` reconciler makes, grows and removes this node's volumes.
 //! - Identity and Node are served on the plugin socket; `Probe` is ready once a device class is.
 //! - What each class can still hold is published on the Node (`capacity.<driver>/<class>`).
+//! - LVs of ours that no LogicalVolume names are reported (and removed after `--gc-delete-after`).
 //!
 //! LVM commands of the volumes go to one long-lived `lvm` shell per set of ready classes; the node
 //! engine and the filesystem tools run as processes.
@@ -23,7 +24,9 @@ use lvms_csi::{
 use lvms_host::{
     engine::RealNodeHost, fs::Filesystems, lvm::Lvm, runner::RealRunner, shell::LvmShell,
 };
-use lvms_node::{capacity::Publisher, lv_reconciler, switch::Switch, vg_reconciler};
+use lvms_node::{
+    capacity::Publisher, gc::NodeCollector, lv_reconciler, switch::Switch, vg_reconciler,
+};
 
 /// `lvms node`'s flags.
 #[derive(clap::Args)]
@@ -40,6 +43,10 @@ pub struct NodeArgs {
     /// The CSI driver name.
     #[arg(long, env = "CSI_DRIVER_NAME", default_value = lvms_csi::DEFAULT_DRIVER_NAME)]
     driver_name: String,
+    /// Remove LVs of ours that no LogicalVolume names after they have been orphans this many seconds
+    /// (unset: only report them, with an event on the Node).
+    #[arg(long, env = "LVMS_GC_DELETE_AFTER", value_name = "SECONDS")]
+    gc_delete_after: Option<u64>,
     /// Filesystem made on a blank volume whose capability names none.
     #[arg(long, env = "LVMS_DEFAULT_FSTYPE", default_value = "xfs", value_parser = parse_fstype)]
     default_fstype: Fstype,
@@ -74,6 +81,13 @@ pub async fn run(args: NodeArgs) -> Result<()> {
         &args.node_name,
         &args.driver_name,
         vg_ctx.backend(),
+    );
+    let collector = NodeCollector::new(
+        client.clone(),
+        &args.node_name,
+        &args.driver_name,
+        vg_ctx.backend(),
+        args.gc_delete_after.map(std::time::Duration::from_secs),
     );
     let lv_ctx = Arc::new(lv_reconciler::Context {
         client,
@@ -119,6 +133,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
         () = vg_reconciler::run(vg_ctx) => bail!("the LVMVolumeGroup watch ended"),
         () = lv_reconciler::run(lv_ctx) => bail!("the LogicalVolume watch ended"),
         () = publisher.run() => bail!("the capacity publisher ended"),
+        () = collector.run() => bail!("the garbage collector ended"),
         served = server::serve(listener, services, crate::shutdown_signal()) => {
             served.context("serving CSI")
         }

@@ -7,8 +7,10 @@
 //!   engine, to a volume group (and pool), the node's `LVMVolumeGroupNodeStatus`, and cleanup.
 //! - [`switch`]: the CSI backend that follows the set of ready classes.
 //! - [`capacity`]: what each class can still hold, published on the Node for the CSI controller.
+//! - [`gc`]: orphaned volumes, reported and (after a safety window, when configured) removed.
 
 pub mod capacity;
+pub mod gc;
 pub mod logical_volume;
 pub mod lv_reconciler;
 pub mod switch;

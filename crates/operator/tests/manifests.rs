@@ -122,6 +122,14 @@ const NODE_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
     // The volume-group reconciler: which LVMVolumeGroups select this node. The capacity
     // publisher: its capacity annotations, merge-patched.
     ("", "nodes", &["get", "patch"], Scope::Cluster),
+    // The garbage collector: PersistentVolumes' handles; events about orphans (on the Node).
+    ("", "persistentvolumes", &["list"], Scope::Cluster),
+    (
+        "events.k8s.io",
+        "events",
+        &["create", "patch"],
+        Scope::Cluster,
+    ),
     // Watched, their per-node finalizer merge-patched.
     (
         "lvm.topolvm.io",
@@ -249,6 +257,13 @@ const CSI_CONTROLLER_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
         Scope::Namespace,
     ),
     ("apps", "replicasets", &["get"], Scope::Namespace),
+    // lvms csi-controller's garbage collector: events about unclaimed LogicalVolumes.
+    (
+        "events.k8s.io",
+        "events",
+        &["create", "patch"],
+        Scope::Cluster,
+    ),
 ];
 
 type Permission = (String, String, String, Scope);

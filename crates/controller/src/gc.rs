@@ -1,0 +1,114 @@
+//! The controller's collector: volume `LogicalVolume`s that no PersistentVolume of this driver refers
+//! to (see [`lvms_node::gc`] for the rules). It reports each with a Warning event on the object when
+//! first seen, and deletes the object (its node agent then removes the LV) once the safety window, when
+//! one is configured, has passed.
+
+use std::{sync::Arc, time::Duration};
+
+use kube::{Api, Resource, ResourceExt, api::DeleteParams};
+use lvms_api::topolvm::LogicalVolume;
+use lvms_csi::ids;
+use lvms_node::gc::{PERIOD, Sweep, Tracker, pv_handles, unclaimed_objects, warn_event};
+
+use crate::view::View;
+
+pub struct ControllerCollector {
+    view: Arc<View>,
+    api: Api<LogicalVolume>,
+    window: Option<Duration>,
+    tracker: Tracker,
+    started: tokio::time::Instant,
+    recorder: kube::runtime::events::Recorder,
+}
+
+impl ControllerCollector {
+    pub fn new(view: Arc<View>, api: Api<LogicalVolume>, window: Option<Duration>) -> Self {
+        let recorder = kube::runtime::events::Recorder::new(
+            api.clone().into_client(),
+            kube::runtime::events::Reporter {
+                controller: "lvms-csi-controller".into(),
+                instance: None,
+            },
+        );
+        Self {
+            view,
+            api,
+            window,
+            tracker: Tracker::default(),
+            started: tokio::time::Instant::now(),
+            recorder,
+        }
+    }
+
+    /// One sweep over the view's `LogicalVolume`s.
+    pub async fn sweep_once(&mut self) -> Result<Sweep, String> {
+        let client = self.api.clone().into_client();
+        // PVs first: a volume provisioned after this read is younger than any window.
+        let referenced = pv_handles(&client, &self.view.driver).await?;
+        let objects: Vec<(String, bool, bool)> = self
+            .view
+            .logical_volumes
+            .state()
+            .iter()
+            .filter(|lv| lv.status.as_ref().is_some_and(|s| !s.volume_id.is_empty()))
+            .map(|lv| {
+                (
+                    lv.name_any(),
+                    ids::is_snapshot_id(&lv.name_any()) || lv.spec.access_type == "ro",
+                    lv.metadata.deletion_timestamp.is_some(),
+                )
+            })
+            .collect();
+        let sweep = self.tracker.sweep(
+            self.started.elapsed(),
+            &unclaimed_objects(&objects, &referenced),
+            &referenced,
+            self.window,
+        );
+        for o in &sweep.orphans {
+            tracing::warn!(logical_volume = %o.id, age_secs = o.age.as_secs(), "LogicalVolume without a PersistentVolume");
+            if o.age.is_zero()
+                && let Some(lv) = self.view.logical_volume(&o.id)
+            {
+                warn_event(
+                    &self.recorder,
+                    &lv.object_ref(&()),
+                    "OrphanedLogicalVolume",
+                    format!(
+                        "no PersistentVolume of driver {} refers to volume {}{}",
+                        self.view.driver,
+                        o.id,
+                        match self.window {
+                            Some(w) => format!(
+                                "; it is deleted after {} s unless one appears",
+                                w.as_secs()
+                            ),
+                            None =>
+                                "; delete the LogicalVolume if nothing will claim it".to_owned(),
+                        }
+                    ),
+                )
+                .await;
+            }
+        }
+        for id in &sweep.delete {
+            tracing::warn!(logical_volume = %id, "deleting an unclaimed LogicalVolume after the safety window");
+            match self.api.delete(id, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(format!("delete LogicalVolume {id}: {e}")),
+            }
+        }
+        Ok(sweep)
+    }
+
+    /// Sweeps every [`PERIOD`].
+    pub async fn run(mut self) {
+        loop {
+            tokio::time::sleep(PERIOD).await;
+            if let Err(e) = self.sweep_once().await {
+                tracing::warn!(error = %e, "garbage collection sweep failed");
+            }
+        }
+    }
+}

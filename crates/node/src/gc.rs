@@ -1,0 +1,436 @@
+//! The garbage collector's pure part: which volumes are orphans, for how long they have been, and which
+//! of them may go.
+//!
+//! - On a node: an LV of ours (a `csi-…` volume or `snap-…` snapshot) that no `LogicalVolume` names (a
+//!   controller that crashed after the agent made it, an object deleted by force).
+//! - In the cluster: a `LogicalVolume` of a volume (not a snapshot: those belong to
+//!   `VolumeSnapshotContent`s) that no `PersistentVolume` refers to (a provisioner that gave up, a PV
+//!   deleted by hand with the Retain policy).
+//!
+//! An orphan is reported every sweep with how long it has been one. It is deleted only when a safety
+//! window is configured (`None`: report only, the default) and it has been an orphan for that long in this
+//! process's memory, and never while a PersistentVolume refers to it. A volume that stops being an orphan
+//! starts over.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
+
+/// One orphan found by a sweep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Orphan {
+    pub id: String,
+    /// How long it has been an orphan (as seen by this process).
+    pub age: Duration,
+}
+
+/// What a sweep found and what may go.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sweep {
+    /// Every orphan, sorted by id.
+    pub orphans: Vec<Orphan>,
+    /// The orphans to delete now.
+    pub delete: Vec<String>,
+}
+
+/// Remembers since when each orphan has been one.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    first_seen: BTreeMap<String, Duration>,
+}
+
+impl Tracker {
+    /// One sweep at `now` (any monotonic clock): `candidates` are the volumes that look orphaned now,
+    /// `referenced` the ids a PersistentVolume refers to (never deleted), `window` the safety window.
+    pub fn sweep(
+        &mut self,
+        now: Duration,
+        candidates: &BTreeSet<String>,
+        referenced: &BTreeSet<String>,
+        window: Option<Duration>,
+    ) -> Sweep {
+        self.first_seen.retain(|id, _| candidates.contains(id));
+        let mut sweep = Sweep::default();
+        for id in candidates {
+            let since = *self.first_seen.entry(id.clone()).or_insert(now);
+            let age = now.saturating_sub(since);
+            sweep.orphans.push(Orphan {
+                id: id.clone(),
+                age,
+            });
+            if window.is_some_and(|w| age >= w) && !referenced.contains(id) {
+                sweep.delete.push(id.clone());
+            }
+        }
+        sweep
+    }
+}
+
+/// LVs of ours on a node that no `LogicalVolume` names: `on_disk` are the node's volume and snapshot ids,
+/// `named` the names of the node's `LogicalVolume` objects and the ids in their `status.volumeID`.
+pub fn orphaned_lvs(on_disk: &[String], named: &BTreeSet<String>) -> BTreeSet<String> {
+    on_disk
+        .iter()
+        .filter(|id| !named.contains(*id))
+        .cloned()
+        .collect()
+}
+
+/// Volume `LogicalVolume`s no PersistentVolume refers to: `objects` are (volume id, is a snapshot, being
+/// deleted), `referenced` the PVs' volume handles.
+pub fn unclaimed_objects(
+    objects: &[(String, bool, bool)],
+    referenced: &BTreeSet<String>,
+) -> BTreeSet<String> {
+    objects
+        .iter()
+        .filter(|(id, snapshot, deleting)| !snapshot && !deleting && !referenced.contains(id))
+        .map(|(id, _, _)| id.clone())
+        .collect()
+}
+
+/// How often the collectors sweep.
+pub const PERIOD: Duration = Duration::from_secs(300);
+
+/// The volume handles of `driver`'s PersistentVolumes.
+pub async fn pv_handles(client: &kube::Client, driver: &str) -> Result<BTreeSet<String>, String> {
+    use k8s_openapi::api::core::v1::PersistentVolume;
+    let pvs = kube::Api::<PersistentVolume>::all(client.clone())
+        .list(&kube::api::ListParams::default())
+        .await
+        .map_err(|e| format!("list PersistentVolumes: {e}"))?;
+    Ok(pvs
+        .items
+        .into_iter()
+        .filter_map(|pv| pv.spec?.csi)
+        .filter(|csi| csi.driver == driver)
+        .map(|csi| csi.volume_handle)
+        .collect())
+}
+
+/// Publishes a Warning event about `reference` (logged when the API refuses it).
+pub async fn warn_event(
+    recorder: &kube::runtime::events::Recorder,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+    reason: &str,
+    note: String,
+) {
+    use kube::runtime::events::{Event, EventType};
+    let ev = Event {
+        type_: EventType::Warning,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: "GarbageCollect".to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, reference).await {
+        tracing::warn!(error = %e, reason, "publishing an event failed");
+    }
+}
+
+/// The node agent's collector: LVs of ours on this node that no `LogicalVolume` names.
+pub struct NodeCollector<B> {
+    client: kube::Client,
+    node: String,
+    driver: String,
+    backend: tokio::sync::watch::Receiver<Option<std::sync::Arc<B>>>,
+    window: Option<Duration>,
+    tracker: Tracker,
+    started: tokio::time::Instant,
+    recorder: kube::runtime::events::Recorder,
+}
+
+impl<B: lvms_csi::backend::Backend> NodeCollector<B> {
+    pub fn new(
+        client: kube::Client,
+        node: impl Into<String>,
+        driver: impl Into<String>,
+        backend: tokio::sync::watch::Receiver<Option<std::sync::Arc<B>>>,
+        window: Option<Duration>,
+    ) -> Self {
+        let recorder = kube::runtime::events::Recorder::new(
+            client.clone(),
+            kube::runtime::events::Reporter {
+                controller: "lvms-node".into(),
+                instance: None,
+            },
+        );
+        Self {
+            client,
+            node: node.into(),
+            driver: driver.into(),
+            backend,
+            window,
+            tracker: Tracker::default(),
+            started: tokio::time::Instant::now(),
+            recorder,
+        }
+    }
+
+    /// One sweep: reports every orphaned LV (an event on the Node when first seen) and deletes those due.
+    pub async fn sweep_once(&mut self) -> Result<Sweep, String> {
+        use kube::{Resource, ResourceExt};
+        use lvms_api::topolvm::LogicalVolume;
+
+        let backend = self.backend.borrow().clone();
+        let Some(backend) = backend else {
+            return Ok(Sweep::default());
+        };
+        // Disk first: an LV made after this read has its object already.
+        let on_disk: Vec<String> = backend
+            .list()
+            .await
+            .map_err(|e| format!("list volumes: {e}"))?
+            .into_iter()
+            .map(|v| v.id)
+            .collect();
+        let objects = kube::Api::<LogicalVolume>::all(self.client.clone())
+            .list(&kube::api::ListParams::default())
+            .await
+            .map_err(|e| format!("list LogicalVolumes: {e}"))?;
+        let mut named = BTreeSet::new();
+        for lv in objects
+            .items
+            .iter()
+            .filter(|lv| lv.spec.node_name == self.node)
+        {
+            named.insert(lv.name_any());
+            named.insert(crate::logical_volume::lv_name(lv));
+            if let Some(s) = &lv.status {
+                named.insert(s.volume_id.clone());
+            }
+        }
+        let referenced = pv_handles(&self.client, &self.driver).await?;
+        let now = self.started.elapsed();
+        let sweep = self.tracker.sweep(
+            now,
+            &orphaned_lvs(&on_disk, &named),
+            &referenced,
+            self.window,
+        );
+        let node_ref = k8s_openapi::api::core::v1::Node {
+            metadata: kube::api::ObjectMeta {
+                name: Some(self.node.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+        .object_ref(&());
+        for o in &sweep.orphans {
+            tracing::warn!(volume_id = %o.id, age_secs = o.age.as_secs(), "LV of ours with no LogicalVolume");
+            if o.age.is_zero() {
+                warn_event(
+                    &self.recorder,
+                    &node_ref,
+                    "OrphanedVolume",
+                    format!(
+                        "logical volume {} on node {} has no LogicalVolume object{}",
+                        o.id,
+                        self.node,
+                        match self.window {
+                            Some(w) => format!(
+                                "; it is removed after {} s unless one appears",
+                                w.as_secs()
+                            ),
+                            None => "; remove it with lvremove if nothing uses it".to_owned(),
+                        }
+                    ),
+                )
+                .await;
+            }
+        }
+        for id in &sweep.delete {
+            tracing::warn!(volume_id = %id, "removing an orphaned LV after the safety window");
+            backend
+                .delete(id)
+                .await
+                .map_err(|e| format!("remove orphaned {id}: {e}"))?;
+        }
+        Ok(sweep)
+    }
+
+    /// Sweeps every [`PERIOD`].
+    pub async fn run(mut self) {
+        loop {
+            tokio::time::sleep(PERIOD).await;
+            if let Err(e) = self.sweep_once().await {
+                tracing::warn!(error = %e, "garbage collection sweep failed");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(ids: &[&str]) -> BTreeSet<String> {
+        ids.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    const MIN: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn orphans_are_reported_with_their_age_and_deleted_only_after_the_window() {
+        let mut t = Tracker::default();
+        let none = set(&[]);
+        let s = t.sweep(Duration::ZERO, &set(&["a", "b"]), &none, Some(10 * MIN));
+        assert_eq!(s.orphans.len(), 2);
+        assert!(s.orphans.iter().all(|o| o.age == Duration::ZERO));
+        assert!(s.delete.is_empty());
+
+        // b is claimed again meanwhile: it starts over when it is an orphan once more.
+        let s = t.sweep(5 * MIN, &set(&["a"]), &none, Some(10 * MIN));
+        assert_eq!(
+            s.orphans,
+            [Orphan {
+                id: "a".into(),
+                age: 5 * MIN
+            }]
+        );
+        let s = t.sweep(10 * MIN, &set(&["a", "b"]), &none, Some(10 * MIN));
+        assert_eq!(s.delete, ["a"]);
+        assert_eq!(
+            s.orphans[1].age,
+            Duration::ZERO,
+            "b was seen again at 10 min"
+        );
+    }
+
+    #[test]
+    fn without_a_window_nothing_is_deleted_and_a_referenced_volume_never_is() {
+        let mut t = Tracker::default();
+        t.sweep(Duration::ZERO, &set(&["a", "b"]), &set(&[]), None);
+        let s = t.sweep(1000 * MIN, &set(&["a", "b"]), &set(&[]), None);
+        assert_eq!(s.orphans.len(), 2);
+        assert!(s.delete.is_empty(), "report only");
+        let s = t.sweep(1000 * MIN, &set(&["a", "b"]), &set(&["b"]), Some(MIN));
+        assert_eq!(s.delete, ["a"], "a PV refers to b");
+    }
+
+    #[test]
+    fn what_counts_as_an_orphan() {
+        let on_disk = ["csi-a".to_owned(), "csi-b".to_owned(), "snap-c".to_owned()];
+        assert_eq!(
+            orphaned_lvs(&on_disk, &set(&["csi-a", "snap-c"])),
+            set(&["csi-b"])
+        );
+        let objects = [
+            ("csi-a".to_owned(), false, false),
+            ("csi-b".to_owned(), false, false),
+            ("snap-c".to_owned(), true, false),
+            ("csi-d".to_owned(), false, true),
+        ];
+        assert_eq!(
+            unclaimed_objects(&objects, &set(&["csi-a"])),
+            set(&["csi-b"]),
+            "snapshots and objects being deleted are not orphans"
+        );
+    }
+
+    mod collector {
+        #![allow(clippy::unwrap_used)]
+
+        use std::sync::Arc;
+
+        use lvms_csi::{
+            backend::{Backend, LvType, NewVolume},
+            ids,
+        };
+        use lvms_testkit::{fake_api::FakeApi, fake_backend::FakeBackend};
+        use serde_json::json;
+
+        use super::super::*;
+
+        async fn volume(backend: &FakeBackend, name: &str) -> String {
+            backend
+                .create_volume(&NewVolume {
+                    name: name.into(),
+                    class: "thin".into(),
+                    size: 1 << 30,
+                    lv_type: LvType::Linear,
+                    source: None,
+                })
+                .await
+                .unwrap()
+                .id
+        }
+
+        async fn world() -> (FakeApi, Arc<FakeBackend>, [String; 3]) {
+            let api = FakeApi::new();
+            let backend = Arc::new(FakeBackend::new());
+            let owned = volume(&backend, "owned").await;
+            let orphan = volume(&backend, "orphan").await;
+            let claimed = volume(&backend, "claimed").await;
+            api.insert(
+                &format!("/apis/topolvm.io/v1/logicalvolumes/{owned}"),
+                json!({"metadata": {"name": owned},
+                       "spec": {"name": "owned", "nodeName": "node-a", "size": "1Gi"}}),
+            );
+            api.insert(
+                "/api/v1/persistentvolumes/pv-claimed",
+                json!({"metadata": {"name": "pv-claimed"},
+                       "spec": {"csi": {"driver": "topolvm.io", "volumeHandle": claimed}}}),
+            );
+            (api, backend, [owned, orphan, claimed])
+        }
+
+        #[tokio::test]
+        async fn by_default_orphans_are_reported_once_with_an_event_and_kept() {
+            let (api, backend, [_, orphan, claimed]) = world().await;
+            let (_tx, rx) = tokio::sync::watch::channel(Some(backend.clone()));
+            let mut c = NodeCollector::new(api.client("default"), "node-a", "topolvm.io", rx, None);
+            let s = c.sweep_once().await.unwrap();
+            let mut want = vec![orphan.clone(), claimed.clone()];
+            want.sort();
+            assert_eq!(
+                s.orphans.iter().map(|o| o.id.clone()).collect::<Vec<_>>(),
+                want
+            );
+            assert!(s.delete.is_empty());
+            let events: Vec<_> = api
+                .requests()
+                .into_iter()
+                .filter(|r| r.path.contains("/events"))
+                .collect();
+            assert_eq!(events.len(), 2, "one event per new orphan");
+            assert_eq!(events[0].body["reason"], "OrphanedVolume");
+            assert_eq!(events[0].body["regarding"]["kind"], "Node");
+            api.clear_requests();
+            c.sweep_once().await.unwrap();
+            assert!(
+                !api.requests().iter().any(|r| r.path.contains("/events")),
+                "no new event for a known orphan"
+            );
+            assert_eq!(backend.state.lock().unwrap().volumes.len(), 3);
+        }
+
+        #[tokio::test]
+        async fn with_a_window_an_unreferenced_orphan_goes_and_a_claimed_one_stays() {
+            let (api, backend, [owned, orphan, claimed]) = world().await;
+            let (_tx, rx) = tokio::sync::watch::channel(Some(backend.clone()));
+            let mut c = NodeCollector::new(
+                api.client("default"),
+                "node-a",
+                "topolvm.io",
+                rx,
+                Some(Duration::ZERO),
+            );
+            let s = c.sweep_once().await.unwrap();
+            assert_eq!(s.delete, std::slice::from_ref(&orphan));
+            let left: Vec<String> = backend
+                .state
+                .lock()
+                .unwrap()
+                .volumes
+                .keys()
+                .cloned()
+                .collect();
+            let mut want = vec![owned, claimed];
+            want.sort();
+            assert_eq!(left, want);
+            assert_eq!(ids::volume_lv_name("orphan"), orphan);
+        }
+    }
+}
