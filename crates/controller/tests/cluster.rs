@@ -9,12 +9,11 @@ use kube::Api;
 use lvms_api::topolvm::LogicalVolume;
 use lvms_controller::{backend::NodeBackend, service::ClusterController, view::View};
 use lvms_csi::{
-    TOPOLOGY_NODE_KEY,
     csi::{
-        CapacityRange, ControllerExpandVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest,
-        DeleteVolumeRequest, GetCapacityRequest, ListVolumesRequest, Topology, TopologyRequirement,
-        VolumeCapability, VolumeContentSource, controller_client::ControllerClient,
-        volume_capability, volume_content_source,
+        CapacityRange, ControllerExpandVolumeRequest, CreateSnapshotRequest, DeleteVolumeRequest,
+        GetCapacityRequest, ListVolumesRequest, VolumeCapability, VolumeContentSource,
+        controller_client::ControllerClient, volume_capability::access_mode::Mode,
+        volume_content_source,
     },
     identity::{Converged, IdentityService},
     ids,
@@ -22,6 +21,7 @@ use lvms_csi::{
 };
 use lvms_node::lv_reconciler;
 use lvms_testkit::{
+    csi_requests::{create, mount, on, on_node},
     fake_api::FakeApi,
     fake_backend::{FakeBackend, NoNode},
 };
@@ -119,36 +119,8 @@ async fn cluster() -> Cluster {
     }
 }
 
-fn mount() -> VolumeCapability {
-    VolumeCapability {
-        access_type: Some(volume_capability::AccessType::Mount(
-            volume_capability::MountVolume {
-                fs_type: "ext4".into(),
-                ..Default::default()
-            },
-        )),
-        access_mode: Some(volume_capability::AccessMode {
-            mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-        }),
-    }
-}
-
-fn create(name: &str, gib: i64) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: Some(CapacityRange {
-            required_bytes: gib * GIB,
-            limit_bytes: 0,
-        }),
-        volume_capabilities: vec![mount()],
-        ..Default::default()
-    }
-}
-
-fn on(node: &str) -> Topology {
-    Topology {
-        segments: [(TOPOLOGY_NODE_KEY.to_owned(), node.to_owned())].into(),
-    }
+fn cap() -> VolumeCapability {
+    mount(Mode::SingleNodeWriter, "ext4")
 }
 
 fn lv_path(id: &str) -> String {
@@ -160,7 +132,7 @@ async fn create_goes_to_the_roomiest_node_through_a_logical_volume_and_is_idempo
     let mut c = cluster().await;
     let vol = c
         .client
-        .create_volume(create("pvc-1", 1))
+        .create_volume(create("pvc-1", GIB))
         .await
         .unwrap()
         .into_inner()
@@ -177,7 +149,7 @@ async fn create_goes_to_the_roomiest_node_through_a_logical_volume_and_is_idempo
 
     let again = c
         .client
-        .create_volume(create("pvc-1", 1))
+        .create_volume(create("pvc-1", GIB))
         .await
         .unwrap()
         .into_inner()
@@ -189,7 +161,7 @@ async fn create_goes_to_the_roomiest_node_through_a_logical_volume_and_is_idempo
 
     let bigger = c
         .client
-        .create_volume(create("pvc-1", 2))
+        .create_volume(create("pvc-1", 2 * GIB))
         .await
         .unwrap_err();
     assert_eq!(bigger.code(), Code::AlreadyExists, "{bigger:?}");
@@ -198,11 +170,8 @@ async fn create_goes_to_the_roomiest_node_through_a_logical_volume_and_is_idempo
 #[tokio::test]
 async fn accessibility_requirements_choose_the_node_and_an_unserved_one_is_resource_exhausted() {
     let mut c = cluster().await;
-    let mut req = create("pvc-b", 1);
-    req.accessibility_requirements = Some(TopologyRequirement {
-        requisite: vec![on("node-b")],
-        preferred: vec![on("node-b")],
-    });
+    let mut req = create("pvc-b", GIB);
+    req = on_node(req, "node-b");
     let vol = c
         .client
         .create_volume(req)
@@ -214,11 +183,8 @@ async fn accessibility_requirements_choose_the_node_and_an_unserved_one_is_resou
     assert_eq!(vol.accessible_topology, vec![on("node-b")]);
     assert_eq!(c.agents["node-b"].calls(), ["create_volume pvc-b"]);
 
-    let mut req = create("pvc-x", 1);
-    req.accessibility_requirements = Some(TopologyRequirement {
-        requisite: vec![on("node-x")],
-        preferred: vec![],
-    });
+    let mut req = create("pvc-x", GIB);
+    req = on_node(req, "node-x");
     let err = c.client.create_volume(req).await.unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     assert!(err.message().contains("node-x"), "{err:?}");
@@ -228,7 +194,7 @@ async fn accessibility_requirements_choose_the_node_and_an_unserved_one_is_resou
 async fn a_failure_the_node_records_is_returned_and_its_logical_volume_removed() {
     let mut c = cluster().await;
     // node-a claims 100 GiB of thick room, its disk (the fake) has 1 GiB.
-    let mut req = create("big", 2);
+    let mut req = create("big", 2 * GIB);
     req.parameters = [("topolvm.io/device-class".to_owned(), "thick".to_owned())].into();
     let err = c.client.create_volume(req).await.unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
@@ -240,11 +206,8 @@ async fn a_failure_the_node_records_is_returned_and_its_logical_volume_removed()
 #[tokio::test]
 async fn snapshot_restore_expand_and_delete_follow_the_volume_to_its_node() {
     let mut c = cluster().await;
-    let mut req = create("src", 1);
-    req.accessibility_requirements = Some(TopologyRequirement {
-        requisite: vec![on("node-b")],
-        preferred: vec![],
-    });
+    let mut req = create("src", GIB);
+    req = on_node(req, "node-b");
     let src = c
         .client
         .create_volume(req)
@@ -270,7 +233,7 @@ async fn snapshot_restore_expand_and_delete_follow_the_volume_to_its_node() {
     assert_eq!(snap.source_volume_id, src.volume_id);
     assert!(snap.ready_to_use);
 
-    let mut restore = create("restored", 1);
+    let mut restore = create("restored", GIB);
     restore.volume_content_source = Some(VolumeContentSource {
         r#type: Some(volume_content_source::Type::Snapshot(
             volume_content_source::SnapshotSource {
@@ -305,7 +268,7 @@ async fn snapshot_restore_expand_and_delete_follow_the_volume_to_its_node() {
                 required_bytes: 2 * GIB,
                 limit_bytes: 0,
             }),
-            volume_capability: Some(mount()),
+            volume_capability: Some(cap()),
             ..Default::default()
         })
         .await
@@ -364,11 +327,8 @@ async fn snapshot_restore_expand_and_delete_follow_the_volume_to_its_node() {
 async fn list_volumes_pages_over_every_node_and_capacity_is_per_node_or_summed() {
     let mut c = cluster().await;
     for (name, node) in [("v1", "node-a"), ("v2", "node-b"), ("v3", "node-a")] {
-        let mut req = create(name, 1);
-        req.accessibility_requirements = Some(TopologyRequirement {
-            requisite: vec![on(node)],
-            preferred: vec![],
-        });
+        let mut req = create(name, GIB);
+        req = on_node(req, node);
         c.client.create_volume(req).await.unwrap();
     }
     let mut ids_seen = Vec::new();
@@ -404,7 +364,7 @@ async fn list_volumes_pages_over_every_node_and_capacity_is_per_node_or_summed()
     let on_b = c
         .client
         .get_capacity(GetCapacityRequest {
-            volume_capabilities: vec![mount()],
+            volume_capabilities: vec![cap()],
             accessible_topology: Some(on("node-b")),
             ..Default::default()
         })
@@ -415,7 +375,7 @@ async fn list_volumes_pages_over_every_node_and_capacity_is_per_node_or_summed()
     let total = c
         .client
         .get_capacity(GetCapacityRequest {
-            volume_capabilities: vec![mount()],
+            volume_capabilities: vec![cap()],
             ..Default::default()
         })
         .await
@@ -429,7 +389,7 @@ async fn list_volumes_pages_over_every_node_and_capacity_is_per_node_or_summed()
 async fn the_collector_reports_unclaimed_volumes_and_deletes_them_after_the_window_only() {
     let mut c = cluster().await;
     for name in ["claimed", "unclaimed"] {
-        c.client.create_volume(create(name, 1)).await.unwrap();
+        c.client.create_volume(create(name, GIB)).await.unwrap();
     }
     let claimed = ids::volume_lv_name("claimed");
     c.client

@@ -9,83 +9,22 @@ use std::{os::unix::fs::PermissionsExt, sync::Arc, time::Duration};
 use common::{Driver, EXTENT, FakeBackend, NODE};
 use lvms_csi::{
     csi::{
-        CapacityRange, ControllerExpandVolumeRequest, ControllerGetVolumeRequest,
-        ControllerPublishVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest,
-        DeleteSnapshotRequest, DeleteVolumeRequest, GetCapacityRequest,
-        GetPluginCapabilitiesRequest, GetPluginInfoRequest, ListSnapshotsRequest,
-        ListVolumesRequest, ProbeRequest, Topology, TopologyRequirement,
-        ValidateVolumeCapabilitiesRequest, VolumeCapability, VolumeContentSource,
-        controller_service_capability, plugin_capability,
-        volume_capability::{self, AccessMode, BlockVolume, MountVolume, access_mode::Mode},
-        volume_content_source,
+        ControllerExpandVolumeRequest, ControllerGetVolumeRequest, ControllerPublishVolumeRequest,
+        CreateSnapshotRequest, CreateVolumeRequest, DeleteSnapshotRequest, DeleteVolumeRequest,
+        GetCapacityRequest, GetPluginCapabilitiesRequest, GetPluginInfoRequest,
+        ListSnapshotsRequest, ListVolumesRequest, ProbeRequest, Topology, TopologyRequirement,
+        ValidateVolumeCapabilitiesRequest, VolumeCapability, controller_service_capability,
+        plugin_capability, volume_capability::access_mode::Mode, volume_content_source,
     },
     ids, server,
+};
+use lvms_testkit::csi_requests::{
+    block, create, from_snapshot, from_volume, in_class, mount, range,
 };
 use tonic::Code;
 
 const GIB: i64 = 1 << 30;
 const MIB: i64 = 1 << 20;
-
-fn mount(mode: Mode, fs: &str) -> VolumeCapability {
-    VolumeCapability {
-        access_mode: Some(AccessMode { mode: mode as i32 }),
-        access_type: Some(volume_capability::AccessType::Mount(MountVolume {
-            fs_type: fs.into(),
-            ..MountVolume::default()
-        })),
-    }
-}
-
-fn block(mode: Mode) -> VolumeCapability {
-    VolumeCapability {
-        access_mode: Some(AccessMode { mode: mode as i32 }),
-        access_type: Some(volume_capability::AccessType::Block(BlockVolume {})),
-    }
-}
-
-fn range(required: i64, limit: i64) -> Option<CapacityRange> {
-    Some(CapacityRange {
-        required_bytes: required,
-        limit_bytes: limit,
-    })
-}
-
-fn create(name: &str, size: i64) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: range(size, 0),
-        volume_capabilities: vec![mount(Mode::SingleNodeWriter, "xfs")],
-        ..CreateVolumeRequest::default()
-    }
-}
-
-fn in_class(mut req: CreateVolumeRequest, class: &str) -> CreateVolumeRequest {
-    req.parameters
-        .insert("topolvm.io/device-class".into(), class.into());
-    req
-}
-
-fn from_snapshot(mut req: CreateVolumeRequest, id: &str) -> CreateVolumeRequest {
-    req.volume_content_source = Some(VolumeContentSource {
-        r#type: Some(volume_content_source::Type::Snapshot(
-            volume_content_source::SnapshotSource {
-                snapshot_id: id.into(),
-            },
-        )),
-    });
-    req
-}
-
-fn from_volume(mut req: CreateVolumeRequest, id: &str) -> CreateVolumeRequest {
-    req.volume_content_source = Some(VolumeContentSource {
-        r#type: Some(volume_content_source::Type::Volume(
-            volume_content_source::VolumeSource {
-                volume_id: id.into(),
-            },
-        )),
-    });
-    req
-}
 
 fn code<T: std::fmt::Debug>(r: Result<tonic::Response<T>, tonic::Status>) -> (Code, String) {
     match r {

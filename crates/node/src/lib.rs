@@ -10,6 +10,7 @@
 //! - [`gc`]: orphaned volumes, reported and (after a safety window, when configured) removed.
 
 pub mod capacity;
+pub mod finalizers;
 pub mod gc;
 pub mod logical_volume;
 pub mod lv_reconciler;

@@ -30,7 +30,10 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tracing::{debug, info, instrument, warn};
 
-use crate::logical_volume::{self, Observed, SourceState, Step, failure_status, lv_name};
+use crate::{
+    finalizers,
+    logical_volume::{self, Observed, SourceState, Step, failure_status, lv_name},
+};
 
 /// A reconcile that changed nothing looks again after this long (an LV removed behind our back is
 /// then reported).
@@ -131,18 +134,21 @@ pub async fn reconcile<B: Backend>(lv: Arc<LogicalVolume>, ctx: Arc<Context<B>>)
                 return Ok(Action::requeue(WAIT_REQUEUE));
             }
             Step::AddFinalizer => {
-                let mut finalizers = lv.finalizers().to_vec();
-                finalizers.push(LOGICAL_VOLUME_FINALIZER.to_owned());
-                lv = patch_finalizers(&api, &lv, finalizers).await?;
+                lv = finalizers::set(&api, &lv, finalizers::with(&lv, LOGICAL_VOLUME_FINALIZER))
+                    .await
+                    .map_err(kube_err(format!("add the finalizer to {}", lv.name_any())))?;
             }
             Step::RemoveFinalizer => {
-                let finalizers = lv
-                    .finalizers()
-                    .iter()
-                    .filter(|f| *f != LOGICAL_VOLUME_FINALIZER)
-                    .cloned()
-                    .collect();
-                patch_finalizers(&api, &lv, finalizers).await?;
+                finalizers::set(
+                    &api,
+                    &lv,
+                    finalizers::without(&lv, LOGICAL_VOLUME_FINALIZER),
+                )
+                .await
+                .map_err(kube_err(format!(
+                    "remove the finalizer of {}",
+                    lv.name_any()
+                )))?;
                 info!("volume removed, finalizer released");
                 return Ok(Action::await_change());
             }
@@ -247,24 +253,6 @@ async fn record_failure(
             source: err,
         }),
     }
-}
-
-async fn patch_finalizers(
-    api: &Api<LogicalVolume>,
-    lv: &LogicalVolume,
-    finalizers: Vec<String>,
-) -> Result<LogicalVolume> {
-    let patch = json!({"metadata": {
-        "finalizers": finalizers,
-        "resourceVersion": lv.resource_version(),
-    }});
-    api.patch(
-        &lv.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(patch),
-    )
-    .await
-    .map_err(kube_err(format!("patch finalizers of {}", lv.name_any())))
 }
 
 /// The merge patch that makes `status` exactly `status`.

@@ -30,11 +30,13 @@ use lvms_host::{
     engine::{RealNodeHost, converge},
     runner::Runner,
 };
-use serde_json::json;
 use tokio::sync::{Mutex, watch};
 use tracing::{debug, info, instrument, warn};
 
-use crate::volume_group::{self, Step, class_info, vg_status};
+use crate::{
+    finalizers,
+    volume_group::{self, Step, class_info, vg_status},
+};
 
 /// Field manager of everything the node agent applies.
 pub const FIELD_MANAGER: &str = "lvms-node";
@@ -231,9 +233,10 @@ pub async fn reconcile<R: Runner, B: Backend>(
     let mut vg = (*vg).clone();
     let mut step = volume_group::plan(&vg, &node);
     if step == Step::AddFinalizer {
-        let mut finalizers = vg.finalizers().to_vec();
-        finalizers.push(lvms_api::node_cleanup_finalizer(&ctx.node));
-        vg = patch_finalizers(&api, &vg, finalizers).await?;
+        let ours = lvms_api::node_cleanup_finalizer(&ctx.node);
+        vg = finalizers::set(&api, &vg, finalizers::with(&vg, &ours))
+            .await
+            .map_err(kube_err(format!("add {ours} to LVMVolumeGroup {class}")))?;
         step = volume_group::plan(&vg, &node);
     }
     match step {
@@ -364,37 +367,14 @@ async fn cleanup<R: Runner, B: Backend>(
         }
     }
     ctx.record(&class, None, None).await?;
-    let finalizer = lvms_api::node_cleanup_finalizer(&ctx.node);
-    let finalizers = vg
-        .finalizers()
-        .iter()
-        .filter(|f| **f != finalizer)
-        .cloned()
-        .collect();
-    patch_finalizers(api, vg, finalizers).await?;
+    let ours = lvms_api::node_cleanup_finalizer(&ctx.node);
+    finalizers::set(api, vg, finalizers::without(vg, &ours))
+        .await
+        .map_err(kube_err(format!(
+            "remove {ours} from LVMVolumeGroup {class}"
+        )))?;
     info!("device class removed from this node");
     Ok(Action::await_change())
-}
-
-async fn patch_finalizers(
-    api: &Api<LVMVolumeGroup>,
-    vg: &LVMVolumeGroup,
-    finalizers: Vec<String>,
-) -> Result<LVMVolumeGroup> {
-    let patch = json!({"metadata": {
-        "finalizers": finalizers,
-        "resourceVersion": vg.resource_version(),
-    }});
-    api.patch(
-        &vg.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(patch),
-    )
-    .await
-    .map_err(kube_err(format!(
-        "patch finalizers of LVMVolumeGroup {}",
-        vg.name_any()
-    )))
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use std::{
     sync::atomic::{AtomicU32, Ordering},
 };
 
+pub mod csi_requests;
 pub mod fake_api;
 pub mod fake_backend;
 

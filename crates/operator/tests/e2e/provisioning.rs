@@ -14,43 +14,29 @@ use lvms_api::{
 };
 use lvms_controller::{backend::NodeBackend, service::ClusterController, view::View};
 use lvms_csi::{
-    TOPOLOGY_NODE_KEY,
     csi::{
         CapacityRange, ControllerExpandVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest,
-        DeleteSnapshotRequest, DeleteVolumeRequest, GetCapacityRequest, Topology,
-        TopologyRequirement, VolumeCapability, controller_client::ControllerClient,
-        volume_capability,
+        DeleteSnapshotRequest, DeleteVolumeRequest, GetCapacityRequest, TopologyRequirement,
+        VolumeCapability, controller_client::ControllerClient,
+        volume_capability::access_mode::Mode,
     },
     identity::{Converged, IdentityService},
     ids,
     server::{self, NoNode, Services},
 };
 use lvms_node::{capacity::Publisher, lv_reconciler};
-use lvms_testkit::fake_backend::FakeBackend;
+use lvms_testkit::{
+    csi_requests::{mount, on},
+    fake_backend::FakeBackend,
+};
 use serde_json::json;
 
 use crate::support::{self, TestNamespace, WAIT, eventually};
 
 const GIB: i64 = 1 << 30;
 
-fn mount() -> VolumeCapability {
-    VolumeCapability {
-        access_type: Some(volume_capability::AccessType::Mount(
-            volume_capability::MountVolume {
-                fs_type: "xfs".into(),
-                ..Default::default()
-            },
-        )),
-        access_mode: Some(volume_capability::AccessMode {
-            mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-        }),
-    }
-}
-
-fn on(node: &str) -> Topology {
-    Topology {
-        segments: [(TOPOLOGY_NODE_KEY.to_owned(), node.to_owned())].into(),
-    }
+fn cap() -> VolumeCapability {
+    mount(Mode::SingleNodeWriter, "xfs")
 }
 
 #[tokio::test]
@@ -160,7 +146,7 @@ async fn a_volume_is_made_grown_snapshotted_and_removed_through_logical_volumes(
     .await;
     let capacity = csi
         .get_capacity(GetCapacityRequest {
-            volume_capabilities: vec![mount()],
+            volume_capabilities: vec![cap()],
             accessible_topology: Some(on(&node)),
             ..Default::default()
         })
@@ -178,7 +164,7 @@ async fn a_volume_is_made_grown_snapshotted_and_removed_through_logical_volumes(
             required_bytes: GIB,
             limit_bytes: 0,
         }),
-        volume_capabilities: vec![mount()],
+        volume_capabilities: vec![cap()],
         accessibility_requirements: Some(TopologyRequirement {
             requisite: vec![on(&node)],
             preferred: vec![on(&node)],
@@ -221,7 +207,7 @@ async fn a_volume_is_made_grown_snapshotted_and_removed_through_logical_volumes(
                 required_bytes: 2 * GIB,
                 limit_bytes: 0,
             }),
-            volume_capability: Some(mount()),
+            volume_capability: Some(cap()),
             ..Default::default()
         })
         .await
