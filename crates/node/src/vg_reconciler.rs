@@ -53,6 +53,8 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("encoding the node status: {0}")]
+    Encode(String),
     #[error("{action}: {source}")]
     Host {
         action: String,
@@ -177,10 +179,15 @@ impl<R: Runner, B: Backend> Context<R, B> {
         );
         obj.metadata.namespace = Some(self.namespace.clone());
         obj.metadata.finalizers = Some(vec![NODE_STATUS_FINALIZER.to_owned()]);
+        // The list is sent even when empty (the type leaves an empty one out), so a node that serves
+        // no class any more says so explicitly.
+        let mut body = serde_json::to_value(&obj).map_err(|e| Error::Encode(e.to_string()))?;
+        body["spec"]["nodeStatus"] = serde_json::to_value(&obj.spec.lvm_vg_status)
+            .map_err(|e| Error::Encode(e.to_string()))?;
         api.patch(
             &self.node,
             &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&obj),
+            &Patch::Apply(&body),
         )
         .await
         .map_err(kube_err(format!(

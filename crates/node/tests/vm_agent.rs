@@ -72,12 +72,14 @@ mod vm_agent {
         })
     }
 
-    /// The LV names in `vg`, hidden ones left out.
+    /// The LV names in `vg`, hidden ones left out, sorted.
     fn lv_names(vg: &str) -> Vec<String> {
-        sh(&format!("lvm lvs --noheadings -o lv_name {vg}"))
+        let mut names: Vec<String> = sh(&format!("lvm lvs --noheadings -o lv_name {vg}"))
             .split_whitespace()
             .map(str::to_owned)
-            .collect()
+            .collect();
+        names.sort();
+        names
     }
 
     #[tokio::test]
@@ -175,11 +177,9 @@ mod vm_agent {
             lv["metadata"]["finalizers"],
             json!([LOGICAL_VOLUME_FINALIZER])
         );
-        assert_eq!(
-            lv_names(&class),
-            ["pool".to_owned(), id.clone()],
-            "no duplicate"
-        );
+        let mut want = vec!["pool".to_owned(), id.clone()];
+        want.sort();
+        assert_eq!(lv_names(&class), want, "no duplicate");
 
         // Growing spec.size grows the LV.
         let mut grown = api.get(&lv_path("pvc-a")).unwrap();

@@ -79,6 +79,13 @@ async fn a_restarted_agent_keeps_reporting_the_classes_it_has_not_reconciled_yet
     // Gone from this node: its entry goes; an unchanged status sends nothing.
     ctx.record("b", None, None).await.unwrap();
     assert_eq!(entries(&api), [("a".into(), "Ready".into())]);
+    ctx.record("a", None, None).await.unwrap();
+    assert_eq!(entries(&api), [], "an empty list is sent, not left out");
+    assert_eq!(
+        api.requests().last().unwrap().body["spec"],
+        json!({"nodeStatus": []})
+    );
+    ctx.record("a", Some(ready("a")), None).await.unwrap();
     api.clear_requests();
     ctx.record("a", Some(ready("a")), None).await.unwrap();
     assert!(api.requests().is_empty());
