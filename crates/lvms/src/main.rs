@@ -105,6 +105,16 @@ struct OperatorArgs {
         default_value = "/tmp/k8s-webhook-server/serving-certs"
     )]
     webhook_cert_dir: PathBuf,
+    /// Make a self-signed certificate for the webhook at start when the Secret `--webhook-cert-secret`
+    /// holds none, and write its CA into both webhook configurations' caBundle.
+    #[arg(long, env = "LVMS_SELF_SIGNED_WEBHOOK_CERT")]
+    self_signed_webhook_cert: bool,
+    /// The Secret the operator's pod mounts at `--webhook-cert-dir`.
+    #[arg(long, env = "WEBHOOK_CERT_SECRET", default_value = lvms_operator::certificate::WEBHOOK_SECRET)]
+    webhook_cert_secret: String,
+    /// The webhook's Service (the certificate's names).
+    #[arg(long, env = "WEBHOOK_SERVICE", default_value = lvms_operator::certificate::WEBHOOK_SERVICE)]
+    webhook_service: String,
     /// HTTPS port of the admission webhook (also serves `/healthz` and `/readyz`).
     #[arg(long, env = "WEBHOOK_PORT", default_value_t = 9443)]
     webhook_port: u16,
@@ -142,6 +152,16 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("building a Kubernetes client from the environment")?;
+    if args.self_signed_webhook_cert {
+        lvms_operator::certificate::ensure(
+            &client,
+            &namespace,
+            &args.webhook_cert_secret,
+            &args.webhook_service,
+        )
+        .await
+        .context("providing the webhook's certificate")?;
+    }
     let mut cfg = lvms_operator::RenderConfig::new(namespace.clone(), args.image);
     cfg.driver_name = args.driver_name;
 

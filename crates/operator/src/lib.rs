@@ -14,6 +14,7 @@
 //! executes their plans against the API server (the `LVMCluster` reconciler and its `run` loop).
 #![forbid(unsafe_code)]
 
+pub mod certificate;
 pub mod controller;
 pub mod finalizer;
 pub mod metrics;

@@ -426,7 +426,7 @@ fn review_mutation(decoded: Decoded) -> AdmissionResponse {
 // ---------------------------------------------------------------------------------------------
 
 /// Builds a rustls server configuration (ring provider, HTTP/1.1) from PEM data.
-fn server_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<ServerConfig> {
+pub(crate) fn server_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<ServerConfig> {
     let tls = |what: &str, e: &dyn std::fmt::Display| Error::Tls(format!("{what}: {e}"));
     let chain = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<Vec<_>, _>>()

@@ -115,6 +115,20 @@ const OPERATOR_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
         Scope::Cluster,
     ),
     ("", "persistentvolumes", &["get", "list"], Scope::Cluster),
+    // The webhook's self-signed certificate (src/certificate.rs).
+    ("", "secrets", &["get", "create", "patch"], Scope::Namespace),
+    (
+        "admissionregistration.k8s.io",
+        "validatingwebhookconfigurations",
+        &["get", "patch"],
+        Scope::Cluster,
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "mutatingwebhookconfigurations",
+        &["get", "patch"],
+        Scope::Cluster,
+    ),
 ];
 
 /// Every API call the node agent (`lvms node`, service account `vg-manager`) makes.
