@@ -202,6 +202,7 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
         lvms_operator::webhook::kube_cluster_lister(client.clone()),
     )
     .with_metrics(metrics.clone());
+    let (self_signed, cert_dir) = (args.self_signed_webhook_cert, args.webhook_cert_dir.clone());
     let webhook = lvms_operator::webhook::serve_tls(
         std::net::SocketAddr::from(([0, 0, 0, 0], args.webhook_port)),
         args.webhook_cert_dir.join("tls.crt"),
@@ -223,7 +224,12 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
     // A webhook that cannot serve (e.g. no certificate) ends the process rather than leaving a
     // controller whose LVMClusters can no longer be admitted.
     tokio::try_join!(
-        async { webhook.await.context("serving the admission webhook") },
+        async {
+            if self_signed {
+                wait_for_mounted_pair(&cert_dir).await?;
+            }
+            webhook.await.context("serving the admission webhook")
+        },
         metrics_server,
         controller,
         async {
@@ -232,6 +238,25 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
         },
     )?;
     Ok(())
+}
+
+/// Waits (up to five minutes) for kubelet to put the certificate the operator just made into its
+/// Secret volume, which it refreshes about once a minute.
+async fn wait_for_mounted_pair(dir: &std::path::Path) -> Result<()> {
+    let present = |name: &str| std::fs::metadata(dir.join(name)).is_ok_and(|m| m.len() > 0);
+    for waited in 0..150u32 {
+        if present("tls.crt") && present("tls.key") {
+            return Ok(());
+        }
+        if waited % 15 == 0 {
+            tracing::info!(dir = %dir.display(), "waiting for the webhook certificate to be mounted");
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    }
+    anyhow::bail!(
+        "no tls.crt and tls.key in {} after 5 minutes: is the Secret mounted there?",
+        dir.display()
+    )
 }
 
 /// Completes on SIGTERM or Ctrl-C.
