@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client, ResourceExt,
     api::{Patch, PatchParams},
-    runtime::{Controller, controller::Action, watcher},
+    runtime::{Controller, controller::Action, reflector::ObjectRef, watcher},
 };
 use lvms_api::{
     DeviceDiscoveryPolicy, LVMVolumeGroup, LVMVolumeGroupNodeStatus, LVMVolumeGroupNodeStatusSpec,
@@ -204,7 +204,26 @@ pub async fn run<R: Runner, B: Backend>(ctx: Arc<Context<R, B>>) {
         warn!(error = %e, "cannot read this node's status object; it is rewritten as classes converge");
     }
     let api: Api<LVMVolumeGroup> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-    Controller::new(api, watcher::Config::default().any_semantic())
+    let controller = Controller::new(api, watcher::Config::default().any_semantic());
+    // A change of this Node's labels can change which LVMVolumeGroups select it: look at all of them
+    // again, on label changes only (the mapper drops every other Node update, such as status).
+    let store = controller.store();
+    let last_labels = std::sync::Mutex::new(None::<BTreeMap<String, String>>);
+    let controller = controller.watches(
+        Api::<Node>::all(ctx.client.clone()),
+        watcher::Config::default().fields(&format!("metadata.name={}", ctx.node)),
+        move |node: Node| {
+            if !labels_changed(&last_labels, &node) {
+                return Vec::new();
+            }
+            store
+                .state()
+                .iter()
+                .map(|vg| ObjectRef::from_obj(vg.as_ref()))
+                .collect::<Vec<_>>()
+        },
+    );
+    controller
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {
             match res {
@@ -213,6 +232,20 @@ pub async fn run<R: Runner, B: Backend>(ctx: Arc<Context<R, B>>) {
             }
         })
         .await;
+}
+
+/// Whether `node`'s labels differ from those `last` remembers (the first look counts as a change);
+/// remembers them.
+fn labels_changed(last: &std::sync::Mutex<Option<BTreeMap<String, String>>>, node: &Node) -> bool {
+    let labels = node.labels();
+    let mut last = last
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if last.as_ref() == Some(labels) {
+        return false;
+    }
+    *last = Some(labels.clone());
+    true
 }
 
 pub fn error_policy<R, B>(

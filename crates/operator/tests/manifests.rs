@@ -135,7 +135,13 @@ const OPERATOR_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
 const NODE_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
     // The volume-group reconciler: which LVMVolumeGroups select this node. The capacity
     // publisher: its capacity annotations, merge-patched.
-    ("", "nodes", &["get", "patch"], Scope::Cluster),
+    // Watched (its own, by name) for label changes.
+    (
+        "",
+        "nodes",
+        &["get", "list", "watch", "patch"],
+        Scope::Cluster,
+    ),
     // The garbage collector: PersistentVolumes' handles; events about orphans (on the Node).
     ("", "persistentvolumes", &["list"], Scope::Cluster),
     (

@@ -111,3 +111,23 @@ async fn the_backend_follows_the_ready_classes() {
     assert!(rx.borrow().is_none(), "no ready class, no backend");
     let _: Value = api.get(PATH).unwrap();
 }
+
+#[test]
+fn only_a_change_of_the_nodes_labels_looks_at_the_volume_groups_again() {
+    let node = |labels: Value, rv: &str| -> Node {
+        serde_json::from_value(json!({"metadata": {"name": "node-a", "labels": labels,
+                                                   "resourceVersion": rv}}))
+        .unwrap()
+    };
+    let last = std::sync::Mutex::new(None);
+    assert!(
+        labels_changed(&last, &node(json!({"a": "1"}), "1")),
+        "first look"
+    );
+    assert!(
+        !labels_changed(&last, &node(json!({"a": "1"}), "2")),
+        "a status update"
+    );
+    assert!(labels_changed(&last, &node(json!({"a": "2"}), "3")));
+    assert!(labels_changed(&last, &node(json!({}), "4")));
+}
