@@ -8,7 +8,10 @@ use std::{sync::Arc, time::Duration};
 use kube::{Api, Resource, ResourceExt, api::DeleteParams};
 use lvms_api::topolvm::LogicalVolume;
 use lvms_csi::ids;
-use lvms_node::gc::{PERIOD, Sweep, Tracker, pv_handles, unclaimed_objects, warn_event};
+use lvms_node::{
+    gc::{PERIOD, Sweep, Tracker, pv_handles, unclaimed_objects, warn_event},
+    metrics::GcMetrics,
+};
 
 use crate::view::View;
 
@@ -19,6 +22,7 @@ pub struct ControllerCollector {
     tracker: Tracker,
     started: tokio::time::Instant,
     recorder: kube::runtime::events::Recorder,
+    metrics: Arc<GcMetrics>,
 }
 
 impl ControllerCollector {
@@ -37,7 +41,15 @@ impl ControllerCollector {
             tracker: Tracker::default(),
             started: tokio::time::Instant::now(),
             recorder,
+            metrics: Arc::new(GcMetrics::new("unclaimed_logical_volumes")),
         }
+    }
+
+    /// Counts into `metrics` (`lvms_unclaimed_logical_volumes`, `…_removed_total`).
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Arc<GcMetrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// One sweep over the view's `LogicalVolume`s.
@@ -91,10 +103,15 @@ impl ControllerCollector {
                 .await;
             }
         }
+        self.metrics
+            .orphans
+            .set(i64::try_from(sweep.orphans.len()).unwrap_or(i64::MAX));
         for id in &sweep.delete {
             tracing::warn!(logical_volume = %id, "deleting an unclaimed LogicalVolume after the safety window");
             match self.api.delete(id, &DeleteParams::default()).await {
-                Ok(_) => {}
+                Ok(_) => {
+                    self.metrics.removed.inc();
+                }
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => return Err(format!("delete LogicalVolume {id}: {e}")),
             }

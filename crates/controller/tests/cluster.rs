@@ -426,10 +426,15 @@ async fn the_collector_reports_unclaimed_volumes_and_deletes_them_after_the_wind
     assert_eq!(event.body["reason"], "OrphanedLogicalVolume");
     assert_eq!(event.body["regarding"]["name"], json!(unclaimed));
 
+    let metrics = Arc::new(lvms_node::metrics::GcMetrics::new(
+        "unclaimed_logical_volumes",
+    ));
     let mut collect =
-        lvms_controller::gc::ControllerCollector::new(c.view.clone(), lvs, Some(Duration::ZERO));
+        lvms_controller::gc::ControllerCollector::new(c.view.clone(), lvs, Some(Duration::ZERO))
+            .with_metrics(metrics.clone());
     let s = collect.sweep_once().await.unwrap();
     assert_eq!(s.delete, std::slice::from_ref(&unclaimed));
+    assert_eq!((metrics.orphans.get(), metrics.removed.get()), (1, 1));
     let gone = async {
         while c.api.get(&lv_path(&unclaimed)).is_some() {
             tokio::time::sleep(Duration::from_millis(20)).await;

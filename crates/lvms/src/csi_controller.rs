@@ -35,6 +35,9 @@ pub struct CsiControllerArgs {
     /// (unset: only report them, with an event).
     #[arg(long, env = "LVMS_GC_DELETE_AFTER", value_name = "SECONDS")]
     gc_delete_after: Option<u64>,
+    /// Port of `/metrics` (the garbage collector's numbers) and `/healthz`.
+    #[arg(long, env = "METRICS_PORT", default_value_t = 8082)]
+    metrics_port: u16,
 }
 
 /// Serves until SIGTERM or Ctrl-C, or until the watches end.
@@ -44,11 +47,19 @@ pub async fn run(args: CsiControllerArgs) -> Result<()> {
         .context("connecting to the Kubernetes API")?;
     let (view, keep_current) = View::start(client.clone(), &args.namespace, &args.driver_name);
     let lvs: Api<LogicalVolume> = Api::all(client);
+    let metrics = Arc::new(lvms_node::metrics::GcMetrics::new(
+        "unclaimed_logical_volumes",
+    ));
     let collector = ControllerCollector::new(
         view.clone(),
         lvs.clone(),
         args.gc_delete_after.map(std::time::Duration::from_secs),
-    );
+    )
+    .with_metrics(metrics.clone());
+    let metrics_addr = std::net::SocketAddr::from(([0, 0, 0, 0], args.metrics_port));
+    let metrics_listener = tokio::net::TcpListener::bind(metrics_addr)
+        .await
+        .with_context(|| format!("binding the metrics port {metrics_addr}"))?;
     let socket = PathBuf::from(
         args.endpoint
             .strip_prefix("unix://")
@@ -76,6 +87,9 @@ pub async fn run(args: CsiControllerArgs) -> Result<()> {
     tokio::select! {
         () = keep_current => bail!("the cluster watches ended"),
         () = collector.run() => bail!("the garbage collector ended"),
+        served = lvms_node::metrics::serve(metrics_listener, metrics) => {
+            served.context("serving /metrics")
+        }
         r = ready => r,
         served = server::serve(listener, services, crate::shutdown_signal()) => {
             served.context("serving CSI")

@@ -25,7 +25,8 @@ use lvms_host::{
     engine::RealNodeHost, fs::Filesystems, lvm::Lvm, runner::RealRunner, shell::LvmShell,
 };
 use lvms_node::{
-    capacity::Publisher, gc::NodeCollector, lv_reconciler, switch::Switch, vg_reconciler,
+    capacity::Publisher, gc::NodeCollector, lv_reconciler, metrics::GcMetrics, switch::Switch,
+    vg_reconciler,
 };
 
 /// `lvms node`'s flags.
@@ -47,6 +48,9 @@ pub struct NodeArgs {
     /// (unset: only report them, with an event on the Node).
     #[arg(long, env = "LVMS_GC_DELETE_AFTER", value_name = "SECONDS")]
     gc_delete_after: Option<u64>,
+    /// Port of `/metrics` (the garbage collector's numbers) and `/healthz`.
+    #[arg(long, env = "METRICS_PORT", default_value_t = 8081)]
+    metrics_port: u16,
     /// Filesystem made on a blank volume whose capability names none.
     #[arg(long, env = "LVMS_DEFAULT_FSTYPE", default_value = "xfs", value_parser = parse_fstype)]
     default_fstype: Fstype,
@@ -82,13 +86,19 @@ pub async fn run(args: NodeArgs) -> Result<()> {
         &args.driver_name,
         vg_ctx.backend(),
     );
+    let metrics = Arc::new(GcMetrics::new("orphaned_volumes"));
     let collector = NodeCollector::new(
         client.clone(),
         &args.node_name,
         &args.driver_name,
         vg_ctx.backend(),
         args.gc_delete_after.map(std::time::Duration::from_secs),
-    );
+    )
+    .with_metrics(metrics.clone());
+    let metrics_addr = std::net::SocketAddr::from(([0, 0, 0, 0], args.metrics_port));
+    let metrics_listener = tokio::net::TcpListener::bind(metrics_addr)
+        .await
+        .with_context(|| format!("binding the metrics port {metrics_addr}"))?;
     let lv_ctx = Arc::new(lv_reconciler::Context {
         client,
         node: args.node_name.clone(),
@@ -134,6 +144,9 @@ pub async fn run(args: NodeArgs) -> Result<()> {
         () = lv_reconciler::run(lv_ctx) => bail!("the LogicalVolume watch ended"),
         () = publisher.run() => bail!("the capacity publisher ended"),
         () = collector.run() => bail!("the garbage collector ended"),
+        served = lvms_node::metrics::serve(metrics_listener, metrics) => {
+            served.context("serving /metrics")
+        }
         served = server::serve(listener, services, crate::shutdown_signal()) => {
             served.context("serving CSI")
         }

@@ -139,6 +139,7 @@ pub struct NodeCollector<B> {
     tracker: Tracker,
     started: tokio::time::Instant,
     recorder: kube::runtime::events::Recorder,
+    metrics: std::sync::Arc<crate::metrics::GcMetrics>,
 }
 
 impl<B: lvms_csi::backend::Backend> NodeCollector<B> {
@@ -165,7 +166,15 @@ impl<B: lvms_csi::backend::Backend> NodeCollector<B> {
             tracker: Tracker::default(),
             started: tokio::time::Instant::now(),
             recorder,
+            metrics: std::sync::Arc::new(crate::metrics::GcMetrics::new("orphaned_volumes")),
         }
+    }
+
+    /// Counts into `metrics` (`lvms_orphaned_volumes`, `…_removed_total`).
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: std::sync::Arc<crate::metrics::GcMetrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// One sweep: reports every orphaned LV (an event on the Node when first seen) and deletes those due.
@@ -240,12 +249,16 @@ impl<B: lvms_csi::backend::Backend> NodeCollector<B> {
                 .await;
             }
         }
+        self.metrics
+            .orphans
+            .set(i64::try_from(sweep.orphans.len()).unwrap_or(i64::MAX));
         for id in &sweep.delete {
             tracing::warn!(volume_id = %id, "removing an orphaned LV after the safety window");
             backend
                 .delete(id)
                 .await
                 .map_err(|e| format!("remove orphaned {id}: {e}"))?;
+            self.metrics.removed.inc();
         }
         Ok(sweep)
     }
@@ -410,15 +423,19 @@ mod tests {
         async fn with_a_window_an_unreferenced_orphan_goes_and_a_claimed_one_stays() {
             let (api, backend, [owned, orphan, claimed]) = world().await;
             let (_tx, rx) = tokio::sync::watch::channel(Some(backend.clone()));
-            let mut c = NodeCollector::new(
+            let c = NodeCollector::new(
                 api.client("default"),
                 "node-a",
                 "topolvm.io",
                 rx,
                 Some(Duration::ZERO),
             );
+            let metrics = std::sync::Arc::new(crate::metrics::GcMetrics::new("orphaned_volumes"));
+            let mut c = c.with_metrics(metrics.clone());
             let s = c.sweep_once().await.unwrap();
             assert_eq!(s.delete, std::slice::from_ref(&orphan));
+            assert_eq!(metrics.orphans.get(), 2);
+            assert_eq!(metrics.removed.get(), 1);
             let left: Vec<String> = backend
                 .state
                 .lock()

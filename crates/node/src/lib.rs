@@ -8,12 +8,14 @@
 //! - [`switch`]: the CSI backend that follows the set of ready classes.
 //! - [`capacity`]: what each class can still hold, published on the Node for the CSI controller.
 //! - [`gc`]: orphaned volumes, reported and (after a safety window, when configured) removed.
+//! - [`metrics`]: the collectors' numbers on `/metrics`.
 
 pub mod capacity;
 pub mod finalizers;
 pub mod gc;
 pub mod logical_volume;
 pub mod lv_reconciler;
+pub mod metrics;
 pub mod switch;
 pub mod vg_reconciler;
 pub mod volume_group;

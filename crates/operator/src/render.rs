@@ -80,6 +80,8 @@ pub const DEFAULT_NODE_PRIORITY_CLASS: &str = "system-node-critical";
 pub const CSI_SOCKET_DIR: &str = "/csi";
 /// File name of the node plugin's CSI socket inside the plugin directory.
 pub const CSI_SOCKET_NAME: &str = "csi.sock";
+/// Port of the node agent's `/metrics` (`lvms node --metrics-port`'s default).
+pub const NODE_METRICS_PORT: i32 = 8081;
 /// Port of the `livenessprobe` sidecar's `/healthz` (TopoLVM's).
 pub const HEALTHZ_PORT: i32 = 9808;
 /// Port of the `node-driver-registrar` sidecar's `/healthz` (TopoLVM's).
@@ -794,12 +796,21 @@ fn daemon_set(owner: &Owner<'_>, cfg: &RenderConfig, cluster: &LVMCluster) -> Da
             ..SecurityContext::default()
         }),
         // Served by the livenessprobe sidecar, which checks the CSI socket (TopoLVM's layout).
-        ports: Some(vec![ContainerPort {
-            name: Some("healthz".into()),
-            container_port: HEALTHZ_PORT,
-            protocol: Some("TCP".into()),
-            ..ContainerPort::default()
-        }]),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("healthz".into()),
+                container_port: HEALTHZ_PORT,
+                protocol: Some("TCP".into()),
+                ..ContainerPort::default()
+            },
+            // `lvms node`'s /metrics (its garbage collector's numbers).
+            ContainerPort {
+                name: Some("metrics".into()),
+                container_port: NODE_METRICS_PORT,
+                protocol: Some("TCP".into()),
+                ..ContainerPort::default()
+            },
+        ]),
         liveness_probe: Some(healthz_probe("healthz")),
         volume_mounts: Some(vec![
             mount("plugin-dir", CSI_SOCKET_DIR, None),

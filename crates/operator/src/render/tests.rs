@@ -137,6 +137,9 @@ metadata:
         - name: healthz
           containerPort: 9808
           protocol: TCP
+        - name: metrics
+          containerPort: 8081
+          protocol: TCP
         livenessProbe:
           httpGet:
             path: /healthz
