@@ -191,10 +191,6 @@ impl NodeBackend {
             ))),
         }
     }
-
-    fn object(&self, id: &str, spec: LogicalVolumeSpec) -> LogicalVolume {
-        LogicalVolume::new(id, spec)
-    }
 }
 
 impl Backend for NodeBackend {
@@ -244,7 +240,7 @@ impl Backend for NodeBackend {
             None => (String::new(), String::new()),
             Some(s) => (s.id().to_owned(), "rw".to_owned()),
         };
-        self.make(self.object(
+        self.make(LogicalVolume::new(
             &id,
             LogicalVolumeSpec {
                 name: req.name.clone(),
@@ -264,7 +260,7 @@ impl Backend for NodeBackend {
             BackendError::NotFound(format!("volume {} does not exist", req.source_volume))
         })?;
         let id = ids::snapshot_lv_name(&req.name);
-        self.make(self.object(
+        self.make(LogicalVolume::new(
             &id,
             LogicalVolumeSpec {
                 name: req.name.clone(),

@@ -56,12 +56,9 @@ pub struct NodeArgs {
     default_fstype: Fstype,
 }
 
+/// `xfs` or `ext4`, as the Node service reads a capability's `fs_type`.
 fn parse_fstype(s: &str) -> Result<Fstype, String> {
-    match s {
-        "xfs" => Ok(Fstype::Xfs),
-        "ext4" => Ok(Fstype::Ext4),
-        other => Err(format!("{other:?}: use xfs or ext4")),
-    }
+    lvms_csi::node::request::fstype(s)?.ok_or_else(|| "give xfs or ext4".to_owned())
 }
 
 /// Runs the node agent until SIGTERM or Ctrl-C, or until a watch ends.

@@ -83,11 +83,10 @@ pub fn plan(vg: &LVMVolumeGroup, node: &Node) -> Step {
     }
 }
 
-fn quantity(
-    field: &str,
-    q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity,
-) -> Result<ByteSize, String> {
-    q.0.parse::<ByteSize>().map_err(|e| format!("{field}: {e}"))
+/// A size field (a Quantity's text) in bytes, or why not, naming the field.
+fn quantity(field: &str, text: &str) -> Result<ByteSize, String> {
+    text.parse::<ByteSize>()
+        .map_err(|e| format!("{field}: {e}"))
 }
 
 fn positive(field: &str, n: i32) -> Result<u32, String> {
@@ -120,8 +119,8 @@ pub fn device_class_config(vg: &LVMVolumeGroup) -> Result<DeviceClassConfig, Str
                 ChunkSizeCalculationPolicy::Static => CalculationPolicy::Static,
             };
             let chunk_size = match (&tp.chunk_size, chunk_size_calculation_policy) {
-                (Some(q), _) => Some(quantity("thinPoolConfig.chunkSize", q)?),
-                (None, CalculationPolicy::Static) => Some(quantity_str(
+                (Some(q), _) => Some(quantity("thinPoolConfig.chunkSize", &q.0)?),
+                (None, CalculationPolicy::Static) => Some(quantity(
                     "thinPoolConfig.chunkSize",
                     lvms_api::DEFAULT_CHUNK_SIZE,
                 )?),
@@ -144,7 +143,7 @@ pub fn device_class_config(vg: &LVMVolumeGroup) -> Result<DeviceClassConfig, Str
                 metadata_size: tp
                     .metadata_size
                     .as_ref()
-                    .map(|q| quantity("thinPoolConfig.metadataSize", q))
+                    .map(|q| quantity("thinPoolConfig.metadataSize", &q.0))
                     .transpose()?,
             })
         }
@@ -170,7 +169,7 @@ pub fn device_class_config(vg: &LVMVolumeGroup) -> Result<DeviceClassConfig, Str
             stripe_size: r
                 .stripe_size
                 .as_ref()
-                .map(|q| quantity("raidConfig.stripeSize", q))
+                .map(|q| quantity("raidConfig.stripeSize", &q.0))
                 .transpose()?,
         }),
     };
@@ -189,10 +188,6 @@ pub fn device_class_config(vg: &LVMVolumeGroup) -> Result<DeviceClassConfig, Str
         // The filesystem is the StorageClass's business; the engine does not use it.
         fstype: Fstype::default(),
     })
-}
-
-fn quantity_str(field: &str, s: &str) -> Result<ByteSize, String> {
-    s.parse::<ByteSize>().map_err(|e| format!("{field}: {e}"))
 }
 
 fn discovery_status(vg: &LVMVolumeGroup) -> DeviceDiscoveryPolicyStatus {
