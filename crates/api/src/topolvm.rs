@@ -21,6 +21,7 @@ fn is_zero(code: &i32) -> bool {
     plural = "logicalvolumes",
     status = "LogicalVolumeStatus",
     derive = "PartialEq",
+    selectable = ".spec.nodeName",
     doc = "LogicalVolume is the Schema for the logicalvolumes API"
 )]
 #[serde(rename_all = "camelCase")]

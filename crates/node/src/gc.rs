@@ -195,7 +195,10 @@ impl<B: lvms_csi::backend::Backend> NodeCollector<B> {
             .map(|v| v.id)
             .collect();
         let objects = kube::Api::<LogicalVolume>::all(self.client.clone())
-            .list(&kube::api::ListParams::default())
+            .list(
+                &kube::api::ListParams::default()
+                    .fields(&crate::lv_reconciler::node_selector(&self.node)),
+            )
             .await
             .map_err(|e| format!("list LogicalVolumes: {e}"))?;
         let mut named = BTreeSet::new();

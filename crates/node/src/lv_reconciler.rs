@@ -93,10 +93,19 @@ impl<B> Context<B> {
     }
 }
 
-/// Runs the reconciler until the watch ends: every `LogicalVolume`, filtered to this node's.
+/// The field selector of `node`'s `LogicalVolume`s (the CRD declares `.spec.nodeName` selectable).
+pub fn node_selector(node: &str) -> String {
+    format!("spec.nodeName={node}")
+}
+
+/// Runs the reconciler until the watch ends: the `LogicalVolume`s of this node, selected by the
+/// API server, so an agent holds only its own.
 pub async fn run<B: Backend>(ctx: Arc<Context<B>>) {
     let api: Api<LogicalVolume> = Api::all(ctx.client.clone());
-    Controller::new(api, watcher::Config::default().any_semantic())
+    let config = watcher::Config::default()
+        .any_semantic()
+        .fields(&node_selector(&ctx.node));
+    Controller::new(api, config)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {
             match res {

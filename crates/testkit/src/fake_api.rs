@@ -15,10 +15,11 @@
 //! - `GET …?watch=true` streams `ADDED`/`MODIFIED`/`DELETED` events of the collection from the
 //!   request's `resourceVersion` on (earlier changes are replayed), so `kube::runtime` watchers and
 //!   `await_condition` work against it;
-//! - `fieldSelector=metadata.name=<name>` on lists and watches.
+//! - `fieldSelector=a.b=v,c=w` (equality only, on any field path such as `metadata.name` or a CRD's
+//!   selectable `spec.nodeName`) on lists and watches.
 //!
 //! What it does not: field ownership of server-side apply (an apply is merged like a merge patch),
-//! label selectors and other field selectors, admission, validation against the schema. Every request is
+//! label selectors, `!=` in field selectors, admission, validation against the schema. Every request is
 //! recorded ([`FakeApi::requests`]) so a test can still assert the exact calls, and
 //! [`FakeApi::fail`] makes chosen calls fail, as a crash or a lost connection would.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -71,18 +72,26 @@ struct Event {
 #[derive(Debug)]
 struct Watch {
     collection: String,
-    name: Option<String>,
+    fields: Vec<(String, String)>,
     tx: mpsc::UnboundedSender<Bytes>,
 }
 
 impl Watch {
-    fn wants(&self, path: &str) -> bool {
-        in_collection(path, &self.collection)
-            && self
-                .name
-                .as_deref()
-                .is_none_or(|n| path.rsplit('/').next() == Some(n))
+    fn wants(&self, path: &str, object: &Value) -> bool {
+        in_collection(path, &self.collection) && selected(&self.fields, object)
     }
+}
+
+/// Whether `object` has every `field path = value` of a field selector.
+fn selected(fields: &[(String, String)], object: &Value) -> bool {
+    fields.iter().all(|(path, want)| {
+        let got = path.split('.').fold(object, |v, key| &v[key]);
+        match got {
+            Value::String(s) => s == want,
+            Value::Null => want.is_empty(),
+            other => other.to_string() == *want,
+        }
+    })
 }
 
 /// Whether object `path` is in `collection` (`/apis/g/v/plural` also covers every namespace's).
@@ -275,7 +284,7 @@ impl FakeApi {
 struct Query {
     watch: bool,
     resource_version: Option<u64>,
-    name: Option<String>,
+    fields: Vec<(String, String)>,
 }
 
 /// `%XX` decoding of a query value.
@@ -314,7 +323,11 @@ impl Query {
                 "watch" => q.watch = v == "true" || v == "1",
                 "resourceVersion" => q.resource_version = v.parse().ok(),
                 "fieldSelector" => {
-                    q.name = v.strip_prefix("metadata.name=").map(str::to_owned);
+                    q.fields = v
+                        .split(',')
+                        .filter_map(|f| f.split_once('='))
+                        .map(|(k, v)| (k.trim_end_matches('=').to_owned(), v.to_owned()))
+                        .collect();
                 }
                 _ => {}
             }
@@ -373,13 +386,7 @@ impl State {
         let items: Vec<Value> = self
             .objects
             .iter()
-            .filter(|(k, _)| in_collection(k, path))
-            .filter(|(k, _)| {
-                query
-                    .name
-                    .as_deref()
-                    .is_none_or(|n| k.rsplit('/').next() == Some(n))
-            })
+            .filter(|(k, v)| in_collection(k, path) && selected(&query.fields, v))
             .map(|(_, v)| v.clone())
             .collect();
         (
@@ -395,12 +402,12 @@ impl State {
         let (tx, rx) = mpsc::unbounded_channel();
         let watch = Watch {
             collection: collection.to_owned(),
-            name: query.name.clone(),
+            fields: query.fields.clone(),
             tx,
         };
         let from = query.resource_version.unwrap_or(self.resource_version);
         for e in self.events.iter().filter(|e| e.resource_version > from) {
-            if watch.wants(&e.path) {
+            if watch.wants(&e.path, &e.object) {
                 let _ = watch.tx.send(event_line(e.kind, &e.object));
             }
         }
@@ -424,7 +431,7 @@ impl State {
             object: object.clone(),
         });
         self.watches.retain(|w| !w.tx.is_closed());
-        for w in self.watches.iter().filter(|w| w.wants(path)) {
+        for w in self.watches.iter().filter(|w| w.wants(path, &object)) {
             let _ = w.tx.send(event_line(kind, &object));
         }
         object
@@ -696,7 +703,7 @@ mod tests {
             &Query {
                 watch: true,
                 resource_version: Some(0),
-                name: None,
+                fields: Vec::new(),
             },
         );
         drop(st);
@@ -707,6 +714,49 @@ mod tests {
         fake.delete(CM);
         let event: Value = serde_json::from_slice(&rx.try_recv().unwrap()).unwrap();
         assert_eq!(event["type"], "DELETED");
+    }
+
+    #[tokio::test]
+    async fn field_selectors_filter_lists_and_watches_on_any_field_path() {
+        let fake = FakeApi::new();
+        fake.insert(CM, cm());
+        let mut b = cm();
+        b["metadata"]["name"] = json!("b");
+        b["data"]["k"] = json!("w");
+        fake.insert("/api/v1/namespaces/ns/configmaps/b", b);
+        let api: Api<ConfigMap> = Api::namespaced(fake.client("ns"), "ns");
+        let names = |l: kube::core::ObjectList<ConfigMap>| {
+            l.items
+                .into_iter()
+                .map(|c| c.metadata.name.unwrap())
+                .collect::<Vec<_>>()
+        };
+        let lp = |f: &str| kube::api::ListParams::default().fields(f);
+        assert_eq!(names(api.list(&lp("data.k=w")).await.unwrap()), ["b"]);
+        assert_eq!(
+            names(api.list(&lp("metadata.name=a")).await.unwrap()),
+            ["a"]
+        );
+        assert!(
+            api.list(&lp("data.k=w,metadata.name=a"))
+                .await
+                .unwrap()
+                .items
+                .is_empty()
+        );
+        assert_eq!(api.list(&lp("")).await.unwrap().items.len(), 2);
+
+        let mut st = fake.state.lock().unwrap();
+        let mut rx = st.watch(
+            "/api/v1/namespaces/ns/configmaps",
+            &Query::parse("watch=true&resourceVersion=0&fieldSelector=data.k%3Dw"),
+        );
+        drop(st);
+        let event: Value = serde_json::from_slice(&rx.try_recv().unwrap()).unwrap();
+        assert_eq!(event["object"]["metadata"]["name"], "b");
+        assert!(rx.try_recv().is_err(), "a is not selected");
+        fake.delete(CM);
+        assert!(rx.try_recv().is_err(), "a's deletion is not selected");
     }
 
     #[tokio::test]

@@ -293,6 +293,38 @@ async fn objects_of_other_nodes_cost_no_request() {
 }
 
 #[tokio::test]
+async fn the_running_agent_lists_and_watches_only_its_nodes_objects() {
+    let w = World::new();
+    w.insert(object("pvc-1", "1Gi"));
+    let mut other = object("pvc-2", "1Gi");
+    other["spec"]["nodeName"] = json!("node-b");
+    w.insert(other);
+    let agent = tokio::spawn(run(w.context()));
+    let settled = async {
+        while w.get("pvc-1").unwrap()["status"]["volumeID"].is_null() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(5), settled)
+        .await
+        .expect("the agent settles its object within 5 s");
+    agent.abort();
+    let selector = format!("fieldSelector=spec.nodeName%3D{NODE}");
+    let collection: Vec<Seen> = w
+        .api
+        .requests()
+        .into_iter()
+        .filter(|s| s.path == "/apis/topolvm.io/v1/logicalvolumes")
+        .collect();
+    assert!(!collection.is_empty());
+    for s in &collection {
+        assert!(s.query.contains(&selector), "{} ?{}", s.path, s.query);
+    }
+    assert!(w.get("pvc-2").unwrap()["metadata"]["finalizers"].is_null());
+    assert_eq!(w.backend.calls(), ["create_volume pvc-1"]);
+}
+
+#[tokio::test]
 async fn before_any_class_is_ready_the_object_is_retried() {
     let w = World::new();
     w.insert(object("pvc-1", "1Gi"));
