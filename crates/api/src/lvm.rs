@@ -561,6 +561,10 @@ pub struct VGStatus {
     /// Health of the RAID volumes, for RAID classes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub raid_status: Option<RaidStatus>,
+    /// Devices `forceWipeDevicesAndDestroyAllData` wiped on this node (recorded before each wipe). A
+    /// device listed here is never wiped again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wiped_devices: Vec<String>,
 }
 
 /// A device the selector matched but that was not used.

@@ -79,6 +79,9 @@ pub enum ExclusionReason {
         size: u64,
         minimum: u64,
     },
+    /// `forceWipeDevicesAndDestroyAllData` wiped this device once already; it holds a signature again
+    /// and is not wiped a second time.
+    WipedOnce,
 }
 
 impl ExclusionReason {
@@ -97,6 +100,7 @@ impl ExclusionReason {
             Self::Mounted { .. } => "mounted",
             Self::PhysicalVolumeInOtherVg { .. } => "physicalVolumeInOtherVg",
             Self::TooSmall { .. } => "tooSmall",
+            Self::WipedOnce => "wipedOnce",
         }
     }
 
@@ -118,7 +122,8 @@ impl ExclusionReason {
             | Self::KubeletLoopDevice { .. }
             | Self::DeviceMapper
             | Self::Mounted { .. }
-            | Self::TooSmall { .. } => false,
+            | Self::TooSmall { .. }
+            | Self::WipedOnce => false,
         }
     }
 
@@ -193,6 +198,11 @@ impl ExclusionReason {
                 "{device} is an LVM physical volume of volume group {vg}: remove it from {vg} (vgreduce, \
                  pvremove) or {FORCE}"
             ),
+            Self::WipedOnce => format!(
+                "{device} was wiped once for this device class by forceWipeDevicesAndDestroyAllData and \
+                 holds data again: lvms-rs never wipes a device twice; wipe it yourself (wipefs --all) if \
+                 its data may go, or remove it from the device class"
+            ),
             Self::TooSmall { size, minimum } => format!(
                 "{device} is {} bytes ({}), smaller than the {} minimum: choose a larger device",
                 size,
@@ -227,6 +237,8 @@ pub struct FilterContext<'a> {
     pub own_vgs: BTreeSet<&'a str>,
     /// `forceWipeDevicesAndDestroyAllData`.
     pub force_wipe: bool,
+    /// Canonical paths force-wipe already wiped once: never wiped again.
+    pub wiped: BTreeSet<&'a str>,
 }
 
 fn dev_kname_path(device: &BlockDevice) -> String {
@@ -382,6 +394,11 @@ pub fn exclusion_reasons(device: &BlockDevice, ctx: &FilterContext<'_>) -> Vec<E
     reasons
 }
 
+/// Whether force-wipe wiped `device` before (recorded by canonical path: `/dev/<kname>` or its path).
+fn wiped_before(device: &BlockDevice, ctx: &FilterContext<'_>) -> bool {
+    ctx.wiped.contains(dev_kname_path(device).as_str()) || ctx.wiped.contains(device.path.as_str())
+}
+
 /// Decides whether `device` may become (or already is) an LVM physical volume of our volume group.
 pub fn evaluate(device: &BlockDevice, ctx: &FilterContext<'_>) -> Verdict {
     if let Some(vg) = physical_volume_of(device, ctx.pvs)
@@ -390,12 +407,16 @@ pub fn evaluate(device: &BlockDevice, ctx: &FilterContext<'_>) -> Verdict {
     {
         return Verdict::Member { vg: vg.to_owned() };
     }
-    let reasons = exclusion_reasons(device, ctx);
+    let mut reasons = exclusion_reasons(device, ctx);
+    let waivable = reasons.iter().all(ExclusionReason::waivable_by_force_wipe);
     if reasons.is_empty() {
         Verdict::Usable { waived: Vec::new() }
-    } else if ctx.force_wipe && reasons.iter().all(ExclusionReason::waivable_by_force_wipe) {
+    } else if ctx.force_wipe && waivable && !wiped_before(device, ctx) {
         Verdict::Usable { waived: reasons }
     } else {
+        if ctx.force_wipe && waivable {
+            reasons.push(ExclusionReason::WipedOnce);
+        }
         Verdict::Excluded { reasons }
     }
 }

@@ -58,6 +58,10 @@ pub struct Observed {
     /// Each configured path (symlinks included) mapped to its canonical device path, or `None` when it
     /// does not exist. A configured path absent from this map counts as missing.
     pub resolved: BTreeMap<String, Option<String>>,
+    /// Canonical paths this class has wiped on this node before (`forceWipeDevicesAndDestroyAllData`
+    /// wipes a device once; the node agent keeps the record). Empty where nothing keeps one.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub wiped: BTreeSet<String>,
 }
 
 /// What became of one configured path.
@@ -255,6 +259,7 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
         force_wipe: class
             .device_selector
             .force_wipe_devices_and_destroy_all_data,
+        wiped: observed.wiped.iter().map(String::as_str).collect(),
     };
     let devices = report_devices(class, observed, &ctx);
     let failed = |devices: Vec<DeviceReport>, reason: String| ClassPlan {

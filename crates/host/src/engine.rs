@@ -135,6 +135,7 @@ impl<R: Runner> NodeHost for RealNodeHost<R> {
             vgs: self.lvm.vgs().await?,
             lvs: self.lvm.lvs(None).await?,
             resolved,
+            wiped: Default::default(),
         })
     }
 
@@ -233,6 +234,7 @@ mod tests {
                     vgs: vec![],
                     lvs: vec![],
                     resolved,
+                    wiped: Default::default(),
                 }),
                 fail_at: Mutex::new(None),
                 calls: Mutex::new(0),

@@ -81,6 +81,11 @@ pub enum Error {
     )]
     SignatureExists { device: String, signature: String },
 
+    /// A wipe was not done because the record that it happens (kept so a device is wiped only once)
+    /// could not be written.
+    #[error("{device} was not wiped: recording the wipe first failed: {reason}")]
+    WipeNotRecorded { device: String, reason: String },
+
     /// `wipefs --all` ran but a signature is still there.
     #[error("{device} still has a {signature} signature after wipefs --all")]
     WipeIncomplete { device: String, signature: String },

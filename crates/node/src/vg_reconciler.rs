@@ -8,10 +8,17 @@
 //! - Cleanup removes the thin pool, the volume group (only one tagged as ours) and the physical-volume
 //!   labels, and only when no other logical volume remains in the group; otherwise the class stays
 //!   `Failed` with the volumes to remove by hand, and the finalizer stays.
+//! - `forceWipeDevicesAndDestroyAllData` wipes a device once: the wipe is recorded in the class's
+//!   `wipedDevices` on the node status object *before* it happens (no record, no wipe), and a recorded
+//!   device that holds a signature again is excluded instead of wiped a second time.
 //! - Static discovery converges on start and on spec changes; Dynamic converges again every
 //!   [`DYNAMIC_REQUEUE`], so disks added later are picked up.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -24,10 +31,13 @@ use lvms_api::{
     DeviceDiscoveryPolicy, LVMVolumeGroup, LVMVolumeGroupNodeStatus, LVMVolumeGroupNodeStatusSpec,
     NODE_STATUS_FINALIZER, VGStatus, VGStatusType,
 };
-use lvms_core::config::VG_OWNER_TAG;
+use lvms_core::{
+    config::{DeviceClassConfig, VG_OWNER_TAG},
+    plan::{Action as HostAction, Observed},
+};
 use lvms_csi::backend::{Backend, ClassInfo};
 use lvms_host::{
-    engine::{RealNodeHost, converge},
+    engine::{ConvergeReport, NodeHost, RealNodeHost, converge},
     runner::Runner,
 };
 use tokio::sync::{Mutex, watch};
@@ -130,6 +140,18 @@ impl<R: Runner, B: Backend> Context<R, B> {
         ready: Option<ClassInfo>,
     ) -> Result<()> {
         let mut st = self.state.lock().await;
+        // The wipe record outlives every status the class goes through on this node.
+        let status = status.map(|mut s| {
+            let before = st.statuses.get(class).map(|p| p.wiped_devices.clone());
+            s.wiped_devices = before
+                .into_iter()
+                .flatten()
+                .chain(std::mem::take(&mut s.wiped_devices))
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            s
+        });
         let status_changed = st.statuses.get(class) != status.as_ref();
         match status {
             Some(s) => st.statuses.insert(class.to_owned(), s),
@@ -149,6 +171,38 @@ impl<R: Runner, B: Backend> Context<R, B> {
         if status_changed {
             self.apply_node_status(&st.statuses).await?;
         }
+        Ok(())
+    }
+
+    /// The devices force-wipe wiped for `class` on this node.
+    async fn wiped(&self, class: &str) -> BTreeSet<String> {
+        let st = self.state.lock().await;
+        st.statuses
+            .get(class)
+            .map(|s| s.wiped_devices.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Records that `device` is about to be wiped for `class`, on the API server; only once that
+    /// succeeded may the wipe run.
+    async fn record_wipe(&self, class: &str, device: &str) -> Result<()> {
+        let mut st = self.state.lock().await;
+        // Changed in a copy, kept only once the API server has it.
+        let mut statuses = st.statuses.clone();
+        let entry = statuses
+            .entry(class.to_owned())
+            .or_insert_with(|| VGStatus {
+                name: class.to_owned(),
+                status: Some(VGStatusType::Progressing),
+                ..VGStatus::default()
+            });
+        if entry.wiped_devices.iter().any(|d| d == device) {
+            return Ok(());
+        }
+        entry.wiped_devices.push(device.to_owned());
+        entry.wiped_devices.sort();
+        self.apply_node_status(&statuses).await?;
+        st.statuses = statuses;
         Ok(())
     }
 
@@ -290,7 +344,7 @@ pub async fn reconcile<R: Runner, B: Backend>(
             Ok(Action::await_change())
         }
         Step::Converge(config) => {
-            let report = match converge(&ctx.host, &config).await {
+            let report = match converge_class(&ctx, &ctx.host, &config).await {
                 Ok(report) => report,
                 Err(e) => {
                     let status = VGStatus {
@@ -321,6 +375,49 @@ pub async fn reconcile<R: Runner, B: Backend>(
             Ok(requeue)
         }
         Step::Cleanup => cleanup(&ctx, &api, &vg).await,
+    }
+}
+
+/// Runs the node engine for `config` over `host`, with the class's wipe record (see [`ClassHost`]).
+async fn converge_class<R: Runner, B: Backend, H: NodeHost>(
+    ctx: &Context<R, B>,
+    host: &H,
+    config: &DeviceClassConfig,
+) -> lvms_host::Result<ConvergeReport> {
+    let host = ClassHost {
+        inner: host,
+        ctx,
+        class: &config.name,
+    };
+    converge(&host, config).await
+}
+
+/// The node engine's host for one class: observations carry the class's wipe record, and a wipe
+/// runs only after it was recorded.
+struct ClassHost<'a, H, R, B> {
+    inner: &'a H,
+    ctx: &'a Context<R, B>,
+    class: &'a str,
+}
+
+impl<H: NodeHost, R: Runner, B: Backend> NodeHost for ClassHost<'_, H, R, B> {
+    async fn observe(&self, paths: &[String]) -> lvms_host::Result<Observed> {
+        let mut observed = self.inner.observe(paths).await?;
+        observed.wiped = self.ctx.wiped(self.class).await;
+        Ok(observed)
+    }
+
+    async fn execute(&self, action: &HostAction) -> lvms_host::Result<()> {
+        if let HostAction::WipeDevice { path } = action {
+            self.ctx.record_wipe(self.class, path).await.map_err(|e| {
+                lvms_host::Error::WipeNotRecorded {
+                    device: path.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
+            info!(device = %path, "wipe recorded; wiping");
+        }
+        self.inner.execute(action).await
     }
 }
 

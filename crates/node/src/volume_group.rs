@@ -245,6 +245,8 @@ pub fn vg_status(vg: &LVMVolumeGroup, plan: &ClassPlan) -> VGStatus {
         excluded,
         device_discovery_policy: Some(discovery_status(vg)),
         raid_status: None,
+        // The reconciler carries its wipe record over from the previous status.
+        wiped_devices: Vec::new(),
     }
 }
 

@@ -248,4 +248,61 @@ mod vm_agent {
         assert_eq!(vg_entry(&api, &class), None);
         assert!(agent2.backend().borrow().is_none(), "nothing served");
     }
+
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn agent_force_wipes_a_device_once_and_never_again() {
+        let mut s = Scratch::new(1, 1200);
+        let class = s.vg_name();
+        let disk = s.disks[0].clone();
+        sh(&format!("mkfs.ext4 -q {disk} && udevadm settle"));
+        let api = FakeApi::new();
+        api.insert(
+            &format!("/api/v1/nodes/{NODE}"),
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
+        );
+        api.insert(
+            &vg_path(&class),
+            json!({"apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
+                   "metadata": {"name": class, "namespace": NS},
+                   "spec": {"deviceSelector": {"paths": [disk],
+                                               "forceWipeDevicesAndDestroyAllData": true}}}),
+        );
+        let reconcile = |agent: Arc<VgContext>| {
+            vg_reconciler::reconcile(typed::<LVMVolumeGroup>(&api, &vg_path(&class)), agent)
+        };
+
+        // The ext4 signature is wiped, the wipe recorded, and the group built on the disk.
+        let agent1 = agent(&api);
+        reconcile(agent1.clone()).await.unwrap();
+        reconcile(agent1.clone()).await.unwrap();
+        let entry = vg_entry(&api, &class).unwrap();
+        assert_eq!(entry["status"], "Ready", "{entry}");
+        assert_eq!(entry["wipedDevices"], json!([disk]), "{entry}");
+        assert_eq!(vgs_field(&class, "pv_count").trim(), "1");
+
+        // The group is taken apart behind the agent's back and a filesystem written on the disk.
+        sh(&format!(
+            "lvm vgremove -f {class} && lvm pvremove -y {disk} && mkfs.xfs -q -f {disk} && udevadm settle"
+        ));
+        // A restarted agent reads the record and leaves the data alone, saying why.
+        let agent2 = agent(&api);
+        agent2.load_node_status().await.unwrap();
+        reconcile(agent2.clone()).await.unwrap();
+        let entry = vg_entry(&api, &class).unwrap();
+        assert_eq!(entry["status"], "Failed", "{entry}");
+        assert!(
+            entry["reason"]
+                .as_str()
+                .unwrap()
+                .contains("never wipes a device twice"),
+            "{entry}"
+        );
+        assert_eq!(entry["wipedDevices"], json!([disk]), "{entry}");
+        assert_eq!(
+            sh(&format!("blkid -p -o value -s TYPE {disk}")).trim(),
+            "xfs",
+            "the filesystem is still there"
+        );
+    }
 }

@@ -89,7 +89,8 @@ fn selected(fields: &[(String, String)], object: &Value) -> bool {
         match got {
             Value::String(s) => s == want,
             Value::Null => want.is_empty(),
-            other => other.to_string() == *want,
+            // Numbers and booleans compare in their JSON spelling.
+            other => serde_json::to_string(other).is_ok_and(|s| s == *want),
         }
     })
 }

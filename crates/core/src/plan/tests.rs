@@ -1106,6 +1106,59 @@ fn force_wipe_wipes_exactly_the_waivable_devices_then_pvcreates_them() {
 }
 
 #[test]
+fn force_wipe_wipes_a_device_once_and_refuses_it_when_it_holds_data_again() {
+    let mut host = Host::default();
+    let ext4 = host.add(Kind::Ext4, 10 * GIB, false);
+    let other = host.add(Kind::Ext4, 10 * GIB, false);
+    let mut class = class("vg1", from_ref(&ext4));
+    class.device_selector.optional_paths = vec![other.clone()];
+    class
+        .device_selector
+        .force_wipe_devices_and_destroy_all_data = true;
+    // Recorded as wiped before: `ext4` holds a signature again, so it is refused and nothing is done.
+    host.obs.wiped = [ext4.clone()].into();
+    let plan = plan_device_class(&class, &host.obs);
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    match &plan.devices[0].verdict {
+        DeviceVerdict::Excluded { reasons } => {
+            assert_eq!(
+                reasons
+                    .iter()
+                    .map(ExclusionReason::code)
+                    .collect::<Vec<_>>(),
+                ["filesystemSignature", "wipedOnce"]
+            );
+        }
+        v => panic!("{v:?}"),
+    }
+    let reason = failed_reason(&plan);
+    assert!(reason.contains("never wipes a device twice"), "{reason}");
+    assert!(reason.contains(&ext4), "{reason}");
+    // A device not in the record is still wiped once.
+    class.device_selector.paths = vec![other.clone()];
+    class.device_selector.optional_paths.clear();
+    let plan = plan_device_class(&class, &host.obs);
+    assert_eq!(plan.actions[0], Action::WipeDevice { path: other });
+    // Without force-wipe the record changes nothing: the signature alone excludes.
+    class.device_selector.paths = vec![ext4];
+    class
+        .device_selector
+        .force_wipe_devices_and_destroy_all_data = false;
+    match &plan_device_class(&class, &host.obs).devices[0].verdict {
+        DeviceVerdict::Excluded { reasons } => {
+            assert_eq!(
+                reasons
+                    .iter()
+                    .map(ExclusionReason::code)
+                    .collect::<Vec<_>>(),
+                ["filesystemSignature"]
+            );
+        }
+        v => panic!("{v:?}"),
+    }
+}
+
+#[test]
 fn force_wipe_never_wipes_members_of_our_vg() {
     let mut host = Host::default();
     let a = host.clean(10 * GIB);

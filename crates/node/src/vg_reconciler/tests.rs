@@ -131,3 +131,158 @@ fn only_a_change_of_the_nodes_labels_looks_at_the_volume_groups_again() {
     assert!(labels_changed(&last, &node(json!({"a": "2"}), "3")));
     assert!(labels_changed(&last, &node(json!({}), "4")));
 }
+
+/// A host with one 10 GiB disk `/dev/vdb` carrying an ext4 signature. Every action fails except the
+/// wipe, which clears the signature; each executed action is logged with whether the node status
+/// object recorded the wipe at that moment.
+struct WipeHost {
+    api: FakeApi,
+    signature: std::sync::Mutex<Option<String>>,
+    executed: std::sync::Mutex<Vec<(HostAction, bool)>>,
+}
+
+impl WipeHost {
+    fn new(api: &FakeApi) -> Self {
+        Self {
+            api: api.clone(),
+            signature: std::sync::Mutex::new(Some("ext4".into())),
+            executed: std::sync::Mutex::default(),
+        }
+    }
+
+    fn executed(&self) -> Vec<(HostAction, bool)> {
+        self.executed.lock().unwrap().clone()
+    }
+}
+
+impl NodeHost for WipeHost {
+    async fn observe(&self, paths: &[String]) -> lvms_host::Result<Observed> {
+        let disk: lvms_core::model::BlockDevice = serde_json::from_value(json!({
+            "name": "vdb", "kname": "vdb", "path": "/dev/vdb", "kind": "disk",
+            "size": 10u64 << 30, "readOnly": false, "rotational": false,
+            "fstype": *self.signature.lock().unwrap(),
+            "mountpoints": [], "byId": [], "children": []}))
+        .unwrap();
+        Ok(Observed {
+            devices: vec![disk],
+            resolved: paths
+                .iter()
+                .map(|p| (p.clone(), Some("/dev/vdb".to_owned())))
+                .collect(),
+            ..Observed::default()
+        })
+    }
+
+    async fn execute(&self, action: &HostAction) -> lvms_host::Result<()> {
+        let recorded = self
+            .api
+            .get(PATH)
+            .is_some_and(|s| s["spec"]["nodeStatus"][0]["wipedDevices"] == json!(["/dev/vdb"]));
+        self.executed
+            .lock()
+            .unwrap()
+            .push((action.clone(), recorded));
+        match action {
+            HostAction::WipeDevice { .. } => {
+                *self.signature.lock().unwrap() = None;
+                Ok(())
+            }
+            _ => Err(lvms_host::Error::InvalidArgument("stop here".into())),
+        }
+    }
+}
+
+fn force_wipe_class() -> DeviceClassConfig {
+    let vg: LVMVolumeGroup = serde_json::from_value(json!({
+        "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
+        "metadata": {"name": "vg1", "namespace": "lvms"},
+        "spec": {"deviceSelector": {"paths": ["/dev/vdb"],
+                                    "forceWipeDevicesAndDestroyAllData": true}}}))
+    .unwrap();
+    volume_group::device_class_config(&vg).unwrap()
+}
+
+#[tokio::test]
+async fn a_wipe_is_recorded_before_it_runs_and_never_repeats_after_a_restart() {
+    let api = FakeApi::new();
+    let host = WipeHost::new(&api);
+    let ctx = context(&api);
+    let err = converge_class(&ctx, &host, &force_wipe_class())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("stop here"), "{err}");
+    let executed = host.executed();
+    assert_eq!(
+        executed[0],
+        (
+            HostAction::WipeDevice {
+                path: "/dev/vdb".into()
+            },
+            true
+        ),
+        "the record is on the API server before the wipe"
+    );
+    assert!(matches!(
+        executed[1].0,
+        HostAction::CreatePhysicalVolume { .. }
+    ));
+
+    // A later status of the class keeps the record.
+    ctx.record("vg1", Some(ready("vg1")), None).await.unwrap();
+    let status = api.get(PATH).unwrap();
+    assert_eq!(
+        status["spec"]["nodeStatus"][0]["wipedDevices"],
+        json!(["/dev/vdb"])
+    );
+
+    // Someone writes a filesystem on the disk again; a restarted agent reads the record and refuses
+    // to wipe it a second time.
+    *host.signature.lock().unwrap() = Some("xfs".into());
+    let ctx = context(&api);
+    ctx.load_node_status().await.unwrap();
+    let before = host.executed().len();
+    let report = converge_class(&ctx, &host, &force_wipe_class())
+        .await
+        .unwrap();
+    assert_eq!(host.executed().len(), before, "nothing executed");
+    match &report.plan.state {
+        lvms_core::plan::ClassState::Failed { reason } => {
+            assert!(reason.contains("never wipes a device twice"), "{reason}");
+        }
+        s => panic!("{s:?}"),
+    }
+}
+
+#[tokio::test]
+async fn no_record_no_wipe() {
+    let api = FakeApi::new();
+    api.fail(
+        http::Method::PATCH,
+        PATH,
+        http::StatusCode::INTERNAL_SERVER_ERROR,
+        1,
+    );
+    let host = WipeHost::new(&api);
+    let ctx = context(&api);
+    let err = converge_class(&ctx, &host, &force_wipe_class())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, lvms_host::Error::WipeNotRecorded { ref device, .. } if device == "/dev/vdb"),
+        "{err}"
+    );
+    assert!(host.executed().is_empty(), "{:?}", host.executed());
+    // The failed record is not remembered either: the next try records, then wipes.
+    converge_class(&ctx, &host, &force_wipe_class())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        host.executed()[0],
+        (
+            HostAction::WipeDevice {
+                path: "/dev/vdb".into()
+            },
+            true
+        )
+    );
+}
