@@ -16,6 +16,24 @@ pub struct NodeConfig {
     pub device_classes: Vec<DeviceClassConfig>,
 }
 
+impl NodeConfig {
+    /// The device paths the classes other than `class` list (which `class`, when it lists none,
+    /// never discovers).
+    pub fn paths_of_others(&self, class: &str) -> Vec<String> {
+        self.device_classes
+            .iter()
+            .filter(|c| c.name != class)
+            .flat_map(|c| {
+                c.device_selector
+                    .paths
+                    .iter()
+                    .chain(&c.device_selector.optional_paths)
+            })
+            .cloned()
+            .collect()
+    }
+}
+
 /// One device class: a volume group (named after the class) with an optional thin pool or RAID layout.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -32,12 +50,28 @@ pub struct DeviceClassConfig {
     pub default: bool,
     #[serde(default)]
     pub fstype: Fstype,
+    /// Without device paths: whether disks attached later are added (`Dynamic`) or only those found
+    /// when the volume group is made (`Static`). No effect when paths are listed.
+    #[serde(default)]
+    pub device_discovery_policy: DiscoveryPolicy,
+}
+
+/// How a device class without device paths finds its disks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum DiscoveryPolicy {
+    /// The free disks found when the volume group is made; later disks are left alone.
+    #[default]
+    Static,
+    /// Every free disk, also those attached later.
+    Dynamic,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DeviceSelector {
     /// Devices that must all be usable (`/dev/...`, symlinks such as `/dev/disk/by-id/...` allowed).
+    /// With neither `paths` nor `optionalPaths` the class discovers the node's free whole disks (see
+    /// [`crate::plan`]).
     #[serde(default)]
     pub paths: Vec<String>,
     /// Devices of which at least one must be usable.

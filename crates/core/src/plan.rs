@@ -6,6 +6,13 @@
 //! the group's size) in the next round. A plan never shrinks anything and never touches a volume group
 //! that does not carry our tag. When a required device is unusable the plan fails with no actions at all,
 //! so a class is never half-built.
+//!
+//! A class with neither `paths` nor `optionalPaths` discovers its devices, as LVMS does without a
+//! `deviceSelector`: every whole disk (lsblk type `disk`, not `zram`, `nbd`, `ram` or floppy) that the
+//! filter finds usable without a wipe, except devices other classes list ([`Observed::claimed`]).
+//! Partitions are never discovered (list them). Under [`DiscoveryPolicy::Static`] discovery happens
+//! only until the volume group exists; afterwards the class keeps its member disks and adds none, so a
+//! disk attached later stays untouched. Under `Dynamic` every plan adds the free disks found.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,7 +20,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     config::{
-        CalculationPolicy, DeviceClassConfig, RaidConfig, RaidType, ThinPoolConfig, VG_OWNER_TAG,
+        CalculationPolicy, DeviceClassConfig, DiscoveryPolicy, RaidConfig, RaidType,
+        ThinPoolConfig, VG_OWNER_TAG,
     },
     filter::{self, ExclusionReason, FilterContext, Verdict, find_device, physical_volume_of},
     lvattr::{LvAttr, VgAttr},
@@ -62,6 +70,18 @@ pub struct Observed {
     /// wipes a device once; the node agent keeps the record). Empty where nothing keeps one.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub wiped: BTreeSet<String>,
+    /// Canonical paths of the devices other device classes on this node list: never discovered.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub claimed: BTreeSet<String>,
+}
+
+/// Kernel name prefixes of `disk`-type devices discovery never takes: compressed RAM, network block
+/// devices, RAM disks and floppies.
+pub const NEVER_DISCOVERED: [&str; 4] = ["zram", "nbd", "ram", "fd"];
+
+/// Whether `class` discovers its devices (lists no paths).
+pub fn discovers(class: &DeviceClassConfig) -> bool {
+    class.device_selector.paths.is_empty() && class.device_selector.optional_paths.is_empty()
 }
 
 /// What became of one configured path.
@@ -300,6 +320,19 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
     }
 
     let selected = select(&devices, observed, &ctx);
+    if selected.is_empty() && discovers(class) {
+        let problems: Vec<String> = devices.iter().map(DeviceReport::problems).collect();
+        return failed(
+            devices,
+            format!(
+                "device class {} lists no device paths, so it uses the node's free disks, and found \
+                 none{}{}: attach an empty disk, or list devices in deviceSelector.paths",
+                class.name,
+                if problems.is_empty() { "" } else { ": " },
+                problems.join("; ")
+            ),
+        );
+    }
     if selected.is_empty() {
         let problems: Vec<String> = devices.iter().map(DeviceReport::problems).collect();
         return failed(
@@ -401,6 +434,9 @@ fn report_devices(
     observed: &Observed,
     ctx: &FilterContext<'_>,
 ) -> Vec<DeviceReport> {
+    if discovers(class) {
+        return discover_devices(class, observed, ctx);
+    }
     let sel = &class.device_selector;
     let mut seen = BTreeSet::new();
     sel.paths
@@ -423,6 +459,44 @@ fn report_devices(
                 optional,
                 verdict,
             }
+        })
+        .collect()
+}
+
+/// The devices a class without paths considers (see the [module documentation](self)), each as an
+/// optional device under its `/dev/<kname>` path.
+fn discover_devices(
+    class: &DeviceClassConfig,
+    observed: &Observed,
+    ctx: &FilterContext<'_>,
+) -> Vec<DeviceReport> {
+    // Discovered devices are never wiped.
+    let ctx = FilterContext {
+        force_wipe: false,
+        ..ctx.clone()
+    };
+    let vg_exists = observed.vgs.iter().any(|v| v.name == class.name);
+    let only_members = vg_exists && class.device_discovery_policy == DiscoveryPolicy::Static;
+    observed
+        .devices
+        .iter()
+        .filter(|d| d.kind == crate::model::DeviceKind::Disk)
+        .filter(|d| !NEVER_DISCOVERED.iter().any(|p| d.kname.starts_with(p)))
+        .filter_map(|d| {
+            let path = format!("/dev/{}", d.kname);
+            if observed.claimed.contains(&path) || observed.claimed.contains(&d.path) {
+                return None;
+            }
+            let verdict: DeviceVerdict = filter::evaluate(d, &ctx).into();
+            if only_members && verdict != DeviceVerdict::Member {
+                return None;
+            }
+            Some(DeviceReport {
+                path: path.clone(),
+                canonical_path: Some(path),
+                optional: true,
+                verdict,
+            })
         })
         .collect()
 }
@@ -479,11 +553,14 @@ fn check_overlap(selected: &[Selected<'_>]) -> Result<(), String> {
 fn check_config(class: &DeviceClassConfig) -> Result<(), String> {
     validate_lvm_name(&class.name)
         .map_err(|e| format!("device class name is not a valid volume group name: {e}"))?;
-    let sel = &class.device_selector;
-    if sel.paths.is_empty() && sel.optional_paths.is_empty() {
+    if discovers(class)
+        && class
+            .device_selector
+            .force_wipe_devices_and_destroy_all_data
+    {
         return Err(format!(
-            "device class {} selects no devices: list them in deviceSelector.paths or \
-             deviceSelector.optionalPaths",
+            "device class {} sets deviceSelector.forceWipeDevicesAndDestroyAllData without device \
+             paths: discovered disks are never wiped; list the devices to wipe in deviceSelector.paths",
             class.name
         ));
     }

@@ -52,18 +52,34 @@ impl ConvergeReport {
 }
 
 /// Converges one class: plan, execute, re-observe, until nothing is left to do.
-#[tracing::instrument(skip_all, fields(device_class = %class.name))]
 pub async fn converge<H: NodeHost>(host: &H, class: &DeviceClassConfig) -> Result<ConvergeReport> {
+    converge_among(host, class, &[]).await
+}
+
+/// [`converge`] for a class beside others on the node: `others` are the device paths the other
+/// classes list, which a class without paths never discovers.
+#[tracing::instrument(skip_all, fields(device_class = %class.name))]
+pub async fn converge_among<H: NodeHost>(
+    host: &H,
+    class: &DeviceClassConfig,
+    others: &[String],
+) -> Result<ConvergeReport> {
     let paths: Vec<String> = class
         .device_selector
         .paths
         .iter()
         .chain(&class.device_selector.optional_paths)
+        .chain(others)
         .cloned()
         .collect();
     let mut executed = Vec::new();
     for _ in 0..MAX_ROUNDS {
-        let observed = host.observe(&paths).await?;
+        let mut observed = host.observe(&paths).await?;
+        observed.claimed = others
+            .iter()
+            .flat_map(|o| [Some(o.clone()), observed.resolved.get(o).cloned().flatten()])
+            .flatten()
+            .collect();
         let plan = plan_device_class(class, &observed);
         if plan.actions.is_empty() || matches!(plan.state, ClassState::Failed { .. }) {
             let volume_group = observed
@@ -136,6 +152,7 @@ impl<R: Runner> NodeHost for RealNodeHost<R> {
             lvs: self.lvm.lvs(None).await?,
             resolved,
             wiped: Default::default(),
+            claimed: Default::default(),
         })
     }
 
@@ -235,6 +252,7 @@ mod tests {
                     lvs: vec![],
                     resolved,
                     wiped: Default::default(),
+                    claimed: Default::default(),
                 }),
                 fail_at: Mutex::new(None),
                 calls: Mutex::new(0),
@@ -360,6 +378,7 @@ mod tests {
                 metadata_size: Some(lvms_core::size::ByteSize(16 * MIB)),
             }),
             raid_config: None,
+            device_discovery_policy: Default::default(),
             default: true,
             fstype: Fstype::Xfs,
         }

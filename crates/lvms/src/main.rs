@@ -18,7 +18,7 @@ use lvms_core::{
     size::ByteSize,
 };
 use lvms_host::{
-    engine::{ConvergeReport, NodeHost, RealNodeHost, converge},
+    engine::{ConvergeReport, NodeHost, RealNodeHost, converge_among},
     runner::RealRunner,
 };
 
@@ -313,7 +313,8 @@ async fn cmd_converge(config: &std::path::Path, output: Output) -> Result<()> {
     let host = RealNodeHost::new(Arc::new(RealRunner));
     let mut reports = Vec::new();
     for class in &config.device_classes {
-        reports.push(converge(&host, class).await?);
+        let others = config.paths_of_others(&class.name);
+        reports.push(converge_among(&host, class, &others).await?);
     }
     if output == Output::Json {
         println!("{}", serde_json::to_string_pretty(&reports)?);

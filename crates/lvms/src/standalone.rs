@@ -19,7 +19,7 @@ use lvms_csi::{
     server::{self, Services},
 };
 use lvms_host::{
-    engine::{RealNodeHost, converge},
+    engine::{RealNodeHost, converge_among},
     fs::Filesystems,
     lvm::Lvm,
     runner::RealRunner,
@@ -108,13 +108,14 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
     {
         let converged = converged.clone();
         let runner = runner.clone();
-        let classes = config.device_classes.clone();
+        let config = config.clone();
         tokio::spawn(async move {
             let host = RealNodeHost::new(runner);
             loop {
                 let mut ready = true;
-                for class in &classes {
-                    match converge(&host, class).await {
+                for class in &config.device_classes {
+                    let others = config.paths_of_others(&class.name);
+                    match converge_among(&host, class, &others).await {
                         Ok(report) if report.is_ready() => {}
                         Ok(report) => {
                             ready = false;

@@ -37,7 +37,7 @@ use lvms_core::{
 };
 use lvms_csi::backend::{Backend, ClassInfo};
 use lvms_host::{
-    engine::{ConvergeReport, NodeHost, RealNodeHost, converge},
+    engine::{ConvergeReport, NodeHost, RealNodeHost, converge_among},
     runner::Runner,
 };
 use tokio::sync::{Mutex, watch};
@@ -344,7 +344,17 @@ pub async fn reconcile<R: Runner, B: Backend>(
             Ok(Action::await_change())
         }
         Step::Converge(config) => {
-            let report = match converge_class(&ctx, &ctx.host, &config).await {
+            // A class without paths must not discover the devices the other classes list.
+            let others = if lvms_core::plan::discovers(&config) {
+                let all = api
+                    .list(&Default::default())
+                    .await
+                    .map_err(kube_err("list LVMVolumeGroups"))?;
+                volume_group::paths_of_others(&all.items, &class, &node)
+            } else {
+                Vec::new()
+            };
+            let report = match converge_class(&ctx, &ctx.host, &config, &others).await {
                 Ok(report) => report,
                 Err(e) => {
                     let status = VGStatus {
@@ -378,18 +388,20 @@ pub async fn reconcile<R: Runner, B: Backend>(
     }
 }
 
-/// Runs the node engine for `config` over `host`, with the class's wipe record (see [`ClassHost`]).
+/// Runs the node engine for `config` over `host`, with the class's wipe record (see [`ClassHost`]);
+/// `others` are the device paths other classes list.
 async fn converge_class<R: Runner, B: Backend, H: NodeHost>(
     ctx: &Context<R, B>,
     host: &H,
     config: &DeviceClassConfig,
+    others: &[String],
 ) -> lvms_host::Result<ConvergeReport> {
     let host = ClassHost {
         inner: host,
         ctx,
         class: &config.name,
     };
-    converge(&host, config).await
+    converge_among(&host, config, others).await
 }
 
 /// The node engine's host for one class: observations carry the class's wipe record, and a wipe

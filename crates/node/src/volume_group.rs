@@ -22,8 +22,8 @@ use lvms_api::{
 };
 use lvms_core::{
     config::{
-        CalculationPolicy, DeviceClassConfig, DeviceSelector, Fstype, RaidConfig, RaidType,
-        ThinPoolConfig,
+        CalculationPolicy, DeviceClassConfig, DeviceSelector, DiscoveryPolicy, Fstype, RaidConfig,
+        RaidType, ThinPoolConfig,
     },
     plan::{ClassPlan, ClassState, DeviceVerdict},
     size::ByteSize,
@@ -101,13 +101,6 @@ fn positive(field: &str, n: i32) -> Result<u32, String> {
 pub fn device_class_config(vg: &LVMVolumeGroup) -> Result<DeviceClassConfig, String> {
     let spec = &vg.spec;
     let selector = spec.device_selector.clone().unwrap_or_default();
-    if selector.paths.is_empty() && selector.optional_paths.is_empty() {
-        return Err(format!(
-            "deviceSelector of device class {} lists no devices: lvms-rs never picks disks on its own; \
-             list them in deviceSelector.paths or deviceSelector.optionalPaths",
-            vg.name_any()
-        ));
-    }
     let thin_pool_config = match &spec.thin_pool_config {
         None => None,
         Some(tp) => {
@@ -187,6 +180,10 @@ pub fn device_class_config(vg: &LVMVolumeGroup) -> Result<DeviceClassConfig, Str
         default: spec.default,
         // The filesystem is the StorageClass's business; the engine does not use it.
         fstype: Fstype::default(),
+        device_discovery_policy: match spec.device_discovery_policy {
+            Some(DeviceDiscoveryPolicy::Dynamic) => DiscoveryPolicy::Dynamic,
+            Some(DeviceDiscoveryPolicy::Static) | None => DiscoveryPolicy::Static,
+        },
     })
 }
 
@@ -195,6 +192,17 @@ fn discovery_status(vg: &LVMVolumeGroup) -> DeviceDiscoveryPolicyStatus {
         Some(DeviceDiscoveryPolicy::Dynamic) => DeviceDiscoveryPolicyStatus::RuntimeDynamic,
         Some(DeviceDiscoveryPolicy::Static) | None => DeviceDiscoveryPolicyStatus::RuntimeStatic,
     }
+}
+
+/// The device paths the `LVMVolumeGroup`s other than `class` that select `node` list: a class
+/// without paths never discovers them.
+pub fn paths_of_others(vgs: &[LVMVolumeGroup], class: &str, node: &Node) -> Vec<String> {
+    vgs.iter()
+        .filter(|vg| vg.name_any() != class && selects(vg, node))
+        .filter_map(|vg| vg.spec.device_selector.as_ref())
+        .flat_map(|s| s.paths.iter().chain(&s.optional_paths))
+        .cloned()
+        .collect()
 }
 
 /// The class as the CSI backend serves it.

@@ -305,4 +305,124 @@ mod vm_agent {
             "the filesystem is still there"
         );
     }
+
+    /// Removes volume group `vg` and the LVM labels of its devices when dropped, so a failed test
+    /// leaves the VM's disks free for the next.
+    struct Release(String);
+
+    impl Drop for Release {
+        fn drop(&mut self) {
+            let vg = &self.0;
+            let _ = sh_status(&format!(
+                "pvs=$(lvm pvs --noheadings -o pv_name -S vg_name={vg}); \
+                 lvm vgremove -ff -y {vg} >/dev/null 2>&1; \
+                 for p in $pvs; do lvm pvremove -ff -y $p >/dev/null 2>&1; done"
+            ));
+        }
+    }
+
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn agent_without_paths_discovers_the_free_disks_and_leaves_the_rest() {
+        // A blank loop device: not a whole disk, so never discovered.
+        let s = Scratch::new(1, 1200);
+        let class = "discovered".to_owned();
+        let _release = Release(class.clone());
+        // Every virtio disk and what it held before.
+        let before: Vec<(String, String)> = sh("ls /dev/disk/by-id/ | grep '^virtio-' || true")
+            .split_whitespace()
+            .map(|link| {
+                let dev = sh(&format!("readlink -f /dev/disk/by-id/{link}"))
+                    .trim()
+                    .to_owned();
+                let sig = sh_status(&format!("blkid -p -o value -s TYPE {dev}"))
+                    .1
+                    .trim()
+                    .to_owned();
+                (dev, sig)
+            })
+            .collect();
+        let clean = |serial: &str| {
+            sh(&format!("readlink -f /dev/disk/by-id/virtio-{serial}"))
+                .trim()
+                .to_owned()
+        };
+        let (clean0, clean1) = (clean("clean0"), clean("clean1"));
+        let api = FakeApi::new();
+        api.insert(
+            &format!("/api/v1/nodes/{NODE}"),
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
+        );
+        api.insert(
+            &vg_path(&class),
+            json!({"apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
+                   "metadata": {"name": class, "namespace": NS},
+                   "spec": {"thinPoolConfig": {"name": "pool", "overprovisionRatio": 2}}}),
+        );
+        // Another class lists clean1 (by its by-id link): discovery leaves it to that class.
+        api.insert(
+            &vg_path("other"),
+            json!({"apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
+                   "metadata": {"name": "other", "namespace": NS},
+                   "spec": {"deviceSelector": {"paths": ["/dev/disk/by-id/virtio-clean1"]}}}),
+        );
+
+        let agent1 = agent(&api);
+        vg_reconciler::reconcile(
+            typed::<LVMVolumeGroup>(&api, &vg_path(&class)),
+            agent1.clone(),
+        )
+        .await
+        .unwrap();
+        let entry = vg_entry(&api, &class).unwrap();
+        assert_eq!(entry["status"], "Ready", "{entry}");
+        assert_eq!(entry["deviceDiscoveryPolicy"], "RuntimeStatic", "{entry}");
+        let members: Vec<String> = entry["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_str().unwrap().to_owned())
+            .collect();
+        assert!(members.contains(&clean0), "{members:?}");
+        assert!(
+            !members.contains(&clean1),
+            "listed by another class: {members:?}"
+        );
+        assert!(!members.contains(&s.disks[0]), "a loop device: {members:?}");
+        for (dev, sig) in &before {
+            if members.contains(dev) {
+                assert_eq!(sig, "", "{dev} held {sig} and was taken");
+            } else {
+                let now = sh_status(&format!("blkid -p -o value -s TYPE {dev}")).1;
+                assert_eq!(now.trim(), sig, "{dev} changed");
+            }
+        }
+        assert!(lvs_field(&class, "pool", "lv_attr").starts_with('t'));
+        // Every disk the class did not take is reported with its reasons, except clean1.
+        let excluded = entry["excluded"].as_array().cloned().unwrap_or_default();
+        assert!(
+            excluded.iter().all(|e| e["name"] != json!(clean1)),
+            "{entry}"
+        );
+
+        // Deleting the LVMVolumeGroup gives the disks back.
+        api.delete(&vg_path(&class));
+        vg_reconciler::reconcile(typed::<LVMVolumeGroup>(&api, &vg_path(&class)), agent1)
+            .await
+            .unwrap();
+        assert_ne!(
+            sh_status(&format!("lvm vgs {class}")).0,
+            0,
+            "volume group removed"
+        );
+        for dev in &members {
+            assert_eq!(
+                sh_status(&format!("blkid -p -o value -s TYPE {dev}"))
+                    .1
+                    .trim(),
+                "",
+                "{dev} released"
+            );
+        }
+    }
 }

@@ -15,7 +15,7 @@ const FOREIGN_VG: &str = "data";
 // ---------------------------------------------------------------------------------------------------------
 // Fixtures
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
     Clean,
     OrphanPv,
@@ -166,6 +166,7 @@ fn class(name: &str, paths: &[String]) -> DeviceClassConfig {
         raid_config: None,
         default: false,
         fstype: Fstype::Xfs,
+        device_discovery_policy: DiscoveryPolicy::Static,
     }
 }
 
@@ -1292,7 +1293,9 @@ fn invalid_names_and_settings_fail_without_actions() {
     let a = host.clean(10 * GIB);
     let mut cases: Vec<(DeviceClassConfig, &str)> = Vec::new();
     cases.push((class("-bad", from_ref(&a)), "device class name"));
-    cases.push((class("vg1", &[]), "selects no devices"));
+    let mut c = class("vg1", &[]);
+    c.device_selector.force_wipe_devices_and_destroy_all_data = true;
+    cases.push((c, "without device paths"));
     let mut c = thin_class("vg1", from_ref(&a));
     c.thin_pool_config.as_mut().unwrap().name = "pool_tmeta".into();
     cases.push((c, "thinPoolConfig.name"));
@@ -1647,4 +1650,154 @@ proptest! {
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Discovery: a class without device paths
+
+/// Codes of a report's exclusion reasons, by path.
+fn excluded(plan: &ClassPlan) -> BTreeMap<String, Vec<&'static str>> {
+    plan.devices
+        .iter()
+        .filter_map(|d| match &d.verdict {
+            DeviceVerdict::Excluded { reasons } => Some((
+                d.path.clone(),
+                reasons.iter().map(ExclusionReason::code).collect(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_class_without_paths_takes_every_free_whole_disk_and_nothing_else() {
+    let mut host = Host::default();
+    let paths: BTreeMap<Kind, String> = Kind::ALL
+        .iter()
+        .map(|k| (*k, host.add(*k, 10 * GIB, false)))
+        .collect();
+    let zram = BlockDevice {
+        kname: "zram0".into(),
+        path: "/dev/zram0".into(),
+        ..disk("zram0", 10 * GIB)
+    };
+    host.obs.devices.push(zram);
+    let listed_elsewhere = host.clean(10 * GIB);
+    host.obs.claimed = [listed_elsewhere.clone()].into();
+    let mut class = thin_class("vg1", &[]);
+    class.device_discovery_policy = DiscoveryPolicy::Dynamic;
+
+    let plan = plan_device_class(&class, &host.obs);
+    let clean = paths[&Kind::Clean].clone();
+    let orphan = paths[&Kind::OrphanPv].clone();
+    assert_eq!(
+        plan.actions,
+        vec![
+            Action::CreatePhysicalVolume {
+                path: clean.clone(),
+                metadata_size: PV_METADATA_SIZE,
+            },
+            Action::CreateVolumeGroup {
+                name: "vg1".into(),
+                pvs: vec![clean.clone(), orphan.clone()],
+                tags: vec![VG_OWNER_TAG.into()],
+            },
+        ]
+    );
+    // Every other whole disk is reported with its reasons; loop and device-mapper devices, zram and
+    // the disk another class lists are not considered at all.
+    let reported: Vec<&str> = plan.devices.iter().map(|d| d.path.as_str()).collect();
+    assert!(!reported.contains(&"/dev/zram0"), "{reported:?}");
+    assert!(
+        !reported.contains(&listed_elsewhere.as_str()),
+        "{reported:?}"
+    );
+    assert!(
+        !reported.contains(&paths[&Kind::Dm].as_str()),
+        "{reported:?}"
+    );
+    assert!(plan.devices.iter().all(|d| d.optional));
+    let excluded = excluded(&plan);
+    for (kind, codes) in [
+        (Kind::Ext4, vec!["filesystemSignature"]),
+        (
+            Kind::Partitioned,
+            vec!["hasChildren", "filesystemSignature"],
+        ),
+        (Kind::ForeignPv, vec!["physicalVolumeInOtherVg"]),
+        (Kind::ReadOnly, vec!["readOnly"]),
+        (Kind::Small, vec!["tooSmall"]),
+    ] {
+        assert_eq!(excluded.get(&paths[&kind]), Some(&codes), "{kind:?}");
+    }
+    assert!(excluded[&paths[&Kind::Mounted]].contains(&"mounted"));
+    assert_wipes_only_waived(&plan);
+    let plans = converge(&class, &mut host.obs);
+    assert_eq!(plans.last().unwrap().state, ClassState::Ready);
+}
+
+#[test]
+fn static_discovery_stops_once_the_group_exists_and_dynamic_adds_later_disks() {
+    let mut host = Host::default();
+    let first = host.clean(10 * GIB);
+    let mut class = thin_class("vg1", &[]);
+    assert_eq!(class.device_discovery_policy, DiscoveryPolicy::Static);
+    let plans = converge(&class, &mut host.obs);
+    assert_eq!(plans.last().unwrap().state, ClassState::Ready);
+    assert_eq!(vg_of(&host.obs, "vg1").pv_count, 1);
+
+    // A disk attached later: Static leaves it alone and reports only its member disk.
+    let later = host.clean(10 * GIB);
+    let plan = plan_device_class(&class, &host.obs);
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    assert_eq!(plan.state, ClassState::Ready);
+    assert_eq!(
+        plan.devices
+            .iter()
+            .map(|d| (d.path.as_str(), d.verdict.clone()))
+            .collect::<Vec<_>>(),
+        [(first.as_str(), DeviceVerdict::Member)]
+    );
+
+    // Dynamic adds it.
+    class.device_discovery_policy = DiscoveryPolicy::Dynamic;
+    let plan = plan_device_class(&class, &host.obs);
+    assert_eq!(
+        plan.actions,
+        vec![
+            Action::CreatePhysicalVolume {
+                path: later.clone(),
+                metadata_size: PV_METADATA_SIZE,
+            },
+            Action::ExtendVolumeGroup {
+                name: "vg1".into(),
+                pvs: vec![later],
+            },
+        ]
+    );
+}
+
+#[test]
+fn discovery_that_finds_no_free_disk_fails_with_the_reasons_and_the_fix() {
+    let mut host = Host::default();
+    let ext4 = host.add(Kind::Ext4, 10 * GIB, false);
+    let plan = plan_device_class(&thin_class("vg1", &[]), &host.obs);
+    assert!(plan.actions.is_empty());
+    let reason = failed_reason(&plan);
+    assert!(reason.contains("lists no device paths"), "{reason}");
+    assert!(reason.contains(&ext4), "{reason}");
+    assert!(reason.contains("deviceSelector.paths"), "{reason}");
+
+    // Force-wipe needs paths: a discovered disk is never wiped.
+    let mut class = thin_class("vg1", &[]);
+    class
+        .device_selector
+        .force_wipe_devices_and_destroy_all_data = true;
+    let plan = plan_device_class(&class, &host.obs);
+    assert!(plan.actions.is_empty());
+    let reason = failed_reason(&plan);
+    assert!(
+        reason.contains("forceWipeDevicesAndDestroyAllData without device paths"),
+        "{reason}"
+    );
 }

@@ -115,10 +115,48 @@ fn the_engine_config_carries_every_field_with_the_apis_defaults() {
 }
 
 #[test]
+fn without_paths_the_class_discovers_and_avoids_what_other_classes_on_the_node_list() {
+    let discovering =
+        device_class_config(&vg(json!({"deviceDiscoveryPolicy": "Dynamic"}))).unwrap();
+    assert!(lvms_core::plan::discovers(&discovering));
+    assert_eq!(
+        discovering.device_discovery_policy,
+        DiscoveryPolicy::Dynamic
+    );
+    let unset = device_class_config(&vg(json!({}))).unwrap();
+    assert_eq!(unset.device_discovery_policy, DiscoveryPolicy::Static);
+
+    let a = node("a", json!({"disk": "yes"}));
+    let named = |name: &str, spec: serde_json::Value| {
+        let mut v = vg(spec);
+        v.metadata.name = Some(name.into());
+        v
+    };
+    let vgs = [
+        named("vg1", json!({})),
+        named(
+            "fast",
+            json!({"deviceSelector": {"paths": ["/dev/vdb"],
+                                                 "optionalPaths": ["/dev/vdc"]}}),
+        ),
+        named(
+            "elsewhere",
+            json!({"deviceSelector": {"paths": ["/dev/vdd"]},
+                                  "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+                                      {"key": "disk", "operator": "In", "values": ["no"]}]}]}}),
+        ),
+    ];
+    assert_eq!(
+        paths_of_others(&vgs, "vg1", &a),
+        ["/dev/vdb", "/dev/vdc"],
+        "its own and those of classes on other nodes are not listed"
+    );
+}
+
+#[test]
 fn specs_the_engine_cannot_take_are_reported_failed_naming_the_field() {
     let a = node("a", json!({}));
     for (spec, field) in [
-        (json!({}), "deviceSelector"),
         (
             json!({"deviceSelector": {"paths": ["/dev/vdb"]},
                    "thinPoolConfig": {"name": "p", "overprovisionRatio": 0}}),
