@@ -22,8 +22,7 @@ use lvms_api::topolvm::{LogicalVolume, LogicalVolumeSpec};
 use lvms_core::{lvattr::LvHealth, size::ByteSize};
 use lvms_csi::{
     backend::{
-        Backend, BackendError, Capacity, ClassInfo, LvType, NewSnapshot, NewVolume, Result, Source,
-        Volume,
+        Backend, BackendError, Capacity, ClassInfo, NewSnapshot, NewVolume, Result, Source, Volume,
     },
     ids,
 };
@@ -228,10 +227,11 @@ impl Backend for NodeBackend {
     }
 
     async fn create_volume(&self, req: &NewVolume) -> Result<Volume> {
-        if req.lv_type != LvType::Linear {
+        if req.lv_type.is_some() {
             return Err(BackendError::InvalidArgument(
-                "volume layouts (the lvType parameter) are not supported on Kubernetes yet: thick \
-                 volumes are linear; remove the parameter"
+                "the volume layout parameter (lvms.topolvm.io/lv-type) is not supported on \
+                 Kubernetes: thick volumes take their device class's layout (linear, or the RAID \
+                 layout of its raidConfig); remove the parameter"
                     .to_owned(),
             ));
         }

@@ -20,6 +20,34 @@ pub struct ClassInfo {
     pub overprovision_ratio: u32,
     /// Used when a request names no class.
     pub default: bool,
+    /// Thick classes: the layout of a volume whose request names none (linear, or the RAID layout of
+    /// the class's `raidConfig`).
+    pub layout: LvType,
+}
+
+impl ClassInfo {
+    /// The class as configured for the node engine: thin when it has a thin pool, RAID volumes when it
+    /// has a `raidConfig`, else linear.
+    pub fn from_config(c: &lvms_core::config::DeviceClassConfig) -> Self {
+        Self {
+            name: c.name.clone(),
+            thin_pool: c.thin_pool_config.as_ref().map(|t| t.name.clone()),
+            overprovision_ratio: c
+                .thin_pool_config
+                .as_ref()
+                .map_or(1, |t| t.overprovision_ratio),
+            default: c.default,
+            layout: c
+                .raid_config
+                .as_ref()
+                .map_or(LvType::Linear, |r| LvType::Raid {
+                    level: r.raid_type,
+                    mirrors: r.mirrors,
+                    stripes: r.stripes,
+                    stripe_size: r.stripe_size.map(|s| s.0),
+                }),
+        }
+    }
 }
 
 /// How a thick volume lays out its extents (thin volumes have no choice).
@@ -81,7 +109,8 @@ pub struct NewVolume {
     /// Bytes, already rounded as the backend needs.
     pub size: u64,
     /// Thick classes: the layout.
-    pub lv_type: LvType,
+    /// The layout asked for; `None`: the class's [`ClassInfo::layout`].
+    pub lv_type: Option<LvType>,
     /// Thin classes: the snapshot or volume to start from (same class, same node).
     pub source: Option<Source>,
 }

@@ -14,7 +14,7 @@ use tonic::{Code, Request, Response, Status};
 
 use crate::{
     DEVICE_CLASS_KEY, TOPOLOGY_NODE_KEY,
-    backend::{Backend, BackendError, ClassInfo, LvType, NewSnapshot, NewVolume, Source, Volume},
+    backend::{Backend, BackendError, ClassInfo, NewSnapshot, NewVolume, Source, Volume},
     csi::{
         self, CapacityRange, ControllerExpandVolumeRequest, ControllerExpandVolumeResponse,
         ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
@@ -540,7 +540,7 @@ impl<B: Backend> ControllerService<B> {
                 name: req.name.clone(),
                 class: class.name.clone(),
                 size,
-                lv_type: params.lv_type.unwrap_or(LvType::Linear),
+                lv_type: params.lv_type,
                 source: source.clone(),
             })
             .await

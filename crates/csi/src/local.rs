@@ -796,7 +796,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
                     vg: class.name.clone(),
                     name: lv_name.clone(),
                     size,
-                    layout: layout(req.lv_type),
+                    layout: layout(req.lv_type.unwrap_or(class.layout)),
                     tags,
                 };
                 self.create_or_adopt(self.lvm.lv_create(&spec), &class.name, &lv_name, &req.name)

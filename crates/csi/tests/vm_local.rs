@@ -34,6 +34,7 @@ mod vm_local {
             thin_pool: Some("pool".to_owned()),
             overprovision_ratio: 10,
             default: true,
+            layout: LvType::Linear,
         }
     }
 
@@ -43,6 +44,7 @@ mod vm_local {
             thin_pool: None,
             overprovision_ratio: 1,
             default: false,
+            layout: LvType::Linear,
         }
     }
 
@@ -102,7 +104,7 @@ mod vm_local {
             name: name.to_owned(),
             class: class.to_owned(),
             size,
-            lv_type: LvType::Linear,
+            lv_type: None,
             source: None,
         }
     }
@@ -177,10 +179,10 @@ mod vm_local {
         assert_eq!(linear.size, 64 * MIB);
 
         let striped_req = NewVolume {
-            lv_type: LvType::Striped {
+            lv_type: Some(LvType::Striped {
                 stripes: 2,
                 stripe_size: None,
-            },
+            }),
             ..req("str", &vg, 64 * MIB)
         };
         let striped = b.create_volume(&striped_req).await.unwrap();

@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, future::Future};
 
 use lvms_core::{
     config::DeviceClassConfig,
-    model::{LogicalVolume, VolumeGroup},
+    model::{LogicalVolume, PhysicalVolume, VolumeGroup},
     plan::{Action, ClassPlan, ClassState, Observed, plan_device_class},
 };
 use serde::Serialize;
@@ -43,6 +43,11 @@ pub struct ConvergeReport {
     /// The class's volume group and thin pool as observed at the end (absent when not built).
     pub volume_group: Option<VolumeGroup>,
     pub thin_pool: Option<LogicalVolume>,
+    /// The volume group's logical volumes and physical volumes as last observed (for RAID health).
+    #[serde(skip)]
+    pub logical_volumes: Vec<LogicalVolume>,
+    #[serde(skip)]
+    pub physical_volumes: Vec<PhysicalVolume>,
 }
 
 impl ConvergeReport {
@@ -94,12 +99,24 @@ pub async fn converge_among<H: NodeHost>(
                     .find(|lv| lv.vg_name == class.name && lv.name == tp.name)
                     .cloned()
             });
+            let logical_volumes = observed
+                .lvs
+                .into_iter()
+                .filter(|lv| lv.vg_name == class.name)
+                .collect();
+            let physical_volumes = observed
+                .pvs
+                .into_iter()
+                .filter(|pv| pv.vg_name.as_deref() == Some(class.name.as_str()))
+                .collect();
             return Ok(ConvergeReport {
                 device_class: class.name.clone(),
                 executed,
                 plan,
                 volume_group,
                 thin_pool,
+                logical_volumes,
+                physical_volumes,
             });
         }
         for action in plan.actions {

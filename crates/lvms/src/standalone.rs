@@ -66,15 +66,7 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
     let classes: Vec<ClassInfo> = config
         .device_classes
         .iter()
-        .map(|c| ClassInfo {
-            name: c.name.clone(),
-            thin_pool: c.thin_pool_config.as_ref().map(|t| t.name.clone()),
-            overprovision_ratio: c
-                .thin_pool_config
-                .as_ref()
-                .map_or(1, |t| t.overprovision_ratio),
-            default: c.default,
-        })
+        .map(ClassInfo::from_config)
         .collect();
     // A capability without a filesystem gets the default class's.
     let default_fstype = config

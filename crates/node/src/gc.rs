@@ -351,7 +351,7 @@ mod tests {
         use std::sync::Arc;
 
         use lvms_csi::{
-            backend::{Backend, LvType, NewVolume},
+            backend::{Backend, NewVolume},
             ids,
         };
         use lvms_testkit::{fake_api::FakeApi, fake_backend::FakeBackend};
@@ -365,7 +365,7 @@ mod tests {
                     name: name.into(),
                     class: "thin".into(),
                     size: 1 << 30,
-                    lv_type: LvType::Linear,
+                    lv_type: None,
                     source: None,
                 })
                 .await

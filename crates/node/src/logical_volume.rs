@@ -34,7 +34,7 @@ use lvms_api::{
 };
 use lvms_core::size::ByteSize;
 use lvms_csi::{
-    backend::{BackendError, LvType, NewSnapshot, NewVolume, Source, Volume},
+    backend::{BackendError, NewSnapshot, NewVolume, Source, Volume},
     ids,
 };
 
@@ -239,7 +239,7 @@ fn plan_create(lv: &LogicalVolume, observed: &Observed<'_>, status: &LogicalVolu
             name: lv.spec.name.clone(),
             class,
             size,
-            lv_type: LvType::Linear,
+            lv_type: None,
             source: None,
         });
     }
@@ -290,7 +290,7 @@ fn plan_create(lv: &LogicalVolume, observed: &Observed<'_>, status: &LogicalVolu
         name: lv.spec.name.clone(),
         class,
         size,
-        lv_type: LvType::Linear,
+        lv_type: None,
         source: Some(if source_is_snapshot {
             Source::Snapshot(source_id)
         } else {

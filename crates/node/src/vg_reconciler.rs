@@ -11,6 +11,8 @@
 //! - `forceWipeDevicesAndDestroyAllData` wipes a device once: the wipe is recorded in the class's
 //!   `wipedDevices` on the node status object *before* it happens (no record, no wipe), and a recorded
 //!   device that holds a signature again is excluded instead of wiped a second time.
+//! - A RAID class reports `raidStatus` (see [`volume_group::raid_status`]) and is looked at again
+//!   every [`DYNAMIC_REQUEUE`], so a lost disk shows within a minute.
 //! - Static discovery converges on start and on spec changes; Dynamic converges again every
 //!   [`DYNAMIC_REQUEUE`], so disks added later are picked up.
 
@@ -367,11 +369,20 @@ pub async fn reconcile<R: Runner, B: Backend>(
                     return Err(host_err(format!("converge {class}"))(e));
                 }
             };
-            let status = vg_status(&vg, &report.plan);
+            let mut status = vg_status(&vg, &report.plan);
+            let raid = config.raid_config.is_some() && report.volume_group.is_some();
+            if raid {
+                status.raid_status = Some(volume_group::raid_status(
+                    &report.logical_volumes,
+                    &report.physical_volumes,
+                ));
+            }
             let ready = report.is_ready().then(|| class_info(&config));
+            // RAID health is looked at again as often as Dynamic discovery runs.
             let requeue = match (ready.is_some(), vg.spec.device_discovery_policy) {
                 (false, _) => Action::requeue(RETRY),
                 (true, Some(DeviceDiscoveryPolicy::Dynamic)) => Action::requeue(DYNAMIC_REQUEUE),
+                (true, _) if raid => Action::requeue(DYNAMIC_REQUEUE),
                 (true, _) => Action::await_change(),
             };
             if !report.executed.is_empty() {

@@ -18,13 +18,16 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use lvms_api::{
     ChunkSizeCalculationPolicy, DeviceDiscoveryPolicy, DeviceDiscoveryPolicyStatus, LVMVolumeGroup,
-    MetadataSizePolicy, VGStatus, VGStatusType, node_cleanup_finalizer, selector,
+    MetadataSizePolicy, RaidHealth, RaidLvHealth, RaidStatus, VGStatus, VGStatusType,
+    node_cleanup_finalizer, selector,
 };
 use lvms_core::{
     config::{
         CalculationPolicy, DeviceClassConfig, DeviceSelector, DiscoveryPolicy, Fstype, RaidConfig,
         RaidType, ThinPoolConfig,
     },
+    lvattr::{LvAttr, LvHealth},
+    model::{LogicalVolume, PhysicalVolume},
     plan::{ClassPlan, ClassState, DeviceVerdict},
     size::ByteSize,
 };
@@ -194,6 +197,55 @@ fn discovery_status(vg: &LVMVolumeGroup) -> DeviceDiscoveryPolicyStatus {
     }
 }
 
+/// The health of a RAID class's volumes: every RAID LV of the group (hidden sub-volumes aside) with
+/// its sync percentage, and the group's LVM physical volumes, counting the missing ones. `Failed` when
+/// an LV reports failure, `Degraded` when anything is missing, partial, needs a refresh, has
+/// mismatches or is not in sync yet, else `Healthy`.
+pub fn raid_status(lvs: &[LogicalVolume], pvs: &[PhysicalVolume]) -> RaidStatus {
+    let mut worst = RaidHealth::Healthy;
+    let mut lv_health = Vec::new();
+    let mut min_sync = 100.0_f64;
+    for lv in lvs
+        .iter()
+        .filter(|lv| lv.segtype.starts_with("raid") && !lv.name.starts_with('['))
+    {
+        let sync = lv.sync_percent.unwrap_or(100.0);
+        min_sync = min_sync.min(sync);
+        let health = LvAttr::parse(&lv.attr).map_or(LvHealth::Unknown, |a| a.health());
+        let this = match health {
+            LvHealth::Failed => RaidHealth::Failed,
+            LvHealth::Ok if sync >= 100.0 => RaidHealth::Healthy,
+            _ => RaidHealth::Degraded,
+        };
+        worst = worse(worst, this);
+        lv_health.push(RaidLvHealth {
+            name: lv.name.clone(),
+            raid_type: lv.segtype.clone(),
+            sync_percent: sync,
+        });
+    }
+    let missing = pvs.iter().filter(|pv| pv.attr.contains('m')).count();
+    if missing > 0 {
+        worst = worse(worst, RaidHealth::Degraded);
+    }
+    RaidStatus {
+        status: worst,
+        member_count: i32::try_from(pvs.len()).unwrap_or(i32::MAX),
+        degraded_member_count: i32::try_from(missing).unwrap_or(i32::MAX),
+        min_sync_percent: min_sync,
+        lv_health,
+    }
+}
+
+fn worse(a: RaidHealth, b: RaidHealth) -> RaidHealth {
+    let rank = |h: RaidHealth| match h {
+        RaidHealth::Healthy => 0,
+        RaidHealth::Degraded => 1,
+        RaidHealth::Failed => 2,
+    };
+    if rank(b) > rank(a) { b } else { a }
+}
+
 /// The device paths the `LVMVolumeGroup`s other than `class` that select `node` list: a class
 /// without paths never discovers them.
 pub fn paths_of_others(vgs: &[LVMVolumeGroup], class: &str, node: &Node) -> Vec<String> {
@@ -207,15 +259,7 @@ pub fn paths_of_others(vgs: &[LVMVolumeGroup], class: &str, node: &Node) -> Vec<
 
 /// The class as the CSI backend serves it.
 pub fn class_info(config: &DeviceClassConfig) -> ClassInfo {
-    ClassInfo {
-        name: config.name.clone(),
-        thin_pool: config.thin_pool_config.as_ref().map(|tp| tp.name.clone()),
-        overprovision_ratio: config
-            .thin_pool_config
-            .as_ref()
-            .map_or(1, |tp| tp.overprovision_ratio),
-        default: config.default,
-    }
+    ClassInfo::from_config(config)
 }
 
 /// What this node reports for `vg` after the engine's last plan.

@@ -95,6 +95,7 @@ fn classes() -> Vec<ClassInfo> {
         thin_pool: Some(POOL.into()),
         overprovision_ratio: 100,
         default: true,
+        layout: lvms_csi::backend::LvType::Linear,
     }]
 }
 

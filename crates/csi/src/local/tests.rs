@@ -28,12 +28,14 @@ fn classes() -> Vec<ClassInfo> {
             thin_pool: Some("pool".into()),
             overprovision_ratio: 10,
             default: true,
+            layout: crate::backend::LvType::Linear,
         },
         ClassInfo {
             name: "thick".into(),
             thin_pool: None,
             overprovision_ratio: 1,
             default: false,
+            layout: crate::backend::LvType::Linear,
         },
     ]
 }
@@ -223,7 +225,7 @@ fn new_volume(name: &str, class: &str, size: u64) -> NewVolume {
         name: name.into(),
         class: class.into(),
         size,
-        lv_type: LvType::Linear,
+        lv_type: None,
         source: None,
     }
 }
@@ -413,10 +415,10 @@ async fn create_thick_striped_volume_runs_lvcreate_with_the_layout() {
     expect_lv(&fake, &made);
     expect_vg(&fake, "thick", vg_row("thick", 8 * GIB, 4 * GIB));
     let mut req = new_volume("pvc-s", "thick", GIB);
-    req.lv_type = LvType::Striped {
+    req.lv_type = Some(LvType::Striped {
         stripes: 2,
         stripe_size: Some(64 * 1024),
-    };
+    });
     let vol = b.create_volume(&req).await.unwrap();
     fake.assert_done();
     assert!(!vol.thin && !vol.snapshot);
@@ -424,6 +426,54 @@ async fn create_thick_striped_volume_runs_lvcreate_with_the_layout() {
     // The patched report answers capacity with the new free space.
     assert_eq!(b.capacity("thick").await.unwrap().available, 4 * GIB);
     fake.assert_done();
+}
+
+#[tokio::test]
+async fn a_raid_class_makes_raid_volumes_when_the_request_names_no_layout() {
+    let fake = FakeRunner::new();
+    let raid = ClassInfo {
+        layout: LvType::Raid {
+            level: RaidType::Raid1,
+            mirrors: Some(1),
+            stripes: None,
+            stripe_size: None,
+        },
+        ..classes()[1].clone()
+    };
+    let b = LocalBackend::new("node-a", vec![raid], Lvm::new(fake.clone())).with_clock(|| NOW);
+    let lv_name = ids::volume_lv_name("pvc-r");
+    expect_report(&fake, &[]);
+    fake.expect(&[
+        "lvm",
+        "lvcreate",
+        "--yes",
+        "--type",
+        "raid1",
+        "--mirrors",
+        "1",
+        "--size",
+        "1073741824b",
+        "--wipesignatures",
+        "y",
+        "--addtag",
+        "lvms",
+        "--addtag",
+        &ids::name_tag("pvc-r"),
+        "--name",
+        &lv_name,
+        "thick",
+    ])
+    .succeeds();
+    let mut made = thick_volume("pvc-r", GIB);
+    made.segtype = "raid1";
+    expect_lv(&fake, &made);
+    expect_vg(&fake, "thick", vg_row("thick", 8 * GIB, 6 * GIB));
+    let vol = b
+        .create_volume(&new_volume("pvc-r", "thick", GIB))
+        .await
+        .unwrap();
+    fake.assert_done();
+    assert_eq!(vol.class, "thick");
 }
 
 #[tokio::test]
@@ -864,12 +914,14 @@ async fn capacity_from_a_recorded_report_thin_and_thick() {
             thin_pool: Some("pool1".into()),
             overprovision_ratio: 10,
             default: true,
+            layout: crate::backend::LvType::Linear,
         },
         ClassInfo {
             name: "foreign".into(),
             thin_pool: None,
             overprovision_ratio: 1,
             default: false,
+            layout: crate::backend::LvType::Linear,
         },
     ];
     let b = LocalBackend::new("node-a", classes, Lvm::new(fake.clone()));

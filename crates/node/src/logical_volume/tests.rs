@@ -101,7 +101,7 @@ fn a_new_object_creates_a_volume_named_from_the_csi_name() {
             name: "pvc-1".into(),
             class: "thin".into(),
             size: GIB,
-            lv_type: LvType::Linear,
+            lv_type: None,
             source: None,
         })
     );

@@ -82,6 +82,7 @@ fn the_engine_config_carries_every_field_with_the_apis_defaults() {
             thin_pool: Some("thin-pool-1".into()),
             overprovision_ratio: 10,
             default: true,
+            layout: lvms_csi::backend::LvType::Linear,
         }
     );
 
@@ -98,6 +99,16 @@ fn the_engine_config_carries_every_field_with_the_apis_defaults() {
     );
     assert_eq!(class_info(&raid).thin_pool, None);
     assert_eq!(class_info(&raid).overprovision_ratio, 1);
+    // Its volumes are RAID volumes of that layout unless a request names another.
+    assert_eq!(
+        class_info(&raid).layout,
+        lvms_csi::backend::LvType::Raid {
+            level: RaidType::Raid1,
+            mirrors: Some(1),
+            stripes: None,
+            stripe_size: Some(64 << 10),
+        }
+    );
 
     let host = device_class_config(&vg(json!({
         "deviceSelector": {"paths": ["/dev/vdb"]},
@@ -237,4 +248,63 @@ fn the_status_lists_members_and_excluded_devices_with_reasons() {
         (s.status, s.reason.as_str()),
         (Some(VGStatusType::Failed), "no usable device")
     );
+}
+
+fn raid_lv(name: &str, attr: &str, segtype: &str, sync: Option<f64>) -> LogicalVolume {
+    serde_json::from_value(json!({
+        "name": name, "vgName": "vg1", "uuid": "u", "size": 64u64 << 20, "attr": attr,
+        "segtype": segtype, "syncPercent": sync, "tags": []}))
+    .unwrap()
+}
+
+fn pv(name: &str, attr: &str) -> PhysicalVolume {
+    serde_json::from_value(json!({
+        "name": name, "vgName": "vg1", "uuid": "u", "size": 1u64 << 30, "free": 0, "attr": attr}))
+    .unwrap()
+}
+
+#[test]
+fn raid_health_is_the_worst_of_its_volumes_and_members() {
+    let pvs = [pv("/dev/vdb", "a--"), pv("/dev/vdc", "a--")];
+    let healthy = [
+        raid_lv("r1", "rwi-a-r---", "raid1", Some(100.0)),
+        // Hidden sub-volumes and non-RAID volumes do not count.
+        raid_lv("[r1_rimage_0]", "iwi-aor-p-", "linear", None),
+        raid_lv("lin", "-wi-a-----", "linear", None),
+    ];
+    let s = raid_status(&healthy, &pvs);
+    assert_eq!(s.status, RaidHealth::Healthy);
+    assert_eq!((s.member_count, s.degraded_member_count), (2, 0));
+    assert_eq!(s.min_sync_percent, 100.0);
+    assert_eq!(
+        s.lv_health,
+        [RaidLvHealth {
+            name: "r1".into(),
+            raid_type: "raid1".into(),
+            sync_percent: 100.0
+        }]
+    );
+
+    // Still syncing.
+    let syncing = [raid_lv("r1", "rwi-a-r---", "raid1", Some(37.5))];
+    let s = raid_status(&syncing, &pvs);
+    assert_eq!((s.status, s.min_sync_percent), (RaidHealth::Degraded, 37.5));
+
+    // A member lost: the LV is partial and the LVM physical volume missing.
+    let partial = [raid_lv("r1", "rwi-a-r-p-", "raid1", Some(100.0))];
+    let lost = [pv("/dev/vdb", "a--"), pv("[unknown]", "a-m")];
+    let s = raid_status(&partial, &lost);
+    assert_eq!(s.status, RaidHealth::Degraded);
+    assert_eq!((s.member_count, s.degraded_member_count), (2, 1));
+
+    // A failed RAID volume makes the class Failed, whatever the others say.
+    let failed = [
+        raid_lv("r1", "rwi-a-r---", "raid1", Some(100.0)),
+        raid_lv("r5", "rwi-a-r-F-", "raid5_ls", Some(100.0)),
+    ];
+    assert_eq!(raid_status(&failed, &pvs).status, RaidHealth::Failed);
+
+    // No RAID volume yet: the members decide.
+    assert_eq!(raid_status(&[], &pvs).status, RaidHealth::Healthy);
+    assert_eq!(raid_status(&[], &lost).status, RaidHealth::Degraded);
 }
