@@ -97,6 +97,11 @@ pub enum DeviceVerdict {
     Excluded {
         reasons: Vec<ExclusionReason>,
     },
+    /// An LVM physical volume of this class's group that the configuration no longer lists, which
+    /// still holds logical volume data: kept, and `reason` says what to do.
+    Retained {
+        reason: String,
+    },
     /// The path does not exist or names no block device.
     Missing,
 }
@@ -152,6 +157,7 @@ impl DeviceReport {
                 "{name} does not exist on this node: attach the device or correct the path \
                  (by-id links differ between nodes)"
             ),
+            DeviceVerdict::Retained { reason } => reason.clone(),
             DeviceVerdict::Member | DeviceVerdict::Usable { .. } => String::new(),
         }
     }
@@ -196,6 +202,15 @@ pub enum Action {
         vg: String,
         name: String,
         data_size: u64,
+    },
+    /// Take unused LVM physical volumes out of the group (`vgreduce`).
+    ReduceVolumeGroup {
+        name: String,
+        pvs: Vec<String>,
+    },
+    /// Remove the LVM label of a physical volume that belongs to no group (`pvremove`).
+    RemovePhysicalVolume {
+        path: String,
     },
 }
 
@@ -382,6 +397,36 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
         }
     }
 
+    let mut devices = devices;
+    let removed = match vg {
+        Some(vg) if !discovers(class) => removed_members(vg, &selected, observed),
+        _ => Vec::new(),
+    };
+    let mut reduce = Vec::new();
+    for pv in removed {
+        let used = pv.size.saturating_sub(pv.free);
+        if used == 0 {
+            reduce.push(pv.name.clone());
+        } else {
+            devices.push(DeviceReport {
+                path: pv.name.clone(),
+                canonical_path: Some(pv.name.clone()),
+                optional: true,
+                verdict: DeviceVerdict::Retained {
+                    reason: format!(
+                        "{} is no longer listed in deviceSelector but holds {} of logical volume data \
+                         in volume group {}: lvms-rs does not move data; move it with pvmove {} (then \
+                         it is removed from the group), or list the device again",
+                        pv.name,
+                        size(used),
+                        class.name,
+                        pv.name
+                    ),
+                },
+            });
+        }
+    }
+
     let mut actions = Vec::new();
     let to_add: Vec<&Selected<'_>> = selected.iter().filter(|s| !s.member).collect();
     for s in to_add.iter().filter(|s| s.waived) {
@@ -406,6 +451,9 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
             name: class.name.clone(),
             pvs: new_pvs,
         }),
+        // The pool is planned once the group has its final devices: growing it now could take
+        // extents on a device about to leave.
+        Some(_) if !reduce.is_empty() => {}
         Some(vg) => {
             if let Some(tp) = &class.thin_pool_config {
                 match plan_thin_pool(vg, tp, &observed.lvs) {
@@ -415,6 +463,18 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
                 }
             }
         }
+    }
+
+    if !reduce.is_empty() {
+        actions.push(Action::ReduceVolumeGroup {
+            name: class.name.clone(),
+            pvs: reduce.clone(),
+        });
+        actions.extend(
+            reduce
+                .into_iter()
+                .map(|path| Action::RemovePhysicalVolume { path }),
+        );
     }
 
     let state = if actions.is_empty() {
@@ -518,7 +578,9 @@ fn select<'a>(
         let (member, waived) = match &report.verdict {
             DeviceVerdict::Member => (true, false),
             DeviceVerdict::Usable { waived } => (false, !waived.is_empty()),
-            DeviceVerdict::Excluded { .. } | DeviceVerdict::Missing => continue,
+            DeviceVerdict::Excluded { .. }
+            | DeviceVerdict::Missing
+            | DeviceVerdict::Retained { .. } => continue,
         };
         if !seen.insert(canonical) {
             continue;
@@ -532,6 +594,27 @@ fn select<'a>(
         });
     }
     out
+}
+
+/// The LVM physical volumes of `vg` that no configured device is (a missing one is left to the
+/// partial-group check).
+fn removed_members<'a>(
+    vg: &VolumeGroup,
+    selected: &[Selected<'_>],
+    observed: &'a Observed,
+) -> Vec<&'a PhysicalVolume> {
+    let kept: BTreeSet<&str> = selected
+        .iter()
+        .filter(|s| s.member)
+        .filter_map(|s| physical_volume_of(s.device, &observed.pvs))
+        .map(|pv| pv.name.as_str())
+        .collect();
+    observed
+        .pvs
+        .iter()
+        .filter(|pv| pv.vg_name.as_deref() == Some(vg.name.as_str()))
+        .filter(|pv| !pv.attr.contains('m') && !kept.contains(pv.name.as_str()))
+        .collect()
 }
 
 fn check_overlap(selected: &[Selected<'_>]) -> Result<(), String> {

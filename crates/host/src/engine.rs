@@ -208,6 +208,8 @@ impl<R: Runner> NodeHost for RealNodeHost<R> {
                 name,
                 data_size,
             } => self.lvm.thin_pool_extend(vg, name, *data_size).await,
+            Action::ReduceVolumeGroup { name, pvs } => self.lvm.vg_reduce(name, pvs).await,
+            Action::RemovePhysicalVolume { path } => self.lvm.pv_remove(path).await,
         }
     }
 }

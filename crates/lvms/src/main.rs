@@ -349,6 +349,7 @@ fn print_report(r: &ConvergeReport) {
             DeviceVerdict::Member => "member of the volume group".to_owned(),
             DeviceVerdict::Usable { .. } => "usable".to_owned(),
             DeviceVerdict::Missing => "missing".to_owned(),
+            DeviceVerdict::Retained { .. } => format!("kept: {}", d.problems()),
             DeviceVerdict::Excluded { .. } => format!("excluded: {}", d.problems()),
         };
         println!(

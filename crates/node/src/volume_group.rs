@@ -270,6 +270,14 @@ pub fn vg_status(vg: &LVMVolumeGroup, plan: &ClassPlan) -> VGStatus {
         let name = d.canonical_path.clone().unwrap_or_else(|| d.path.clone());
         match &d.verdict {
             DeviceVerdict::Member => devices.push(name),
+            // Still in the group, though no longer configured: listed with why it stays.
+            DeviceVerdict::Retained { reason } => {
+                devices.push(name.clone());
+                excluded.push(lvms_api::ExcludedDevice {
+                    name,
+                    reasons: vec![reason.clone()],
+                });
+            }
             DeviceVerdict::Usable { .. } => {}
             DeviceVerdict::Excluded { reasons } => excluded.push(lvms_api::ExcludedDevice {
                 name,

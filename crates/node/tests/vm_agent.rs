@@ -425,4 +425,127 @@ mod vm_agent {
             );
         }
     }
+
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn agent_raid_class_makes_raid_volumes_and_reports_their_health() {
+        let mut s = Scratch::new(2, 1200);
+        let class = s.vg_name();
+        let api = FakeApi::new();
+        api.insert(
+            &format!("/api/v1/nodes/{NODE}"),
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
+        );
+        api.insert(
+            &vg_path(&class),
+            json!({"apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
+                   "metadata": {"name": class, "namespace": NS},
+                   "spec": {"deviceSelector": {"paths": [s.disks[0], s.disks[1]]},
+                            "raidConfig": {"type": "raid1", "mirrors": 1}, "default": true}}),
+        );
+        let agent1 = agent(&api);
+        let reconcile_vg = || {
+            vg_reconciler::reconcile(
+                typed::<LVMVolumeGroup>(&api, &vg_path(&class)),
+                agent1.clone(),
+            )
+        };
+        let action = reconcile_vg().await.unwrap();
+        assert_eq!(
+            action,
+            Action::requeue(vg_reconciler::DYNAMIC_REQUEUE),
+            "health is looked at again"
+        );
+        let entry = vg_entry(&api, &class).unwrap();
+        assert_eq!(entry["status"], "Ready", "{entry}");
+        assert_eq!(entry["raidStatus"]["status"], "Healthy", "{entry}");
+        assert_eq!(entry["raidStatus"]["memberCount"], 2, "{entry}");
+
+        // A LogicalVolume of the class becomes a raid1 LV, as the class says.
+        api.insert(
+            &lv_path("pvc-r"),
+            json!({"apiVersion": "topolvm.io/v1", "kind": "LogicalVolume",
+                   "metadata": {"name": "pvc-r"},
+                   "spec": {"name": "pvc-r", "nodeName": NODE, "size": "64Mi"}}),
+        );
+        lv_reconciler::reconcile(
+            typed::<LogicalVolume>(&api, &lv_path("pvc-r")),
+            lv_context(&api, &agent1),
+        )
+        .await
+        .unwrap();
+        let id = ids::volume_lv_name("pvc-r");
+        assert_eq!(lvs_field(&class, &id, "segtype"), "raid1");
+        sh(&format!(
+            "for i in $(seq 1 120); do \
+               p=$(lvm lvs --noheadings -o sync_percent {class}/{id} | tr -d ' '); \
+               [ \"$p\" = 100.00 ] && break; sleep 1; done"
+        ));
+        reconcile_vg().await.unwrap();
+        let entry = vg_entry(&api, &class).unwrap();
+        let raid = &entry["raidStatus"];
+        assert_eq!(raid["status"], "Healthy", "{entry}");
+        assert_eq!(raid["lvHealth"][0]["name"], json!(id), "{entry}");
+        assert_eq!(raid["lvHealth"][0]["raidType"], "raid1", "{entry}");
+        assert_eq!(raid["minSyncPercent"], 100.0, "{entry}");
+
+        // Clean up: the volume, then the class.
+        let mut gone = api.get(&lv_path("pvc-r")).unwrap();
+        gone["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:02Z");
+        api.insert(&lv_path("pvc-r"), gone);
+        lv_reconciler::reconcile(
+            typed::<LogicalVolume>(&api, &lv_path("pvc-r")),
+            lv_context(&api, &agent1),
+        )
+        .await
+        .unwrap();
+        api.delete(&vg_path(&class));
+        reconcile_vg().await.unwrap();
+        assert_ne!(
+            sh_status(&format!("lvm vgs {class}")).0,
+            0,
+            "volume group removed"
+        );
+    }
+
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn agent_takes_a_device_removed_from_the_spec_out_of_the_group() {
+        let mut s = Scratch::new(2, 1200);
+        let class = s.vg_name();
+        let (a, b) = (s.disks[0].clone(), s.disks[1].clone());
+        let api = FakeApi::new();
+        api.insert(
+            &format!("/api/v1/nodes/{NODE}"),
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
+        );
+        let spec = |paths: Vec<&str>| {
+            json!({"apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
+                   "metadata": {"name": class, "namespace": NS},
+                   "spec": {"deviceSelector": {"paths": paths}}})
+        };
+        api.insert(&vg_path(&class), spec(vec![&a, &b]));
+        let agent1 = agent(&api);
+        let reconcile_vg = || {
+            vg_reconciler::reconcile(
+                typed::<LVMVolumeGroup>(&api, &vg_path(&class)),
+                agent1.clone(),
+            )
+        };
+        reconcile_vg().await.unwrap();
+        assert_eq!(vgs_field(&class, "pv_count").trim(), "2");
+        // A volume on the first device only, so the second holds nothing.
+        sh(&format!("lvm lvcreate -q -y -L 64m -n keep {class} {a}"));
+
+        let mut changed = spec(vec![&a]);
+        changed["metadata"] = api.get(&vg_path(&class)).unwrap()["metadata"].clone();
+        api.insert(&vg_path(&class), changed);
+        reconcile_vg().await.unwrap();
+        let entry = vg_entry(&api, &class).unwrap();
+        assert_eq!(entry["status"], "Ready", "{entry}");
+        assert_eq!(entry["devices"], json!([a]), "{entry}");
+        assert_eq!(vgs_field(&class, "pv_count").trim(), "1");
+        assert_ne!(sh_status(&format!("lvm pvs {b}")).0, 0, "label removed");
+        assert_eq!(lv_names(&class), ["keep"], "the volume is untouched");
+    }
 }

@@ -301,6 +301,28 @@ fn allocate(obs: &mut Observed, vg_name: &str, bytes: u64) {
 fn apply(obs: &mut Observed, actions: &[Action]) {
     for action in actions {
         match action {
+            Action::ReduceVolumeGroup { name, pvs } => {
+                for path in pvs {
+                    let pv = obs.pvs.iter_mut().find(|p| p.name == *path).unwrap();
+                    assert_eq!(pv.vg_name.as_deref(), Some(name.as_str()));
+                    assert_eq!(pv.free, pv.size, "vgreduce of {path}, which holds data");
+                    pv.vg_name = None;
+                    let extents = pv.size / EXTENT;
+                    let g = obs.vgs.iter_mut().find(|v| v.name == *name).unwrap();
+                    assert!(g.free_count >= extents);
+                    g.free_count -= extents;
+                    g.extent_count -= extents;
+                    g.free = g.free_count * EXTENT;
+                    g.size = g.extent_count * EXTENT;
+                    g.pv_count -= 1;
+                }
+            }
+            Action::RemovePhysicalVolume { path } => {
+                let pv = obs.pvs.iter().find(|p| p.name == *path).unwrap();
+                assert_eq!(pv.vg_name, None, "pvremove of {path} in a group");
+                obs.pvs.retain(|p| p.name != *path);
+                device_mut(&mut obs.devices, path).unwrap().fstype = None;
+            }
             Action::WipeDevice { path } => {
                 if let Some(pv) = obs.pvs.iter().find(|p| p.name == *path) {
                     let vg = pv.vg_name.clone().unwrap_or_default();
@@ -474,6 +496,8 @@ fn action_paths(action: &Action) -> Vec<&str> {
         Action::CreateVolumeGroup { pvs, .. } | Action::ExtendVolumeGroup { pvs, .. } => {
             pvs.iter().map(String::as_str).collect()
         }
+        Action::ReduceVolumeGroup { pvs, .. } => pvs.iter().map(String::as_str).collect(),
+        Action::RemovePhysicalVolume { path } => vec![path],
         Action::CreateThinPool { .. } | Action::ExtendThinPool { .. } => vec![],
     }
 }
@@ -1800,4 +1824,99 @@ fn discovery_that_finds_no_free_disk_fails_with_the_reasons_and_the_fix() {
         reason.contains("forceWipeDevicesAndDestroyAllData without device paths"),
         "{reason}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// A device removed from the configuration
+
+#[test]
+fn a_path_removed_from_the_spec_leaves_the_group_when_it_holds_no_data() {
+    let mut host = Host::default();
+    let a = host.clean(10 * GIB);
+    let b = host.clean(10 * GIB);
+    let two = class("vg1", &[a.clone(), b.clone()]);
+    converge(&two, &mut host.obs);
+    assert_eq!(vg_of(&host.obs, "vg1").pv_count, 2);
+
+    let one = class("vg1", from_ref(&a));
+    let plan = plan_device_class(&one, &host.obs);
+    assert_eq!(
+        plan.actions,
+        vec![
+            Action::ReduceVolumeGroup {
+                name: "vg1".into(),
+                pvs: vec![b.clone()],
+            },
+            Action::RemovePhysicalVolume { path: b.clone() },
+        ]
+    );
+    let plans = converge(&one, &mut host.obs);
+    assert_eq!(plans.last().unwrap().state, ClassState::Ready);
+    assert_eq!(vg_of(&host.obs, "vg1").pv_count, 1);
+    assert!(host.obs.pvs.iter().all(|p| p.name != b), "label removed");
+}
+
+#[test]
+fn a_removed_path_that_holds_data_is_kept_and_reported_with_the_fix() {
+    let mut host = Host::default();
+    let a = host.clean(10 * GIB);
+    let b = host.clean(10 * GIB);
+    converge(&thin_class("vg1", &[a.clone(), b.clone()]), &mut host.obs);
+    // The pool spans both devices.
+    host.obs.pvs.iter_mut().find(|p| p.name == b).unwrap().free = GIB;
+    let plan = plan_device_class(&thin_class("vg1", from_ref(&a)), &host.obs);
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    assert_eq!(plan.state, ClassState::Ready, "the class keeps serving");
+    let kept = plan.devices.iter().find(|d| d.path == b).unwrap();
+    match &kept.verdict {
+        DeviceVerdict::Retained { reason } => {
+            assert!(reason.contains("pvmove"), "{reason}");
+            assert!(reason.contains("no longer listed"), "{reason}");
+        }
+        v => panic!("{v:?}"),
+    }
+}
+
+#[test]
+fn a_replaced_path_is_added_before_the_old_one_leaves_and_the_pool_waits() {
+    let mut host = Host::default();
+    let a = host.clean(10 * GIB);
+    let b = host.clean(10 * GIB);
+    converge(&class("vg1", from_ref(&a)), &mut host.obs);
+    let plan = plan_device_class(&class("vg1", from_ref(&b)), &host.obs);
+    assert_eq!(
+        plan.actions,
+        vec![
+            Action::CreatePhysicalVolume {
+                path: b.clone(),
+                metadata_size: PV_METADATA_SIZE,
+            },
+            Action::ExtendVolumeGroup {
+                name: "vg1".into(),
+                pvs: vec![b.clone()],
+            },
+            Action::ReduceVolumeGroup {
+                name: "vg1".into(),
+                pvs: vec![a.clone()],
+            },
+            Action::RemovePhysicalVolume { path: a },
+        ]
+    );
+    // A thin class plans no pool change in the round that removes a device.
+    let mut host = Host::default();
+    let a = host.clean(10 * GIB);
+    let b = host.clean(10 * GIB);
+    converge(&class("vg1", &[a.clone(), b.clone()]), &mut host.obs);
+    let plan = plan_device_class(&thin_class("vg1", from_ref(&a)), &host.obs);
+    assert!(
+        plan.actions.iter().all(|x| !matches!(
+            x,
+            Action::CreateThinPool { .. } | Action::ExtendThinPool { .. }
+        )),
+        "{:?}",
+        plan.actions
+    );
+    let plans = converge(&thin_class("vg1", from_ref(&a)), &mut host.obs);
+    assert_eq!(plans.last().unwrap().state, ClassState::Ready);
+    assert!(lv_of(&host.obs, "vg1", "thin-pool-1").is_some());
 }
