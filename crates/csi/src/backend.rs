@@ -199,4 +199,35 @@ pub trait Backend: Send + Sync + 'static {
     /// Activates the volume so its block device exists (thin snapshots and what was restored from
     /// them skip activation by default); returns the device path.
     fn activate(&self, id: &str) -> impl Future<Output = Result<String>> + Send;
+
+    /// How full `class`'s volume group and thin pool are, for metrics and alerts; `None` where the
+    /// backend does not see the disks (the cluster controller).
+    fn usage(&self, class: &str) -> impl Future<Output = Result<Option<Usage>>> + Send {
+        let _ = class;
+        async { Ok(None) }
+    }
+}
+
+/// How full one class is on its node (TopoLVM's metrics carry the same numbers).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Usage {
+    /// The volume group's size in bytes.
+    pub vg_size: u64,
+    /// The volume group's free bytes.
+    pub vg_free: u64,
+    /// The thin pool, for a thin class.
+    pub pool: Option<PoolUsage>,
+}
+
+/// How full a thin pool is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PoolUsage {
+    /// The pool's data size in bytes.
+    pub size: u64,
+    /// Data space used, percent (`None` when LVM reports none: the pool is inactive).
+    pub data_percent: Option<f64>,
+    /// Metadata space used, percent.
+    pub metadata_percent: Option<f64>,
+    /// Bytes new thin volumes may still promise (overprovisioned, capped by the pool's free space).
+    pub overprovisioned_available: u64,
 }

@@ -86,8 +86,8 @@ use tokio::{sync::Mutex, time::Instant};
 
 use crate::{
     backend::{
-        Backend, BackendError, Capacity, ClassInfo, LvType, NewSnapshot, NewVolume, Result, Source,
-        Volume,
+        Backend, BackendError, Capacity, ClassInfo, LvType, NewSnapshot, NewVolume, PoolUsage,
+        Result, Source, Usage, Volume,
     },
     ids,
 };
@@ -960,6 +960,28 @@ impl<R: Runner> Backend for LocalBackend<R> {
             maximum_volume_size: max_volume_size(available, extent),
             minimum_volume_size: min_volume_size(extent),
         })
+    }
+
+    async fn usage(&self, class: &str) -> Result<Option<Usage>> {
+        let class = self.class(class)?;
+        let report = self.report().await?;
+        let Some(vg) = report.vg(&class.name) else {
+            return Ok(None);
+        };
+        let pool = report.pool(class).map(|pool| {
+            let usage = ThinPoolUsage::from_lvs(pool, &report.lvs, class.overprovision_ratio);
+            PoolUsage {
+                size: pool.size,
+                data_percent: pool.data_percent,
+                metadata_percent: pool.metadata_percent,
+                overprovisioned_available: thin_capacity(&usage).available,
+            }
+        });
+        Ok(Some(Usage {
+            vg_size: vg.size,
+            vg_free: vg.free,
+            pool,
+        }))
     }
 
     #[tracing::instrument(skip(self), fields(node = %self.node_id))]

@@ -402,6 +402,28 @@ mod vm_local {
         assert_eq!(thin.maximum_volume_size, thin.available / EXTENT * EXTENT);
         assert_eq!(thin.minimum_volume_size, EXTENT);
 
+        // The numbers the node agent exports as metrics agree with vgs and lvs.
+        let usage = b.usage(&thin_vg).await.unwrap().unwrap();
+        assert_eq!(
+            usage.vg_size,
+            vgs_field(&thin_vg, "vg_size").parse::<u64>().unwrap()
+        );
+        assert_eq!(
+            usage.vg_free,
+            vgs_field(&thin_vg, "vg_free").parse::<u64>().unwrap()
+        );
+        let pool = usage.pool.unwrap();
+        assert_eq!(pool.size, pool_size);
+        assert_eq!(pool.data_percent, Some(data_percent));
+        let meta: f64 = lvs_field(&thin_vg, "pool", "metadata_percent")
+            .parse()
+            .unwrap();
+        assert_eq!(pool.metadata_percent, Some(meta));
+        assert_eq!(pool.overprovisioned_available, thin.available);
+        let thick_usage = b.usage(&thick_vg).await.unwrap().unwrap();
+        assert_eq!(thick_usage.pool, None);
+        assert_eq!(thick_usage.vg_free, free - 100 * MIB);
+
         // Beyond the overprovision ratio: refused before LVM is asked.
         let err = b
             .create_volume(&req("huge", &thin_vg, thin.available + EXTENT))

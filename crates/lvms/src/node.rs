@@ -25,7 +25,11 @@ use lvms_host::{
     engine::RealNodeHost, fs::Filesystems, lvm::Lvm, runner::RealRunner, shell::LvmShell,
 };
 use lvms_node::{
-    capacity::Publisher, gc::NodeCollector, lv_reconciler, metrics::GcMetrics, switch::Switch,
+    capacity::Publisher,
+    gc::NodeCollector,
+    lv_reconciler,
+    metrics::{GcMetrics, StorageMetrics},
+    switch::Switch,
     vg_reconciler,
 };
 
@@ -77,13 +81,15 @@ pub async fn run(args: NodeArgs) -> Result<()> {
             LocalBackend::new(node.clone(), classes, Lvm::new(Arc::new(LvmShell::new())))
         }),
     ));
+    let storage = StorageMetrics::default();
     let publisher = Publisher::new(
         client.clone(),
         &args.node_name,
         &args.driver_name,
         vg_ctx.backend(),
-    );
-    let metrics = Arc::new(GcMetrics::new("orphaned_volumes"));
+    )
+    .with_metrics(storage.clone());
+    let metrics = Arc::new(GcMetrics::with_storage("orphaned_volumes", Some(&storage)));
     let collector = NodeCollector::new(
         client.clone(),
         &args.node_name,

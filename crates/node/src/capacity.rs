@@ -4,9 +4,15 @@
 //! `GetCapacity` (and so external-provisioner's `CSIStorageCapacity` objects) and picks nodes from them.
 //!
 //! The publisher looks every [`PERIOD`] and whenever the set of ready classes changes, and patches the
-//! Node only when a value changed; a class no longer served loses its annotation.
+//! Node only when a value changed; a class no longer served loses its annotation. With
+//! [`Publisher::with_metrics`] the same look sets each class's fill level on `/metrics`
+//! ([`StorageMetrics`]).
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::{
@@ -18,6 +24,8 @@ use lvms_csi::backend::Backend;
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tracing::{debug, warn};
+
+use crate::metrics::StorageMetrics;
 
 /// How often the capacities are looked at.
 pub const PERIOD: Duration = Duration::from_secs(10);
@@ -62,6 +70,8 @@ pub struct Publisher<B> {
     pub driver: String,
     pub backend: watch::Receiver<Option<Arc<B>>>,
     published: BTreeMap<String, String>,
+    metrics: Option<StorageMetrics>,
+    measured: BTreeSet<String>,
 }
 
 impl<B: Backend> Publisher<B> {
@@ -77,7 +87,42 @@ impl<B: Backend> Publisher<B> {
             driver: driver.into(),
             backend,
             published: BTreeMap::new(),
+            metrics: None,
+            measured: BTreeSet::new(),
         }
+    }
+
+    /// Also sets each class's fill level on `metrics`.
+    pub fn with_metrics(mut self, metrics: StorageMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Records each served class's usage; forgets the classes no longer served.
+    async fn measure(&mut self, backend: Option<&Arc<B>>) {
+        let Some(metrics) = &self.metrics else {
+            return;
+        };
+        let mut now = BTreeSet::new();
+        for class in backend.map(|b| b.classes()).unwrap_or_default() {
+            let Some(b) = backend else { break };
+            match b.usage(&class.name).await {
+                Ok(Some(usage)) => {
+                    metrics.record(&self.node, &class.name, &usage);
+                    now.insert(class.name);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    // Kept at the last numbers rather than dropped: a gap would silence alerts.
+                    warn!(device_class = %class.name, error = %e, "cannot measure usage");
+                    now.insert(class.name);
+                }
+            }
+        }
+        for gone in self.measured.difference(&now) {
+            metrics.forget(&self.node, gone);
+        }
+        self.measured = now;
     }
 
     /// Reads the annotations this node carries now (so a restart removes what it no longer serves).
@@ -99,6 +144,7 @@ impl<B: Backend> Publisher<B> {
     /// One look: computes the annotations and patches the Node when they changed.
     pub async fn publish_once(&mut self) -> Result<(), String> {
         let backend = self.backend.borrow().clone();
+        self.measure(backend.as_ref()).await;
         let mut available = Vec::new();
         if let Some(b) = backend {
             for class in b.classes() {
@@ -214,5 +260,49 @@ mod tests {
         api.clear_requests();
         p.publish_once().await.unwrap();
         assert!(api.requests().is_empty(), "unchanged: no patch");
+    }
+
+    #[tokio::test]
+    async fn each_look_sets_the_served_classes_fill_levels_and_forgets_the_others() {
+        let api = FakeApi::new();
+        api.insert(
+            "/api/v1/nodes/node-a",
+            json!({"metadata": {"name": "node-a"}}),
+        );
+        let backend = FakeBackend::new();
+        backend.state.lock().unwrap().usage.insert(
+            "thin".into(),
+            lvms_csi::backend::Usage {
+                vg_size: 5 << 30,
+                vg_free: 0,
+                pool: Some(lvms_csi::backend::PoolUsage {
+                    size: 4 << 30,
+                    data_percent: Some(81.0),
+                    metadata_percent: Some(12.5),
+                    overprovisioned_available: 1 << 30,
+                }),
+            },
+        );
+        let storage = StorageMetrics::default();
+        let m = crate::metrics::GcMetrics::with_storage("orphaned_volumes", Some(&storage));
+        let (tx, rx) = watch::channel(Some(Arc::new(backend)));
+        let mut p =
+            Publisher::new(api.client("default"), "node-a", "topolvm.io", rx).with_metrics(storage);
+        p.publish_once().await.unwrap();
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "topolvm_thinpool_data_percent{device_class=\"thin\",node=\"node-a\"} 81.0"
+            ),
+            "{text}"
+        );
+        assert!(
+            !text.contains("device_class=\"thick\""),
+            "no usage, no numbers: {text}"
+        );
+
+        tx.send_replace(None);
+        p.publish_once().await.unwrap();
+        assert!(!m.encode().contains("device_class="), "{}", m.encode());
     }
 }

@@ -1,15 +1,134 @@
 //! Prometheus metrics of the node agent and the CSI controller (the operator has its own,
-//! `lvms_operator::metrics`): what the garbage collectors find and remove, served as OpenMetrics text
-//! on `/metrics`, with `/healthz`.
+//! `lvms_operator::metrics`): what the garbage collectors find and remove and, on the node agent, how
+//! full each device class is under TopoLVM's names ([`StorageMetrics`]), served as OpenMetrics text on
+//! `/metrics`, with `/healthz`.
 
-use std::sync::Arc;
+use std::sync::{Arc, atomic::AtomicU64};
 
 use axum::{Router, extract::State, http::header, response::IntoResponse, routing::get};
+use lvms_csi::backend::Usage;
 use prometheus_client::{
-    encoding::text::encode,
-    metrics::{counter::Counter, gauge::Gauge},
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
+
+/// The labels of a class's numbers, as TopoLVM's.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabels {
+    pub device_class: String,
+    pub node: String,
+}
+
+type Gauges = Family<ClassLabels, Gauge<f64, AtomicU64>>;
+
+/// How full each device class is on this node, under the names TopoLVM and LVMS export (so their
+/// dashboards and alerts work unchanged): `topolvm_volumegroup_size_bytes`,
+/// `topolvm_volumegroup_available_bytes`, `topolvm_thinpool_size_bytes`,
+/// `topolvm_thinpool_data_percent`, `topolvm_thinpool_metadata_percent` and
+/// `topolvm_thinpool_overprovisioned_available`, each labelled `device_class` and `node`.
+#[derive(Debug, Clone, Default)]
+pub struct StorageMetrics {
+    vg_size: Gauges,
+    vg_available: Gauges,
+    pool_size: Gauges,
+    pool_data_percent: Gauges,
+    pool_metadata_percent: Gauges,
+    pool_overprovisioned_available: Gauges,
+}
+
+impl StorageMetrics {
+    fn register(&self, registry: &mut Registry) {
+        for (name, help, family) in [
+            (
+                "topolvm_volumegroup_size_bytes",
+                "Size of the device class's LVM volume group in bytes",
+                &self.vg_size,
+            ),
+            (
+                "topolvm_volumegroup_available_bytes",
+                "Free bytes of the device class's LVM volume group",
+                &self.vg_available,
+            ),
+            (
+                "topolvm_thinpool_size_bytes",
+                "Data size of the device class's thin pool in bytes",
+                &self.pool_size,
+            ),
+            (
+                "topolvm_thinpool_data_percent",
+                "Data space used in the device class's thin pool, percent",
+                &self.pool_data_percent,
+            ),
+            (
+                "topolvm_thinpool_metadata_percent",
+                "Metadata space used in the device class's thin pool, percent",
+                &self.pool_metadata_percent,
+            ),
+            (
+                "topolvm_thinpool_overprovisioned_available",
+                "Bytes new thin volumes of the device class may still take (overprovisioned, capped by \
+                 the pool's free space)",
+                &self.pool_overprovisioned_available,
+            ),
+        ] {
+            registry.register(name, help, family.clone());
+        }
+    }
+
+    fn all(&self) -> [&Gauges; 6] {
+        [
+            &self.vg_size,
+            &self.vg_available,
+            &self.pool_size,
+            &self.pool_data_percent,
+            &self.pool_metadata_percent,
+            &self.pool_overprovisioned_available,
+        ]
+    }
+
+    /// Sets `class`'s numbers from `usage`; numbers it lacks (no pool, an inactive pool's
+    /// percentages) are removed rather than left stale.
+    pub fn record(&self, node: &str, class: &str, usage: &Usage) {
+        let labels = ClassLabels {
+            device_class: class.to_owned(),
+            node: node.to_owned(),
+        };
+        let set = |family: &Gauges, value: Option<f64>| match value {
+            Some(v) => {
+                family.get_or_create(&labels).set(v);
+            }
+            None => {
+                family.remove(&labels);
+            }
+        };
+        // Bytes as f64: exact below 2^53 (8 PiB).
+        set(&self.vg_size, Some(usage.vg_size as f64));
+        set(&self.vg_available, Some(usage.vg_free as f64));
+        let pool = usage.pool.as_ref();
+        set(&self.pool_size, pool.map(|p| p.size as f64));
+        set(&self.pool_data_percent, pool.and_then(|p| p.data_percent));
+        set(
+            &self.pool_metadata_percent,
+            pool.and_then(|p| p.metadata_percent),
+        );
+        set(
+            &self.pool_overprovisioned_available,
+            pool.map(|p| p.overprovisioned_available as f64),
+        );
+    }
+
+    /// Removes every number of `class` (no longer served here).
+    pub fn forget(&self, node: &str, class: &str) {
+        let labels = ClassLabels {
+            device_class: class.to_owned(),
+            node: node.to_owned(),
+        };
+        for family in self.all() {
+            family.remove(&labels);
+        }
+    }
+}
 
 /// The garbage collector's numbers.
 #[derive(Debug)]
@@ -25,7 +144,15 @@ impl GcMetrics {
     /// Metrics named `lvms_<what>_…`: `what` is `orphaned_volumes` for the node agent (LVs no
     /// LogicalVolume names), `unclaimed_logical_volumes` for the controller.
     pub fn new(what: &str) -> Self {
+        Self::with_storage(what, None)
+    }
+
+    /// [`GcMetrics::new`], also serving `storage`'s numbers.
+    pub fn with_storage(what: &str, storage: Option<&StorageMetrics>) -> Self {
         let mut registry = Registry::default();
+        if let Some(s) = storage {
+            s.register(&mut registry);
+        }
         let orphans = Gauge::default();
         let removed = Counter::default();
         registry.register(
@@ -116,5 +243,65 @@ mod tests {
             text.contains("lvms_orphaned_volumes_removed_total 1"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn class_usage_is_exported_under_topolvm_names_and_forgotten_with_the_class() {
+        let storage = StorageMetrics::default();
+        let m = GcMetrics::with_storage("orphaned_volumes", Some(&storage));
+        let thin = Usage {
+            vg_size: 10 << 30,
+            vg_free: 1 << 30,
+            pool: Some(lvms_csi::backend::PoolUsage {
+                size: 8 << 30,
+                data_percent: Some(42.5),
+                metadata_percent: None,
+                overprovisioned_available: 70 << 30,
+            }),
+        };
+        storage.record("node-a", "thin", &thin);
+        storage.record(
+            "node-a",
+            "thick",
+            &Usage {
+                vg_size: 4 << 30,
+                vg_free: 3 << 30,
+                pool: None,
+            },
+        );
+        let text = m.encode();
+        let l = |class: &str| format!("{{device_class=\"{class}\",node=\"node-a\"}}");
+        for line in [
+            format!("topolvm_volumegroup_size_bytes{} 10737418240.0", l("thin")),
+            format!(
+                "topolvm_volumegroup_available_bytes{} 1073741824.0",
+                l("thin")
+            ),
+            format!("topolvm_thinpool_size_bytes{} 8589934592.0", l("thin")),
+            format!("topolvm_thinpool_data_percent{} 42.5", l("thin")),
+            format!(
+                "topolvm_thinpool_overprovisioned_available{} 75161927680.0",
+                l("thin")
+            ),
+            format!(
+                "topolvm_volumegroup_available_bytes{} 3221225472.0",
+                l("thick")
+            ),
+        ] {
+            assert!(text.contains(&line), "{line} missing in\n{text}");
+        }
+        assert!(
+            !text.contains(&format!("topolvm_thinpool_metadata_percent{}", l("thin"))),
+            "{text}"
+        );
+        assert!(
+            !text.contains(&format!("topolvm_thinpool_size_bytes{}", l("thick"))),
+            "{text}"
+        );
+
+        storage.forget("node-a", "thin");
+        let text = m.encode();
+        assert!(!text.contains("device_class=\"thin\""), "{text}");
+        assert!(text.contains("device_class=\"thick\""), "{text}");
     }
 }

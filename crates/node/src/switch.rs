@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use lvms_csi::backend::{
-    Backend, BackendError, Capacity, ClassInfo, NewSnapshot, NewVolume, Result, Volume,
+    Backend, BackendError, Capacity, ClassInfo, NewSnapshot, NewVolume, Result, Usage, Volume,
 };
 use tokio::sync::watch;
 
@@ -84,6 +84,10 @@ impl<B: Backend> Backend for Switch<B> {
 
     async fn activate(&self, id: &str) -> Result<String> {
         self.or_unavailable()?.activate(id).await
+    }
+
+    async fn usage(&self, class: &str) -> Result<Option<Usage>> {
+        self.or_unavailable()?.usage(class).await
     }
 }
 

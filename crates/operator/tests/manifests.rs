@@ -1098,3 +1098,46 @@ fn the_sample_lvmcluster_passes_the_admission_rules() {
     );
     assert!(review.errors.is_empty(), "{:?}", review.errors);
 }
+
+#[test]
+fn the_pod_monitors_select_the_pods_and_ports_that_serve_metrics() {
+    let path = workspace().join("deploy/monitoring/podmonitors.yaml");
+    let monitors = read_yaml(&path);
+    let mut cluster: lvms_api::LVMCluster = serde_norway::from_str(
+        &std::fs::read_to_string(workspace().join("deploy/samples/lvmcluster.yaml")).unwrap(),
+    )
+    .unwrap();
+    // As the API server would have it.
+    cluster.metadata.uid = Some("uid-1".into());
+    let rendered = lvms_operator::render::render(
+        &cluster,
+        &lvms_operator::render::RenderConfig::new(NAMESPACE, "ghcr.io/lvms-rs/lvms:test"),
+    )
+    .expect("the sample renders");
+    let daemon_set = serde_json::to_value(&rendered.daemon_set).unwrap();
+    let pods = [("lvms-node", &daemon_set), ("lvms-operator", deployment())];
+    for (name, workload) in pods {
+        let monitor = monitors
+            .iter()
+            .find(|m| m["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("PodMonitor {name}"));
+        let labels = at(workload, "/spec/template/metadata/labels");
+        for (k, v) in at(monitor, "/spec/selector/matchLabels")
+            .as_object()
+            .unwrap()
+        {
+            assert_eq!(&labels[k], v, "{name}: pods lack {k}={v}");
+        }
+        let ports: Vec<&str> = at(workload, "/spec/template/spec/containers")
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+            .filter_map(|p| p["name"].as_str())
+            .collect();
+        for endpoint in at(monitor, "/spec/podMetricsEndpoints").as_array().unwrap() {
+            let port = endpoint["port"].as_str().unwrap();
+            assert!(ports.contains(&port), "{name}: no port {port} in {ports:?}");
+        }
+    }
+}

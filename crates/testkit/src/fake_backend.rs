@@ -25,6 +25,8 @@ pub struct State {
     pub pool_size: BTreeMap<String, u64>,
     pub create_delay: Duration,
     pub calls: Vec<String>,
+    /// What [`Backend::usage`] answers per class (none unless a test sets it).
+    pub usage: BTreeMap<String, lvms_csi::backend::Usage>,
 }
 
 pub struct FakeBackend {
@@ -209,6 +211,10 @@ impl Backend for FakeBackend {
         let v = s.volumes.get_mut(id).unwrap();
         v.size = v.size.max(size);
         Ok(v.size)
+    }
+
+    async fn usage(&self, class: &str) -> Result<Option<lvms_csi::backend::Usage>> {
+        Ok(self.state.lock().unwrap().usage.get(class).copied())
     }
 
     async fn capacity(&self, class: &str) -> Result<Capacity> {
