@@ -72,6 +72,73 @@ mod vm_agent {
         })
     }
 
+    /// The in-memory API server holding this node's `Node`.
+    fn cluster() -> FakeApi {
+        let api = FakeApi::new();
+        api.insert(
+            &format!("/api/v1/nodes/{NODE}"),
+            json!({"apiVersion": "v1", "kind": "Node",
+                   "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}}}),
+        );
+        api
+    }
+
+    /// Puts `LVMVolumeGroup` `class` with `spec`, keeping the metadata of the one already there.
+    fn put_vg(api: &FakeApi, class: &str, spec: Value) {
+        let metadata = api.get(&vg_path(class)).map_or_else(
+            || json!({"name": class, "namespace": NS}),
+            |v| v["metadata"].clone(),
+        );
+        api.insert(
+            &vg_path(class),
+            json!({"apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
+                   "metadata": metadata, "spec": spec}),
+        );
+    }
+
+    /// One reconcile of `LVMVolumeGroup` `class` by `agent`.
+    async fn reconcile_vg(api: &FakeApi, class: &str, agent: &Arc<VgContext>) -> Action {
+        vg_reconciler::reconcile(typed::<LVMVolumeGroup>(api, &vg_path(class)), agent.clone())
+            .await
+            .unwrap()
+    }
+
+    /// Puts `LogicalVolume` `name` of `size` on this node and lets `agent` make it.
+    async fn make_lv(api: &FakeApi, name: &str, size: &str, agent: &VgContext) {
+        api.insert(
+            &lv_path(name),
+            json!({"apiVersion": "topolvm.io/v1", "kind": "LogicalVolume",
+                   "metadata": {"name": name},
+                   "spec": {"name": name, "nodeName": NODE, "size": size}}),
+        );
+        lv_reconciler::reconcile(
+            typed::<LogicalVolume>(api, &lv_path(name)),
+            lv_context(api, agent),
+        )
+        .await
+        .unwrap();
+    }
+
+    /// Deletes `LogicalVolume` `name` and lets `agent` remove its LV and finalizer.
+    async fn delete_lv(api: &FakeApi, name: &str, agent: &VgContext) {
+        api.delete(&lv_path(name));
+        lv_reconciler::reconcile(
+            typed::<LogicalVolume>(api, &lv_path(name)),
+            lv_context(api, agent),
+        )
+        .await
+        .unwrap();
+        assert!(api.get(&lv_path(name)).is_none(), "{name} released");
+    }
+
+    fn assert_vg_gone(class: &str) {
+        assert_ne!(
+            sh_status(&format!("lvm vgs {class}")).0,
+            0,
+            "volume group {class} removed"
+        );
+    }
+
     /// The LV names in `vg`, hidden ones left out, sorted.
     fn lv_names(vg: &str) -> Vec<String> {
         let mut names: Vec<String> = sh(&format!("lvm lvs --noheadings -o lv_name {vg}"))
@@ -88,29 +155,18 @@ mod vm_agent {
         let mut s = Scratch::new(1, 1200);
         let class = s.vg_name();
         let disk = s.disks[0].clone();
-        let api = FakeApi::new();
-        api.insert(
-            &format!("/api/v1/nodes/{NODE}"),
-            json!({"apiVersion": "v1", "kind": "Node",
-                   "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}}}),
-        );
-        api.insert(
-            &vg_path(&class),
-            json!({"apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
-                   "metadata": {"name": class, "namespace": NS},
-                   "spec": {"deviceSelector": {"paths": [disk]},
-                            "thinPoolConfig": {"name": "pool", "overprovisionRatio": 10},
-                            "default": true}}),
+        let api = cluster();
+        put_vg(
+            &api,
+            &class,
+            json!({"deviceSelector": {"paths": [disk]},
+                   "thinPoolConfig": {"name": "pool", "overprovisionRatio": 10},
+                   "default": true}),
         );
 
         // The LVMVolumeGroup becomes a volume group with a thin pool and a Ready status.
         let agent1 = agent(&api);
-        let action = vg_reconciler::reconcile(
-            typed::<LVMVolumeGroup>(&api, &vg_path(&class)),
-            agent1.clone(),
-        )
-        .await
-        .unwrap();
+        let action = reconcile_vg(&api, &class, &agent1).await;
         assert_eq!(
             action,
             Action::await_change(),
@@ -158,12 +214,7 @@ mod vm_agent {
 
         // A restarted agent converges without touching the disk again and records the LV it finds.
         let agent2 = agent(&api);
-        vg_reconciler::reconcile(
-            typed::<LVMVolumeGroup>(&api, &vg_path(&class)),
-            agent2.clone(),
-        )
-        .await
-        .unwrap();
+        reconcile_vg(&api, &class, &agent2).await;
         lv_reconciler::reconcile(
             typed::<LogicalVolume>(&api, &lv_path("pvc-a")),
             lv_context(&api, &agent2),
@@ -198,15 +249,8 @@ mod vm_agent {
         );
 
         // Deleting the LVMVolumeGroup while a volume remains keeps everything and says why.
-        let mut deleting = api.get(&vg_path(&class)).unwrap();
-        deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:01Z");
-        api.insert(&vg_path(&class), deleting);
-        vg_reconciler::reconcile(
-            typed::<LVMVolumeGroup>(&api, &vg_path(&class)),
-            agent2.clone(),
-        )
-        .await
-        .unwrap();
+        api.delete(&vg_path(&class));
+        reconcile_vg(&api, &class, &agent2).await;
         let entry = vg_entry(&api, &class).unwrap();
         assert_eq!(entry["status"], "Failed");
         let reason = entry["reason"].as_str().unwrap();
@@ -217,24 +261,10 @@ mod vm_agent {
         assert!(api.get(&vg_path(&class)).is_some(), "the finalizer stays");
 
         // The volume can still be deleted; then cleanup removes pool, group and labels.
-        let mut gone = api.get(&lv_path("pvc-a")).unwrap();
-        gone["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:02Z");
-        api.insert(&lv_path("pvc-a"), gone);
-        lv_reconciler::reconcile(
-            typed::<LogicalVolume>(&api, &lv_path("pvc-a")),
-            lv_context(&api, &agent2),
-        )
-        .await
-        .unwrap();
-        assert!(api.get(&lv_path("pvc-a")).is_none());
+        delete_lv(&api, "pvc-a", &agent2).await;
         assert_eq!(lv_names(&class), ["pool"]);
 
-        vg_reconciler::reconcile(
-            typed::<LVMVolumeGroup>(&api, &vg_path(&class)),
-            agent2.clone(),
-        )
-        .await
-        .unwrap();
+        reconcile_vg(&api, &class, &agent2).await;
         assert_ne!(
             sh_status(&format!("lvm vgs {class}")).0,
             0,
@@ -256,26 +286,17 @@ mod vm_agent {
         let class = s.vg_name();
         let disk = s.disks[0].clone();
         sh(&format!("mkfs.ext4 -q {disk} && udevadm settle"));
-        let api = FakeApi::new();
-        api.insert(
-            &format!("/api/v1/nodes/{NODE}"),
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
+        let api = cluster();
+        put_vg(
+            &api,
+            &class,
+            json!({"deviceSelector": {"paths": [disk], "forceWipeDevicesAndDestroyAllData": true}}),
         );
-        api.insert(
-            &vg_path(&class),
-            json!({"apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
-                   "metadata": {"name": class, "namespace": NS},
-                   "spec": {"deviceSelector": {"paths": [disk],
-                                               "forceWipeDevicesAndDestroyAllData": true}}}),
-        );
-        let reconcile = |agent: Arc<VgContext>| {
-            vg_reconciler::reconcile(typed::<LVMVolumeGroup>(&api, &vg_path(&class)), agent)
-        };
 
         // The ext4 signature is wiped, the wipe recorded, and the group built on the disk.
         let agent1 = agent(&api);
-        reconcile(agent1.clone()).await.unwrap();
-        reconcile(agent1.clone()).await.unwrap();
+        reconcile_vg(&api, &class, &agent1).await;
+        reconcile_vg(&api, &class, &agent1).await;
         let entry = vg_entry(&api, &class).unwrap();
         assert_eq!(entry["status"], "Ready", "{entry}");
         assert_eq!(entry["wipedDevices"], json!([disk]), "{entry}");
@@ -288,7 +309,7 @@ mod vm_agent {
         // A restarted agent reads the record and leaves the data alone, saying why.
         let agent2 = agent(&api);
         agent2.load_node_status().await.unwrap();
-        reconcile(agent2.clone()).await.unwrap();
+        reconcile_vg(&api, &class, &agent2).await;
         let entry = vg_entry(&api, &class).unwrap();
         assert_eq!(entry["status"], "Failed", "{entry}");
         assert!(
@@ -348,32 +369,21 @@ mod vm_agent {
                 .to_owned()
         };
         let (clean0, clean1) = (clean("clean0"), clean("clean1"));
-        let api = FakeApi::new();
-        api.insert(
-            &format!("/api/v1/nodes/{NODE}"),
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
-        );
-        api.insert(
-            &vg_path(&class),
-            json!({"apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
-                   "metadata": {"name": class, "namespace": NS},
-                   "spec": {"thinPoolConfig": {"name": "pool", "overprovisionRatio": 2}}}),
+        let api = cluster();
+        put_vg(
+            &api,
+            &class,
+            json!({"thinPoolConfig": {"name": "pool", "overprovisionRatio": 2}}),
         );
         // Another class lists clean1 (by its by-id link): discovery leaves it to that class.
-        api.insert(
-            &vg_path("other"),
-            json!({"apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
-                   "metadata": {"name": "other", "namespace": NS},
-                   "spec": {"deviceSelector": {"paths": ["/dev/disk/by-id/virtio-clean1"]}}}),
+        put_vg(
+            &api,
+            "other",
+            json!({"deviceSelector": {"paths": ["/dev/disk/by-id/virtio-clean1"]}}),
         );
 
         let agent1 = agent(&api);
-        vg_reconciler::reconcile(
-            typed::<LVMVolumeGroup>(&api, &vg_path(&class)),
-            agent1.clone(),
-        )
-        .await
-        .unwrap();
+        reconcile_vg(&api, &class, &agent1).await;
         let entry = vg_entry(&api, &class).unwrap();
         assert_eq!(entry["status"], "Ready", "{entry}");
         assert_eq!(entry["deviceDiscoveryPolicy"], "RuntimeStatic", "{entry}");
@@ -407,14 +417,8 @@ mod vm_agent {
 
         // Deleting the LVMVolumeGroup gives the disks back.
         api.delete(&vg_path(&class));
-        vg_reconciler::reconcile(typed::<LVMVolumeGroup>(&api, &vg_path(&class)), agent1)
-            .await
-            .unwrap();
-        assert_ne!(
-            sh_status(&format!("lvm vgs {class}")).0,
-            0,
-            "volume group removed"
-        );
+        reconcile_vg(&api, &class, &agent1).await;
+        assert_vg_gone(&class);
         for dev in &members {
             assert_eq!(
                 sh_status(&format!("blkid -p -o value -s TYPE {dev}"))
@@ -431,28 +435,16 @@ mod vm_agent {
     async fn agent_raid_class_makes_raid_volumes_and_reports_their_health() {
         let mut s = Scratch::new(2, 1200);
         let class = s.vg_name();
-        let api = FakeApi::new();
-        api.insert(
-            &format!("/api/v1/nodes/{NODE}"),
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
-        );
-        api.insert(
-            &vg_path(&class),
-            json!({"apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
-                   "metadata": {"name": class, "namespace": NS},
-                   "spec": {"deviceSelector": {"paths": [s.disks[0], s.disks[1]]},
-                            "raidConfig": {"type": "raid1", "mirrors": 1}, "default": true}}),
+        let api = cluster();
+        put_vg(
+            &api,
+            &class,
+            json!({"deviceSelector": {"paths": [s.disks[0], s.disks[1]]},
+                   "raidConfig": {"type": "raid1", "mirrors": 1}, "default": true}),
         );
         let agent1 = agent(&api);
-        let reconcile_vg = || {
-            vg_reconciler::reconcile(
-                typed::<LVMVolumeGroup>(&api, &vg_path(&class)),
-                agent1.clone(),
-            )
-        };
-        let action = reconcile_vg().await.unwrap();
         assert_eq!(
-            action,
+            reconcile_vg(&api, &class, &agent1).await,
             Action::requeue(vg_reconciler::DYNAMIC_REQUEUE),
             "health is looked at again"
         );
@@ -462,18 +454,7 @@ mod vm_agent {
         assert_eq!(entry["raidStatus"]["memberCount"], 2, "{entry}");
 
         // A LogicalVolume of the class becomes a raid1 LV, as the class says.
-        api.insert(
-            &lv_path("pvc-r"),
-            json!({"apiVersion": "topolvm.io/v1", "kind": "LogicalVolume",
-                   "metadata": {"name": "pvc-r"},
-                   "spec": {"name": "pvc-r", "nodeName": NODE, "size": "64Mi"}}),
-        );
-        lv_reconciler::reconcile(
-            typed::<LogicalVolume>(&api, &lv_path("pvc-r")),
-            lv_context(&api, &agent1),
-        )
-        .await
-        .unwrap();
+        make_lv(&api, "pvc-r", "64Mi", &agent1).await;
         let id = ids::volume_lv_name("pvc-r");
         assert_eq!(lvs_field(&class, &id, "segtype"), "raid1");
         sh(&format!(
@@ -481,7 +462,7 @@ mod vm_agent {
                p=$(lvm lvs --noheadings -o sync_percent {class}/{id} | tr -d ' '); \
                [ \"$p\" = 100.00 ] && break; sleep 1; done"
         ));
-        reconcile_vg().await.unwrap();
+        reconcile_vg(&api, &class, &agent1).await;
         let entry = vg_entry(&api, &class).unwrap();
         let raid = &entry["raidStatus"];
         assert_eq!(raid["status"], "Healthy", "{entry}");
@@ -490,22 +471,10 @@ mod vm_agent {
         assert_eq!(raid["minSyncPercent"], 100.0, "{entry}");
 
         // Clean up: the volume, then the class.
-        let mut gone = api.get(&lv_path("pvc-r")).unwrap();
-        gone["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:02Z");
-        api.insert(&lv_path("pvc-r"), gone);
-        lv_reconciler::reconcile(
-            typed::<LogicalVolume>(&api, &lv_path("pvc-r")),
-            lv_context(&api, &agent1),
-        )
-        .await
-        .unwrap();
+        delete_lv(&api, "pvc-r", &agent1).await;
         api.delete(&vg_path(&class));
-        reconcile_vg().await.unwrap();
-        assert_ne!(
-            sh_status(&format!("lvm vgs {class}")).0,
-            0,
-            "volume group removed"
-        );
+        reconcile_vg(&api, &class, &agent1).await;
+        assert_vg_gone(&class);
     }
 
     #[tokio::test]
@@ -514,33 +483,16 @@ mod vm_agent {
         let mut s = Scratch::new(2, 1200);
         let class = s.vg_name();
         let (a, b) = (s.disks[0].clone(), s.disks[1].clone());
-        let api = FakeApi::new();
-        api.insert(
-            &format!("/api/v1/nodes/{NODE}"),
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
-        );
-        let spec = |paths: Vec<&str>| {
-            json!({"apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
-                   "metadata": {"name": class, "namespace": NS},
-                   "spec": {"deviceSelector": {"paths": paths}}})
-        };
-        api.insert(&vg_path(&class), spec(vec![&a, &b]));
+        let api = cluster();
+        put_vg(&api, &class, json!({"deviceSelector": {"paths": [a, b]}}));
         let agent1 = agent(&api);
-        let reconcile_vg = || {
-            vg_reconciler::reconcile(
-                typed::<LVMVolumeGroup>(&api, &vg_path(&class)),
-                agent1.clone(),
-            )
-        };
-        reconcile_vg().await.unwrap();
+        reconcile_vg(&api, &class, &agent1).await;
         assert_eq!(vgs_field(&class, "pv_count").trim(), "2");
         // A volume on the first device only, so the second holds nothing.
         sh(&format!("lvm lvcreate -q -y -L 64m -n keep {class} {a}"));
 
-        let mut changed = spec(vec![&a]);
-        changed["metadata"] = api.get(&vg_path(&class)).unwrap()["metadata"].clone();
-        api.insert(&vg_path(&class), changed);
-        reconcile_vg().await.unwrap();
+        put_vg(&api, &class, json!({"deviceSelector": {"paths": [a]}}));
+        reconcile_vg(&api, &class, &agent1).await;
         let entry = vg_entry(&api, &class).unwrap();
         assert_eq!(entry["status"], "Ready", "{entry}");
         assert_eq!(entry["devices"], json!([a]), "{entry}");

@@ -381,21 +381,21 @@ async fn create_volume_over_our_lv_with_another_name_tag_is_a_conflict() {
     assert!(matches!(err, BackendError::Conflict(_)), "{err:?}");
 }
 
-#[tokio::test]
-async fn create_thick_striped_volume_runs_lvcreate_with_the_layout() {
-    let (fake, b) = setup();
-    let lv_name = ids::volume_lv_name("pvc-s");
-    expect_report(&fake, &[]);
-    fake.expect(&[
-        "lvm",
-        "lvcreate",
-        "--yes",
-        "--type",
-        "striped",
-        "--stripes",
-        "2",
-        "--stripesize",
-        "65536b",
+/// Expects the report, `lvcreate` of a 1 GiB volume `name` in class `thick` with the `layout`
+/// arguments (segment type `segtype`), and the read-back leaving `free` bytes in the group.
+fn expect_thick_create(
+    fake: &FakeRunner,
+    name: &str,
+    layout: &[&str],
+    segtype: &'static str,
+    free: u64,
+) {
+    let lv_name = ids::volume_lv_name(name);
+    let name_tag = ids::name_tag(name);
+    expect_report(fake, &[]);
+    let mut argv = vec!["lvm", "lvcreate", "--yes", "--type"];
+    argv.extend(layout);
+    argv.extend([
         "--size",
         "1073741824b",
         "--wipesignatures",
@@ -403,17 +403,29 @@ async fn create_thick_striped_volume_runs_lvcreate_with_the_layout() {
         "--addtag",
         "lvms",
         "--addtag",
-        &ids::name_tag("pvc-s"),
+        &name_tag,
         "--name",
         &lv_name,
         "thick",
-    ])
-    .succeeds();
-    let mut made = thick_volume("pvc-s", GIB);
-    made.segtype = "striped";
+    ]);
+    fake.expect(&argv).succeeds();
+    let mut made = thick_volume(name, GIB);
+    made.segtype = segtype;
     // Read back: the LV and the volume group's free space.
-    expect_lv(&fake, &made);
-    expect_vg(&fake, "thick", vg_row("thick", 8 * GIB, 4 * GIB));
+    expect_lv(fake, &made);
+    expect_vg(fake, "thick", vg_row("thick", 8 * GIB, free));
+}
+
+#[tokio::test]
+async fn create_thick_striped_volume_runs_lvcreate_with_the_layout() {
+    let (fake, b) = setup();
+    expect_thick_create(
+        &fake,
+        "pvc-s",
+        &["striped", "--stripes", "2", "--stripesize", "65536b"],
+        "striped",
+        4 * GIB,
+    );
     let mut req = new_volume("pvc-s", "thick", GIB);
     req.lv_type = Some(LvType::Striped {
         stripes: 2,
@@ -441,33 +453,13 @@ async fn a_raid_class_makes_raid_volumes_when_the_request_names_no_layout() {
         ..classes()[1].clone()
     };
     let b = LocalBackend::new("node-a", vec![raid], Lvm::new(fake.clone())).with_clock(|| NOW);
-    let lv_name = ids::volume_lv_name("pvc-r");
-    expect_report(&fake, &[]);
-    fake.expect(&[
-        "lvm",
-        "lvcreate",
-        "--yes",
-        "--type",
+    expect_thick_create(
+        &fake,
+        "pvc-r",
+        &["raid1", "--mirrors", "1"],
         "raid1",
-        "--mirrors",
-        "1",
-        "--size",
-        "1073741824b",
-        "--wipesignatures",
-        "y",
-        "--addtag",
-        "lvms",
-        "--addtag",
-        &ids::name_tag("pvc-r"),
-        "--name",
-        &lv_name,
-        "thick",
-    ])
-    .succeeds();
-    let mut made = thick_volume("pvc-r", GIB);
-    made.segtype = "raid1";
-    expect_lv(&fake, &made);
-    expect_vg(&fake, "thick", vg_row("thick", 8 * GIB, 6 * GIB));
+        6 * GIB,
+    );
     let vol = b
         .create_volume(&new_volume("pvc-r", "thick", GIB))
         .await
