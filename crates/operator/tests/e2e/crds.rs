@@ -159,3 +159,46 @@ async fn crds_install_and_the_api_server_enforces_bounds_and_immutability() {
         .await;
     ns.delete().await;
 }
+
+#[tokio::test]
+async fn logical_volumes_are_selected_by_node_name_on_the_server() {
+    if !support::enabled("logical_volumes_are_selected_by_node_name_on_the_server") {
+        return;
+    }
+    let client = support::client().await;
+    support::install_crds(&client).await;
+    let lvs = Api::<lvms_api::topolvm::LogicalVolume>::all(client.clone());
+    let suffix = support::suffix();
+    let (node_a, node_b) = (format!("e2e-a-{suffix}"), format!("e2e-b-{suffix}"));
+    let mut names = Vec::new();
+    for node in [&node_a, &node_b] {
+        let name = format!("lvms-e2e-{node}");
+        let lv: lvms_api::topolvm::LogicalVolume = serde_json::from_value(json!({
+            "apiVersion": "topolvm.io/v1", "kind": "LogicalVolume",
+            "metadata": {"name": name},
+            "spec": {"name": name, "nodeName": node, "size": "1Gi"}
+        }))
+        .unwrap();
+        lvs.create(&PostParams::default(), &lv)
+            .await
+            .expect("a LogicalVolume is stored");
+        names.push(name);
+    }
+    // What each node agent lists and watches (`lv_reconciler::node_selector`).
+    let selected = lvs
+        .list(
+            &kube::api::ListParams::default()
+                .fields(&lvms_node::lv_reconciler::node_selector(&node_a)),
+        )
+        .await
+        .expect("spec.nodeName is a selectable field of the CRD");
+    let got: Vec<String> = selected
+        .items
+        .iter()
+        .map(|lv| lv.spec.node_name.clone())
+        .collect();
+    assert_eq!(got, std::slice::from_ref(&node_a));
+    for name in names {
+        let _ = lvs.delete(&name, &DeleteParams::default()).await;
+    }
+}

@@ -10,7 +10,8 @@
 //! the admission webhook in this process on `127.0.0.1` (`LVMS_E2E_WEBHOOK_HOST` names another
 //! address the API server can reach) and registers it for its own namespace only.
 //!
-//! - [`crds`]: the generated CRDs install, and the API server enforces their bounds and CEL rules;
+//! - [`crds`]: the generated CRDs install, the API server enforces their bounds and CEL rules, and
+//!   selects `LogicalVolume`s by `spec.nodeName` as the node agents ask;
 //! - [`webhook`]: LVMS's sample manifests are admitted, invalid clusters are denied with field
 //!   paths, the mutating webhook defaults the discovery policy, update rules apply;
 //! - [`operator`]: the LVMCluster controller renders every object, aggregates a hand-written node
