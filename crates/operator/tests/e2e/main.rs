@@ -19,10 +19,13 @@
 //!   cleanup finalizers are awaited);
 //! - [`node_removal`]: deleting a Node releases its node status and cleanup finalizers;
 //! - [`provisioning`]: the CSI controller and a node agent's LogicalVolume reconciler (over an in-memory
-//!   backend, no disks) make, grow, snapshot and remove a volume through LogicalVolume objects.
+//!   backend, no disks) make, grow, snapshot and remove a volume through LogicalVolume objects;
+//! - [`installed`]: on a cluster where lvms-rs is installed and nodes have a spare disk
+//!   (`LVMS_E2E_DEVICE`; skipped otherwise), an LVMCluster becomes Ready and a PVC Bound.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod crds;
+mod installed;
 mod node_removal;
 mod operator;
 mod provisioning;
