@@ -20,7 +20,7 @@ use lvms_api::{
     capacity_annotation, topolvm::LogicalVolume,
 };
 use lvms_csi::backend::ClassInfo;
-use lvms_node::volume_group::{class_info, device_class_config};
+use lvms_node::volume_group::device_class_config;
 use serde::de::DeserializeOwned;
 
 /// The stores, and the names needed to read them.
@@ -102,7 +102,9 @@ impl View {
                 let vg = self
                     .volume_groups
                     .get(&ObjectRef::new(&s.name).within(&self.namespace))?;
-                device_class_config(&vg).ok().map(|c| class_info(&c))
+                device_class_config(&vg)
+                    .ok()
+                    .map(|c| ClassInfo::from_config(&c))
             })
             .collect()
     }

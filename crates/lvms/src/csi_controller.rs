@@ -56,10 +56,7 @@ pub async fn run(args: CsiControllerArgs) -> Result<()> {
         args.gc_delete_after.map(std::time::Duration::from_secs),
     )
     .with_metrics(metrics.clone());
-    let metrics_addr = std::net::SocketAddr::from(([0, 0, 0, 0], args.metrics_port));
-    let metrics_listener = tokio::net::TcpListener::bind(metrics_addr)
-        .await
-        .with_context(|| format!("binding the metrics port {metrics_addr}"))?;
+    let metrics_listener = crate::bind_metrics(args.metrics_port).await?;
     let socket = PathBuf::from(
         args.endpoint
             .strip_prefix("unix://")

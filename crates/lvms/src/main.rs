@@ -180,10 +180,7 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
 
     let metrics = std::sync::Arc::new(lvms_operator::metrics::Metrics::new());
     let readiness = lvms_operator::metrics::Readiness::default();
-    let metrics_addr = std::net::SocketAddr::from(([0, 0, 0, 0], args.metrics_port));
-    let metrics_listener = tokio::net::TcpListener::bind(metrics_addr)
-        .await
-        .with_context(|| format!("binding the metrics port {metrics_addr}"))?;
+    let metrics_listener = crate::bind_metrics(args.metrics_port).await?;
     let metrics_server = {
         let served = lvms_operator::metrics::serve(
             metrics_listener,
@@ -306,6 +303,14 @@ fn load_config(path: &std::path::Path) -> Result<NodeConfig> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     serde_norway::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// Listens on every address at `port` for `/metrics` and the health endpoints.
+pub(crate) async fn bind_metrics(port: u16) -> Result<tokio::net::TcpListener> {
+    let addr = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the metrics port {addr}"))
 }
 
 async fn cmd_converge(config: &std::path::Path, output: Output) -> Result<()> {

@@ -98,10 +98,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
         args.gc_delete_after.map(std::time::Duration::from_secs),
     )
     .with_metrics(metrics.clone());
-    let metrics_addr = std::net::SocketAddr::from(([0, 0, 0, 0], args.metrics_port));
-    let metrics_listener = tokio::net::TcpListener::bind(metrics_addr)
-        .await
-        .with_context(|| format!("binding the metrics port {metrics_addr}"))?;
+    let metrics_listener = crate::bind_metrics(args.metrics_port).await?;
     let lv_ctx = Arc::new(lv_reconciler::Context {
         client,
         node: args.node_name.clone(),

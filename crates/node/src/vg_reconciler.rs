@@ -47,7 +47,7 @@ use tracing::{debug, info, instrument, warn};
 
 use crate::{
     finalizers,
-    volume_group::{self, Step, class_info, vg_status},
+    volume_group::{self, Step, vg_status},
 };
 
 /// Field manager of everything the node agent applies.
@@ -377,7 +377,7 @@ pub async fn reconcile<R: Runner, B: Backend>(
                     &report.physical_volumes,
                 ));
             }
-            let ready = report.is_ready().then(|| class_info(&config));
+            let ready = report.is_ready().then(|| ClassInfo::from_config(&config));
             // RAID health is looked at again as often as Dynamic discovery runs.
             let requeue = match (ready.is_some(), vg.spec.device_discovery_policy) {
                 (false, _) => Action::requeue(RETRY),
@@ -493,7 +493,7 @@ async fn cleanup<R: Runner, B: Backend>(
             // their claims.
             let ready = volume_group::device_class_config(vg)
                 .ok()
-                .map(|c| class_info(&c));
+                .map(|c| ClassInfo::from_config(&c));
             ctx.record(&class, Some(status), ready).await?;
             return Ok(Action::requeue(RETRY));
         }

@@ -31,7 +31,6 @@ use lvms_core::{
     plan::{ClassPlan, ClassState, DeviceVerdict},
     size::ByteSize,
 };
-use lvms_csi::backend::ClassInfo;
 
 /// Whether `vg`'s node selector matches `node` (no selector: every node).
 pub fn selects(vg: &LVMVolumeGroup, node: &Node) -> bool {
@@ -255,11 +254,6 @@ pub fn paths_of_others(vgs: &[LVMVolumeGroup], class: &str, node: &Node) -> Vec<
         .flat_map(|s| s.paths.iter().chain(&s.optional_paths))
         .cloned()
         .collect()
-}
-
-/// The class as the CSI backend serves it.
-pub fn class_info(config: &DeviceClassConfig) -> ClassInfo {
-    ClassInfo::from_config(config)
 }
 
 /// What this node reports for `vg` after the engine's last plan.

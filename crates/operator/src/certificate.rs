@@ -55,6 +55,20 @@ pub struct Pair {
 
 /// A CA and a certificate for `service` in `namespace` (every name the API server may dial).
 pub fn generate(service: &str, namespace: &str) -> Result<Pair, Error> {
+    generate_for(
+        &[
+            service.to_owned(),
+            format!("{service}.{namespace}"),
+            format!("{service}.{namespace}.svc"),
+            format!("{service}.{namespace}.svc.cluster.local"),
+        ],
+        &format!("{service}.{namespace}.svc"),
+    )
+}
+
+/// A CA ("lvms webhook CA") and a certificate for `names` (DNS names or IP addresses) with common
+/// name `common_name`, both valid until January 1st ten years from now.
+pub fn generate_for(names: &[String], common_name: &str) -> Result<Pair, Error> {
     use rcgen::{
         BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair,
         KeyUsagePurpose,
@@ -78,16 +92,10 @@ pub fn generate(service: &str, namespace: &str) -> Result<Pair, Error> {
     ca_params.not_after = ten_years;
     let ca =
         CertifiedIssuer::self_signed(ca_params, KeyPair::generate().map_err(err)?).map_err(err)?;
-    let names = vec![
-        service.to_owned(),
-        format!("{service}.{namespace}"),
-        format!("{service}.{namespace}.svc"),
-        format!("{service}.{namespace}.svc.cluster.local"),
-    ];
-    let mut params = CertificateParams::new(names).map_err(err)?;
+    let mut params = CertificateParams::new(names.to_vec()).map_err(err)?;
     params
         .distinguished_name
-        .push(DnType::CommonName, format!("{service}.{namespace}.svc"));
+        .push(DnType::CommonName, common_name);
     params.not_after = ten_years;
     let key = KeyPair::generate().map_err(err)?;
     let cert = params.signed_by(&key, &ca).map_err(err)?;
@@ -173,37 +181,19 @@ pub async fn ensure(
             pair.ca_pem.into_bytes()
         }
     };
-    trust::<ValidatingWebhookConfiguration>(client, VALIDATING_WEBHOOK, &ca, |c| {
-        c.webhooks
-            .iter()
-            .flatten()
-            .map(|w| w.client_config.ca_bundle.as_ref().map(|b| b.0.clone()))
-            .collect()
-    })
-    .await?;
-    trust::<MutatingWebhookConfiguration>(client, MUTATING_WEBHOOK, &ca, |c| {
-        c.webhooks
-            .iter()
-            .flatten()
-            .map(|w| w.client_config.ca_bundle.as_ref().map(|b| b.0.clone()))
-            .collect()
-    })
-    .await?;
+    trust::<ValidatingWebhookConfiguration>(client, VALIDATING_WEBHOOK, &ca).await?;
+    trust::<MutatingWebhookConfiguration>(client, MUTATING_WEBHOOK, &ca).await?;
     Ok(ca)
 }
 
 /// Sets `caBundle` of every webhook of configuration `name` that does not hold `ca` yet (a JSON patch
 /// per changed entry); a configuration that does not exist is left to the installer.
-async fn trust<K>(
-    client: &Client,
-    name: &str,
-    ca: &[u8],
-    bundles: impl Fn(&K) -> Vec<Option<Vec<u8>>>,
-) -> Result<(), Error>
+async fn trust<K>(client: &Client, name: &str, ca: &[u8]) -> Result<(), Error>
 where
     K: Resource<Scope = k8s_openapi::ClusterResourceScope>
         + Clone
         + DeserializeOwned
+        + serde::Serialize
         + std::fmt::Debug,
     K::DynamicType: Default,
 {
@@ -219,13 +209,19 @@ where
         );
         return Ok(());
     };
-    let ops: Vec<serde_json::Value> = bundles(&config)
-        .iter()
+    // Both configuration kinds hold `webhooks[*].clientConfig.caBundle`, compared as serialised.
+    let want = json!(ByteString(ca.to_vec()));
+    let config = serde_json::to_value(&config)
+        .map_err(|e| Error::Generate(format!("reading {name}: {e}")))?;
+    let ops: Vec<serde_json::Value> = config["webhooks"]
+        .as_array()
+        .into_iter()
+        .flatten()
         .enumerate()
-        .filter(|(_, b)| b.as_deref() != Some(ca))
+        .filter(|(_, w)| w["clientConfig"]["caBundle"] != want)
         .map(|(i, _)| {
             json!({"op": "add", "path": format!("/webhooks/{i}/clientConfig/caBundle"),
-                   "value": ByteString(ca.to_vec())})
+                   "value": want})
         })
         .collect();
     if ops.is_empty() {

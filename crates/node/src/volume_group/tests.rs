@@ -4,6 +4,8 @@ use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use lvms_core::{filter::ExclusionReason, plan::DeviceReport};
 use serde_json::json;
 
+use lvms_csi::backend::ClassInfo;
+
 use super::*;
 
 fn node(name: &str, labels: serde_json::Value) -> Node {
@@ -76,7 +78,7 @@ fn the_engine_config_carries_every_field_with_the_apis_defaults() {
     assert_eq!(tp.metadata_size_calculation_policy, CalculationPolicy::Host);
     assert_eq!(tp.metadata_size, None);
     assert_eq!(
-        class_info(&cfg),
+        ClassInfo::from_config(&cfg),
         ClassInfo {
             name: "vg1".into(),
             thin_pool: Some("thin-pool-1".into()),
@@ -97,11 +99,11 @@ fn the_engine_config_carries_every_field_with_the_apis_defaults() {
         (r.raid_type, r.mirrors, r.stripes, r.stripe_size),
         (RaidType::Raid1, Some(1), None, Some(ByteSize(64 << 10)))
     );
-    assert_eq!(class_info(&raid).thin_pool, None);
-    assert_eq!(class_info(&raid).overprovision_ratio, 1);
+    assert_eq!(ClassInfo::from_config(&raid).thin_pool, None);
+    assert_eq!(ClassInfo::from_config(&raid).overprovision_ratio, 1);
     // Its volumes are RAID volumes of that layout unless a request names another.
     assert_eq!(
-        class_info(&raid).layout,
+        ClassInfo::from_config(&raid).layout,
         lvms_csi::backend::LvType::Raid {
             level: RaidType::Raid1,
             mirrors: Some(1),

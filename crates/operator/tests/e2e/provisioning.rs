@@ -39,6 +39,20 @@ fn cap() -> VolumeCapability {
     mount(Mode::SingleNodeWriter, "xfs")
 }
 
+/// The annotations Node `name` carries now.
+async fn annotations_of(
+    nodes: &Api<Node>,
+    name: &str,
+) -> std::collections::BTreeMap<String, String> {
+    nodes
+        .get(name)
+        .await
+        .unwrap()
+        .metadata
+        .annotations
+        .unwrap_or_default()
+}
+
 #[tokio::test]
 async fn a_volume_is_made_grown_snapshotted_and_removed_through_logical_volumes() {
     if !support::enabled("a_volume_is_made_grown_snapshotted_and_removed_through_logical_volumes") {
@@ -90,13 +104,7 @@ async fn a_volume_is_made_grown_snapshotted_and_removed_through_logical_volumes(
     let mut publisher = Publisher::new(client.clone(), &node, "topolvm.io", backend_rx);
     publisher.publish_once().await.unwrap();
     let nodes = Api::<Node>::all(client.clone());
-    let annotations = nodes
-        .get(&node)
-        .await
-        .unwrap()
-        .metadata
-        .annotations
-        .unwrap_or_default();
+    let annotations = annotations_of(&nodes, &node).await;
     assert_eq!(
         annotations
             .get("capacity.topolvm.io/thin")
@@ -266,13 +274,7 @@ async fn a_volume_is_made_grown_snapshotted_and_removed_through_logical_volumes(
     // A class the node no longer serves loses its annotation.
     publish.send_replace(None);
     publisher.publish_once().await.unwrap();
-    let annotations = nodes
-        .get(&node)
-        .await
-        .unwrap()
-        .metadata
-        .annotations
-        .unwrap_or_default();
+    let annotations = annotations_of(&nodes, &node).await;
     assert!(
         !annotations
             .keys()

@@ -42,36 +42,16 @@ impl ClusterLister for NamespaceLister {
 /// A CA and a server certificate for `host`, written as `tls.crt`/`tls.key` into `dir`; returns
 /// the CA's PEM (the caBundle).
 fn certificates(dir: &Path, host: &str) -> String {
-    use rcgen::{
-        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair,
-        KeyUsagePurpose,
-    };
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "lvms-e2e webhook CA");
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
     let mut names = vec![host.to_owned()];
     for n in ["127.0.0.1", "localhost"] {
         if !names.iter().any(|h| h == n) {
             names.push(n.to_owned());
         }
     }
-    let mut params = CertificateParams::new(names).unwrap();
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "lvms-e2e webhook");
-    let key = KeyPair::generate().unwrap();
-    let cert = params.signed_by(&key, &ca).unwrap();
-    std::fs::write(dir.join("tls.crt"), cert.pem()).unwrap();
-    std::fs::write(dir.join("tls.key"), key.serialize_pem()).unwrap();
-    ca.pem()
+    let pair = lvms_operator::certificate::generate_for(&names, "lvms-e2e webhook").unwrap();
+    std::fs::write(dir.join("tls.crt"), pair.cert_pem).unwrap();
+    std::fs::write(dir.join("tls.key"), pair.key_pem).unwrap();
+    pair.ca_pem
 }
 
 /// The webhook, serving and registered; `stop` ends the server, `unregister` removes the
