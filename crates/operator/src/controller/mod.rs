@@ -149,7 +149,7 @@ pub async fn run(
     let node_store = store.clone();
     let ready_store = store.clone();
     tokio::spawn(async move {
-        if ready_store.wait_until_ready().await.is_ok() {
+        if synced(&ready_store).await {
             readiness.controller_synced();
         }
     });
@@ -191,6 +191,27 @@ pub async fn run(
         })
         .await;
 }
+
+/// Resolves once `store` has had its first complete list (`false` if its writer went away first).
+///
+/// kube-runtime's `Store::wait_until_ready` keeps one waker: of several tasks waiting at once, only
+/// the last to poll is woken. The controller's applier waits on the same store, so a plain
+/// `wait_until_ready` here could sleep forever (seen on a real API server); asking again every
+/// second sees the store ready without being woken.
+pub async fn synced<K>(store: &kube::runtime::reflector::Store<K>) -> bool
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    loop {
+        if let Ok(res) = tokio::time::timeout(SYNC_POLL, store.wait_until_ready()).await {
+            return res.is_ok();
+        }
+    }
+}
+
+/// How often [`synced`] asks again.
+const SYNC_POLL: Duration = Duration::from_secs(1);
 
 /// Yields once per Node that appears, goes, or changes its labels (what decides which nodes a
 /// device class selects); status-only updates are skipped. Watch errors are retried with backoff.

@@ -621,3 +621,29 @@ async fn node_removal_with_every_node_present_changes_nothing() {
     assert!(task.await.unwrap().unwrap().is_empty());
     assert_no_more_requests(&mut server).await;
 }
+
+/// The applier and the readiness task wait on one store; kube-runtime wakes only the last waiter.
+#[tokio::test]
+async fn readiness_sees_the_store_synced_while_another_task_also_waits() {
+    use kube::runtime::{reflector::store::Writer, watcher::Event};
+    let mut writer = Writer::<LVMCluster>::default();
+    let store = writer.as_reader();
+    let ours = tokio::spawn({
+        let store = store.clone();
+        async move { super::synced(&store).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Polled after ours, as the applier is: this one takes the store's only waker.
+    let other = tokio::spawn({
+        let store = store.clone();
+        async move { store.wait_until_ready().await.is_ok() }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    writer.apply_watcher_event(&Event::Init);
+    writer.apply_watcher_event(&Event::InitDone);
+    let ours = tokio::time::timeout(Duration::from_secs(5), ours)
+        .await
+        .expect("readiness learns of the synced store within 5 s");
+    assert!(ours.unwrap());
+    assert!(other.await.unwrap());
+}
