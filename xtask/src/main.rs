@@ -1,5 +1,7 @@
-//! Developer tasks: `cargo xtask deps | vm-run | vm-test | demo`.
+//! Developer tasks: `cargo xtask deps | vm-run | vm-test | demo | e2e | bench | helm`.
 
+mod cluster;
+mod e2e;
 mod helm;
 mod vm;
 
@@ -48,6 +50,15 @@ enum Task {
     },
     /// The demo: in the VM, the standalone CSI driver on real LVM, driven by `lvms csi` (scripts/demo.sh).
     Demo,
+    /// The end-to-end suite on a throwaway control plane (etcd, kube-apiserver, controller-manager,
+    /// scheduler on loopback; binaries from `$LVMS_K8S_ASSETS` or `../shared/k8s`).
+    E2e {
+        /// Only tests whose name contains this.
+        filter: Option<String>,
+    },
+    /// Start the throwaway control plane of `e2e` and keep it up until killed (for development:
+    /// `export KUBECONFIG=target/e2e/dev/admin.kubeconfig`).
+    Cluster,
     /// Regenerate the Helm chart deploy/helm/lvms from the kustomize base (needs kubectl).
     Helm,
     /// The CSI benchmark in the VM (release build): the driver against raw LVM, ratios printed.
@@ -130,6 +141,14 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
             deps()?;
             demo(&repo)
         }
+        Task::E2e { filter } => {
+            deps()?;
+            e2e::run(&repo, filter.as_deref())
+        }
+        Task::Cluster => {
+            deps()?;
+            e2e::serve_cluster(&repo)
+        }
         Task::Helm => helm::generate(&repo).map(|()| ExitCode::SUCCESS),
         Task::Bench { args } => {
             deps()?;
@@ -177,6 +196,9 @@ const DEPS: &[(&str, &str)] = &[
     ("/lib/systemd/systemd-udevd", "udev"),
     ("/sbin/sfdisk", "fdisk"),
     ("/sbin/modprobe", "kmod"),
+    ("/usr/bin/etcd", "etcd-server"),
+    ("/usr/bin/curl", "curl"),
+    ("/usr/bin/xz", "xz-utils"),
 ];
 
 fn deps() -> Result<()> {

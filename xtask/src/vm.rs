@@ -196,16 +196,30 @@ pub fn build_initramfs(repo: &Path, version: &str) -> Result<PathBuf> {
 
 /// The guest script: a prelude that makes the guest look like a node (modules, udev, an LVM config on
 /// tmpfs so nothing of the host's /etc/lvm is touched), then the command; its status goes to `exit-code`.
-fn guest_script(spec: &VmSpec, work: &Path) -> String {
+fn guest_script(spec: &VmSpec, repo: &Path, work: &Path) -> String {
     let mut s =
         String::from("export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n");
     s.push_str("export HOME=/root LC_ALL=C TMPDIR=/tmp LVM_SYSTEM_DIR=/run/lvm-etc LVMS_IN_VM=1\n");
     for (k, v) in &spec.env {
         let _ = writeln!(s, "export {k}={}", shell_quote(v));
     }
+    // The guest's /tmp is a tmpfs (loop-device images, sockets and mounts need a local filesystem,
+    // not 9p). A checkout under /tmp would vanish behind it: keep the host's /tmp reachable and
+    // bind the checkout back at its own path.
+    let _ = writeln!(s, "repo={}", shell_quote(&repo.to_string_lossy()));
     s.push_str(
-        r#"mount -t tmpfs -o mode=1777 tmpfs /tmp
-mkdir -p /run/lock /run/lvm /run/lvm-etc/backup /run/lvm-etc/archive /run/udev
+        r#"case "$repo" in
+/tmp/*)
+  mkdir -p /run/lvms-host-tmp && mount --bind /tmp /run/lvms-host-tmp
+  mount -t tmpfs -o mode=1777 tmpfs /tmp
+  mkdir -p "$repo" && mount --bind "/run/lvms-host-tmp/${repo#/tmp/}" "$repo" ;;
+*)
+  mount -t tmpfs -o mode=1777 tmpfs /tmp ;;
+esac
+"#,
+    );
+    s.push_str(
+        r#"mkdir -p /run/lock /run/lvm /run/lvm-etc/backup /run/lvm-etc/archive /run/udev
 cat > /run/lvm-etc/lvm.conf <<'LVMCONF'
 devices {
     obtain_device_list_from_udev = 0
@@ -236,15 +250,16 @@ udevadm settle --timeout=30 >/dev/null 2>&1
              busybox ip addr add 10.0.2.15/24 dev eth0\nbusybox ip route add default via 10.0.2.2\n",
         );
     }
+    // PID 1 must never exit (the kernel would panic): a failed `cd` is reported as status 97.
     let _ = writeln!(
         s,
-        "cd {} || exit 97",
-        shell_quote(&spec.cwd.to_string_lossy())
+        "if cd {cwd}; then ( {} ); status=$?; else echo \"lvms-vm: the guest cannot enter {cwd}\"; status=97; fi",
+        spec.command,
+        cwd = shell_quote(&spec.cwd.to_string_lossy()),
     );
-    let _ = writeln!(s, "( {} )", spec.command);
     let _ = writeln!(
         s,
-        "echo $? > {}",
+        "echo $status > {}",
         shell_quote(&work.join("exit-code").to_string_lossy())
     );
     s.push_str("sync\necho o > /proc/sysrq-trigger\nwhile :; do sleep 1 2>/dev/null; done\n");
@@ -338,7 +353,7 @@ pub fn start(repo: &Path, kernel: &Kernel, spec: VmSpec) -> Result<RunningVm> {
     }
     fs::create_dir_all(&work)?;
     let script = work.join("guest.sh");
-    fs::write(&script, guest_script(&spec, &work))?;
+    fs::write(&script, guest_script(&spec, repo, &work))?;
 
     let mut cmd = Command::new("qemu-system-x86_64");
     cmd.args(["-machine", &format!("q35,accel={}", accel())])
