@@ -4,29 +4,27 @@
 //! a process group of its own that is killed when it ends, and the control plane is dropped.
 
 use std::{
-    io::{BufRead as _, BufReader},
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::{Ipv4Addr, TcpStream},
     os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Command, ExitCode, Stdio},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
 
-use crate::cluster::{self, ControlPlane};
+use crate::{
+    cluster::{self, ControlPlane},
+    vm::{self, VmSpec},
+};
 
-/// Builds the e2e test binary; returns its path.
+/// Builds the tests and the lvms binary; returns the e2e test binary's path.
 fn build_suite(repo: &Path) -> Result<PathBuf> {
     let out = Command::new(env!("CARGO"))
-        .args([
-            "test",
-            "--package",
-            "lvms-operator",
-            "--test",
-            "e2e",
-            "--no-run",
-            "--message-format=json",
-        ])
+        // The whole workspace, as the VM suite builds it: one feature set, no second build, and
+        // target/debug/lvms built beside (crates/lvms's tests use it).
+        .args(["test", "--workspace", "--no-run", "--message-format=json"])
         .current_dir(repo)
         .stderr(Stdio::inherit())
         .output()
@@ -42,18 +40,159 @@ fn build_suite(repo: &Path) -> Result<PathBuf> {
         .context("cargo built no e2e executable")
 }
 
+/// The binaries the suite runs beside the control plane, as the operator's pod would.
+const SIDECARS: &[&str] = &[
+    "csi-provisioner",
+    "csi-resizer",
+    "csi-snapshotter",
+    "snapshot-controller",
+];
+
+/// The guest port of [`crate::guest`]'s command server.
+const GUEST_PORT: u16 = 7000;
+
+/// The disk the e2e VM attaches for the `LVMCluster` (`/dev/disk/by-id/virtio-e2e0` inside).
+const E2E_DISK: &str = "e2e0=4096";
+
+/// Boots the VM that plays the node (real LVM, the node agent) and waits for its command server.
+fn start_node_vm(repo: &Path, exec_port: u16) -> Result<vm::RunningVm> {
+    let xtask = std::env::current_exe().context("the xtask executable")?;
+    let kernel = vm::prepare(repo)?;
+    let spec = VmSpec {
+        name: "e2e".into(),
+        disks: vec![crate::parse_disk(repo, E2E_DISK)?],
+        memory_mib: 2048,
+        cpus: 2,
+        net: true,
+        forwards: vec![(exec_port, GUEST_PORT)],
+        command: format!(
+            "{} guest-serve {GUEST_PORT}",
+            vm::shell_quote(&xtask.to_string_lossy())
+        ),
+        cwd: repo.to_path_buf(),
+        env: vec![("RUST_BACKTRACE".into(), "1".into())],
+        timeout: Duration::from_secs(60 * 60),
+    };
+    let vm = vm::start(repo, &kernel, spec)?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if guest_exec(exec_port, "true").is_ok_and(|code| code == 0) {
+            return Ok(vm);
+        }
+        if Instant::now() > deadline {
+            bail!("the e2e VM's command server did not answer within 300 s");
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// Runs `cmd` in the VM; its exit code.
+fn guest_exec(port: u16, cmd: &str) -> Result<i64> {
+    let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    writeln!(stream, "{}", serde_json::json!({ "cmd": cmd }))?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply)?;
+    let reply: serde_json::Value = serde_json::from_str(&reply)?;
+    reply["code"].as_i64().context("no exit code in the reply")
+}
+
+fn poweroff(port: u16) {
+    if let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) {
+        let _ = writeln!(
+            stream,
+            "{}",
+            serde_json::json!({"cmd": "", "poweroff": true})
+        );
+    }
+}
+
 pub fn run(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
     let started = Instant::now();
     let suite = build_suite(repo)?;
-    let assets = cluster::assets(repo, cluster::CONTROL_PLANE)?;
+    let lvms = repo.join("target/debug/lvms");
+    let needed: Vec<&str> = cluster::CONTROL_PLANE
+        .iter()
+        .chain(SIDECARS)
+        .copied()
+        .collect();
+    let assets = cluster::assets(repo, &needed)?;
     let control_plane = ControlPlane::start(&repo.join("target/e2e/cluster"), &assets)?;
-    let mut cmd = Command::new(&suite);
+    let exec_port = cluster::free_port()?;
+    let node_vm = start_node_vm(repo, exec_port)?;
+    println!(
+        "e2e: node VM up after {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    // The stack's scenarios first, one at a time; then the tests that run operators of their own,
+    // side by side (the installed webhook refuses a second LVMCluster while the stack's exists
+    // only in its own namespace, and the stack's would be refused beside theirs).
+    let passes: Vec<Vec<&str>> = match filter {
+        Some(f) => vec![vec![f]],
+        None => vec![vec!["stack_", "--test-threads=1"], vec!["--skip", "stack_"]],
+    };
+    let mut summaries = Vec::new();
+    let mut failed_pass = false;
+    for args in passes {
+        match run_pass(
+            repo,
+            &suite,
+            &args,
+            &control_plane,
+            &assets,
+            &lvms,
+            exec_port,
+        )? {
+            (ok, Some(summary)) => {
+                failed_pass |= !ok;
+                summaries.push(summary);
+            }
+            (_, None) => {
+                failed_pass = true;
+                println!("e2e: the suite printed no result for {args:?} (it crashed)");
+            }
+        }
+    }
+    poweroff(exec_port);
+    let _ = node_vm.wait();
+    drop(control_plane);
+    let (passed, failed, ignored) = crate::sum_summaries(&summaries);
+    println!(
+        "e2e: suite finished in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    println!("e2e: {passed} passed, {failed} failed, {ignored} skipped");
+    Ok(if failed_pass || summaries.is_empty() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// One run of the suite with `args`; (whether it exited 0, its libtest summary line).
+fn run_pass(
+    repo: &Path,
+    suite: &Path,
+    args: &[&str],
+    control_plane: &ControlPlane,
+    assets: &Path,
+    lvms: &Path,
+    exec_port: u16,
+) -> Result<(bool, Option<String>)> {
+    let mut cmd = Command::new(suite);
     cmd.args(["--color", "never"])
-        .args(filter)
+        .args(args)
         .current_dir(repo.join("crates/operator"))
         .env("LVMS_E2E", "1")
         .env("KUBECONFIG", &control_plane.kubeconfig)
-        .env("LVMS_K8S_ASSETS", &assets)
+        .env("LVMS_K8S_ASSETS", assets)
+        .env("LVMS_E2E_LVMS", lvms)
+        .env("LVMS_E2E_VM", format!("127.0.0.1:{exec_port}"))
+        .env(
+            "LVMS_E2E_VM_SERVER",
+            format!("https://{}:{}", cluster::VM_HOST_ADDR, control_plane.port),
+        )
+        .env("LVMS_E2E_WORK", repo.join("target/e2e/work"))
         .env("RUST_BACKTRACE", "1")
         .stdout(Stdio::piped())
         // Its own process group, so whatever it starts is killed with it.
@@ -73,33 +212,30 @@ pub fn run(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
         .args(["-KILL", "--", &format!("-{group}")])
         .stderr(Stdio::null())
         .status();
-    drop(control_plane);
-    let (passed, failed, ignored) = summary
-        .as_deref()
-        .map(|s| crate::sum_summaries(&[s.to_owned()]))
-        .unwrap_or_default();
-    println!(
-        "e2e: suite finished in {:.0} s with {status}",
-        started.elapsed().as_secs_f64()
-    );
-    println!("e2e: {passed} passed, {failed} failed, {ignored} skipped");
-    if summary.is_none() {
-        bail!("the e2e suite printed no result (it crashed)");
-    }
-    Ok(if status.success() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok((status.success(), summary))
 }
 
-/// `cargo xtask cluster`: the control plane alone, until the process is killed.
+/// `cargo xtask cluster`: the control plane and the node VM, until the process is killed; prints
+/// the environment under which the e2e binary runs against them.
 pub fn serve_cluster(repo: &Path) -> Result<ExitCode> {
-    let assets = cluster::assets(repo, cluster::CONTROL_PLANE)?;
-    let _control_plane = ControlPlane::start(&repo.join("target/e2e/dev"), &assets)?;
+    let needed: Vec<&str> = cluster::CONTROL_PLANE
+        .iter()
+        .chain(SIDECARS)
+        .copied()
+        .collect();
+    let assets = cluster::assets(repo, &needed)?;
+    let control_plane = ControlPlane::start(&repo.join("target/e2e/dev"), &assets)?;
+    let exec_port = cluster::free_port()?;
+    let _node_vm = start_node_vm(repo, exec_port)?;
     println!(
-        "cluster: export KUBECONFIG={}",
-        repo.join("target/e2e/dev/admin.kubeconfig").display()
+        "cluster: LVMS_E2E=1 KUBECONFIG={} LVMS_K8S_ASSETS={} LVMS_E2E_LVMS={} \
+         LVMS_E2E_VM=127.0.0.1:{exec_port} LVMS_E2E_VM_SERVER=https://{}:{} LVMS_E2E_WORK={}",
+        control_plane.kubeconfig.display(),
+        assets.display(),
+        repo.join("target/debug/lvms").display(),
+        cluster::VM_HOST_ADDR,
+        control_plane.port,
+        repo.join("target/e2e/dev-work").display(),
     );
     loop {
         std::thread::sleep(std::time::Duration::from_secs(3600));

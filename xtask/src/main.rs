@@ -2,6 +2,7 @@
 
 mod cluster;
 mod e2e;
+mod guest;
 mod helm;
 mod vm;
 
@@ -56,6 +57,9 @@ enum Task {
         /// Only tests whose name contains this.
         filter: Option<String>,
     },
+    /// Inside the e2e VM: execute the host's shell commands (see xtask/src/guest.rs).
+    #[command(hide = true)]
+    GuestServe { port: u16 },
     /// Start the throwaway control plane of `e2e` and keep it up until killed (for development:
     /// `export KUBECONFIG=target/e2e/dev/admin.kubeconfig`).
     Cluster,
@@ -114,6 +118,7 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
                 memory_mib: 2048,
                 cpus: 2,
                 net,
+                forwards: vec![],
                 command: command.join(" "),
                 cwd: repo.clone(),
                 env: vec![],
@@ -124,14 +129,25 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
         }
         Task::Test => {
             deps()?;
+            let mut phases = Phases::start();
             let status = Command::new(env!("CARGO"))
                 .args(["test", "--workspace"])
                 .current_dir(&repo)
                 .status()?;
+            phases.done("host tests");
             if !status.success() {
                 bail!("host tests failed");
             }
-            vm_test(&repo, None)
+            let vm = vm_test(&repo, None)?;
+            phases.done("VM suite");
+            let e2e = e2e::run(&repo, None)?;
+            phases.done("e2e on a real control plane");
+            phases.print();
+            Ok(if vm == ExitCode::SUCCESS && e2e == ExitCode::SUCCESS {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Task::VmTest { filter } => {
             deps()?;
@@ -145,6 +161,7 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
             deps()?;
             e2e::run(&repo, filter.as_deref())
         }
+        Task::GuestServe { port } => guest::serve(port).map(|()| ExitCode::SUCCESS),
         Task::Cluster => {
             deps()?;
             e2e::serve_cluster(&repo)
@@ -157,6 +174,33 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
     }
 }
 
+/// Wall-clock time of each phase of `cargo xtask test`, printed at the end.
+struct Phases {
+    last: std::time::Instant,
+    done: Vec<(&'static str, Duration)>,
+}
+
+impl Phases {
+    fn start() -> Self {
+        Self {
+            last: std::time::Instant::now(),
+            done: Vec::new(),
+        }
+    }
+
+    fn done(&mut self, name: &'static str) {
+        let now = std::time::Instant::now();
+        self.done.push((name, now - self.last));
+        self.last = now;
+    }
+
+    fn print(&self) {
+        for (name, took) in &self.done {
+            println!("phase: {name}: {:.0} s", took.as_secs_f64());
+        }
+    }
+}
+
 fn exit_from(code: Option<i32>) -> Result<ExitCode> {
     match code {
         Some(c) => Ok(ExitCode::from(u8::try_from(c).unwrap_or(1))),
@@ -164,7 +208,7 @@ fn exit_from(code: Option<i32>) -> Result<ExitCode> {
     }
 }
 
-fn parse_disk(repo: &Path, s: &str) -> Result<Disk> {
+pub(crate) fn parse_disk(repo: &Path, s: &str) -> Result<Disk> {
     let (serial, mib) = s
         .split_once('=')
         .context("--disk takes SERIAL=SIZE_IN_MIB, e.g. --disk data0=2048")?;
@@ -308,6 +352,7 @@ fn vm_test(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
         memory_mib: 2048,
         cpus: 2,
         net: false,
+        forwards: vec![],
         command,
         cwd: repo.to_path_buf(),
         env: vec![("RUST_BACKTRACE".into(), "1".into())],
@@ -336,7 +381,7 @@ fn vm_test(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
 }
 
 /// Adds up libtest summary lines (`test result: ok. 3 passed; 0 failed; 1 ignored; …`).
-fn sum_summaries(lines: &[String]) -> (u64, u64, u64) {
+pub(crate) fn sum_summaries(lines: &[String]) -> (u64, u64, u64) {
     let mut totals = (0, 0, 0);
     for line in lines {
         for part in line.split([';', '.']) {
@@ -390,6 +435,7 @@ fn bench(repo: &Path, args: &[String]) -> Result<ExitCode> {
         memory_mib: 1024,
         cpus: 2,
         net: false,
+        forwards: vec![],
         command,
         cwd: repo.to_path_buf(),
         env: vec![],
@@ -427,6 +473,7 @@ fn demo(repo: &Path) -> Result<ExitCode> {
         memory_mib: 1024,
         cpus: 2,
         net: false,
+        forwards: vec![],
         command,
         cwd: repo.to_path_buf(),
         env: vec![],

@@ -63,6 +63,8 @@ pub struct VmSpec {
     pub cpus: u32,
     /// User-mode networking: the guest gets 10.0.2.15 and reaches the host's loopback at 10.0.2.2.
     pub net: bool,
+    /// With `net`: host loopback ports forwarded to guest ports, `(host, guest)`.
+    pub forwards: Vec<(u16, u16)>,
     /// Shell commands run in the guest (after the standard prelude), from `cwd`.
     pub command: String,
     pub cwd: PathBuf,
@@ -246,8 +248,11 @@ udevadm settle --timeout=30 >/dev/null 2>&1
     );
     if spec.net {
         s.push_str(
-            "modprobe virtio_net 2>/dev/null\nbusybox ip link set lo up\nbusybox ip link set eth0 up\n\
-             busybox ip addr add 10.0.2.15/24 dev eth0\nbusybox ip route add default via 10.0.2.2\n",
+            // udev renames eth0 (enp0s…): take whichever interface is not loopback.
+            "modprobe virtio_net 2>/dev/null\nudevadm settle --timeout=30 >/dev/null 2>&1\n\
+             ifc=$(ls /sys/class/net | grep -v '^lo$' | head -n 1)\nbusybox ip link set lo up\n\
+             busybox ip link set \"$ifc\" up\nbusybox ip addr add 10.0.2.15/24 dev \"$ifc\"\n\
+             busybox ip route add default via 10.0.2.2\n",
         );
     }
     // PID 1 must never exit (the kernel would panic): a failed `cd` is reported as status 97.
@@ -396,12 +401,11 @@ pub fn start(repo: &Path, kernel: &Kernel, spec: VmSpec) -> Result<RunningVm> {
         ));
     }
     if spec.net {
-        cmd.args([
-            "-netdev",
-            "user,id=n0",
-            "-device",
-            "virtio-net-pci,netdev=n0",
-        ]);
+        let mut netdev = String::from("user,id=n0");
+        for (host, guest) in &spec.forwards {
+            let _ = write!(netdev, ",hostfwd=tcp:127.0.0.1:{host}-:{guest}");
+        }
+        cmd.args(["-netdev", &netdev, "-device", "virtio-net-pci,netdev=n0"]);
     }
     cmd.stdin(Stdio::null()).stdout(Stdio::piped());
     let mut child = cmd

@@ -29,5 +29,7 @@ mod installed;
 mod node_removal;
 mod operator;
 mod provisioning;
+mod scenarios;
+mod stack;
 mod support;
 mod webhook;

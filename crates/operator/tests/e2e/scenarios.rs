@@ -1,0 +1,294 @@
+//! The provisioning story on the [`stack`](crate::stack): real control plane, real sidecars, the
+//! node agent on real LVM in the VM. Each scenario asserts on what the API server and the disk show.
+
+use std::time::Instant;
+
+use k8s_openapi::api::{
+    apps::v1::DaemonSet,
+    core::v1::{PersistentVolume, PersistentVolumeClaim, Pod},
+    storage::v1::{CSIDriver, CSIStorageCapacity, StorageClass},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, DynamicObject, ListParams, PostParams},
+};
+use lvms_api::{LVMCluster, LVMVolumeGroup, LVMVolumeGroupNodeStatus, topolvm::LogicalVolume};
+use serde_json::json;
+
+use crate::{
+    stack::{self, DEVICE, DRIVER, NAMESPACE, NODE, SLOW, Stack},
+    support::{self, TestNamespace, eventually},
+};
+
+/// The LVMCluster of the scenarios.
+const CLUSTER: &str = "lvmcluster";
+/// Its one device class, thin.
+const CLASS: &str = "vg1";
+const POOL: &str = "thin-pool-1";
+const STORAGE_CLASS: &str = "lvms-vg1";
+
+/// Creates the scenarios' LVMCluster (through the webhook) unless it exists, and waits until it
+/// is Ready: the agent in the VM has built the volume group and its thin pool.
+async fn ready_cluster(client: &Client, stack: &Stack) -> LVMCluster {
+    let clusters = Api::<LVMCluster>::namespaced(client.clone(), NAMESPACE);
+    if clusters.get_opt(CLUSTER).await.unwrap().is_none() {
+        let cluster: LVMCluster = serde_json::from_value(json!({
+            "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMCluster",
+            "metadata": {"name": CLUSTER, "namespace": NAMESPACE},
+            "spec": {"storage": {"deviceClasses": [{
+                "name": CLASS, "default": true, "fstype": "xfs",
+                "deviceSelector": {"paths": [DEVICE]},
+                "thinPoolConfig": {"name": POOL, "sizePercent": 90, "overprovisionRatio": 10}
+            }]}}
+        }))
+        .unwrap();
+        clusters
+            .create(&PostParams::default(), &cluster)
+            .await
+            .unwrap_or_else(|e| panic!("creating the LVMCluster: {e}"));
+    }
+    let log = stack.agent_log().await;
+    eventually("the LVMCluster is Ready", SLOW, || {
+        let clusters = clusters.clone();
+        let log = log.clone();
+        async move {
+            let c = clusters.get(CLUSTER).await.map_err(|e| e.to_string())?;
+            match &c.status {
+                Some(s) if s.ready => Ok(c),
+                other => Err(format!("{other:?}; the agent's log began:\n{log}")),
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn stack_an_lvmcluster_renders_its_objects_and_the_agent_builds_the_volume_group() {
+    let Some(guard) = stack::stack(
+        "stack_an_lvmcluster_renders_its_objects_and_the_agent_builds_the_volume_group",
+    )
+    .await
+    else {
+        return;
+    };
+    let stack = guard.as_ref().unwrap();
+    let client = support::client().await;
+    let started = Instant::now();
+    let cluster = ready_cluster(&client, stack).await;
+    println!(
+        "the LVMCluster was Ready {:.0} s after it was asked for",
+        started.elapsed().as_secs_f64()
+    );
+
+    // What the operator rendered.
+    Api::<LVMVolumeGroup>::namespaced(client.clone(), NAMESPACE)
+        .get(CLASS)
+        .await
+        .unwrap_or_else(|e| panic!("the LVMVolumeGroup {CLASS}: {e}"));
+    let sc = Api::<StorageClass>::all(client.clone())
+        .get(STORAGE_CLASS)
+        .await
+        .unwrap();
+    assert_eq!(sc.provisioner, DRIVER);
+    assert_eq!(
+        sc.volume_binding_mode.as_deref(),
+        Some("WaitForFirstConsumer")
+    );
+    let driver = Api::<CSIDriver>::all(client.clone())
+        .get(DRIVER)
+        .await
+        .unwrap();
+    assert_eq!(driver.spec.storage_capacity, Some(true), "{driver:?}");
+    let snapshot_classes = stack::resource(
+        &client,
+        "snapshot.storage.k8s.io",
+        "v1",
+        "VolumeSnapshotClass",
+    )
+    .await;
+    Api::<DynamicObject>::all_with(client.clone(), &snapshot_classes)
+        .get(STORAGE_CLASS)
+        .await
+        .unwrap_or_else(|e| panic!("the VolumeSnapshotClass {STORAGE_CLASS}: {e}"));
+    let daemon_sets = Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(daemon_sets.items.len(), 1, "one node DaemonSet");
+
+    // The node's status and the disk agree.
+    let status = Api::<LVMVolumeGroupNodeStatus>::namespaced(client.clone(), NAMESPACE)
+        .get(NODE)
+        .await
+        .unwrap();
+    let entry = status
+        .spec
+        .lvm_vg_status
+        .iter()
+        .find(|s| s.name == CLASS)
+        .unwrap_or_else(|| panic!("no {CLASS} in {status:?}"));
+    assert!(
+        entry
+            .devices
+            .iter()
+            .any(|d| d.contains("vd") || d == DEVICE),
+        "{entry:?}"
+    );
+    assert!(stack.vm.lvs(CLASS).await.contains(&POOL.to_owned()));
+    let state = cluster.status.as_ref().and_then(|s| s.state);
+    assert_eq!(format!("{state:?}"), "Some(Ready)", "{:?}", cluster.status);
+}
+
+#[tokio::test]
+async fn stack_a_wait_for_first_consumer_claim_is_bound_where_the_scheduler_put_its_pod() {
+    let Some(guard) = stack::stack(
+        "stack_a_wait_for_first_consumer_claim_is_bound_where_the_scheduler_put_its_pod",
+    )
+    .await
+    else {
+        return;
+    };
+    let stack = guard.as_ref().unwrap();
+    let client = support::client().await;
+    ready_cluster(&client, stack).await;
+
+    // external-provisioner publishes the class's capacity on the node from GetCapacity.
+    let capacities = Api::<CSIStorageCapacity>::namespaced(client.clone(), NAMESPACE);
+    eventually("a CSIStorageCapacity for the node", SLOW, || {
+        let capacities = capacities.clone();
+        async move {
+            let list = capacities
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            list.items
+                .iter()
+                .find(|c| {
+                    c.storage_class_name == STORAGE_CLASS
+                        && c.capacity.as_ref().is_some_and(|q| q.0 != "0")
+                        && c.node_topology.as_ref().is_some_and(|t| {
+                            t.match_labels
+                                .as_ref()
+                                .is_some_and(|l| l.values().any(|v| v == NODE))
+                        })
+                })
+                .cloned()
+                .ok_or_else(|| format!("{:?}", list.items))
+        }
+    })
+    .await;
+
+    let ns = TestNamespace::create(
+        &client,
+        &format!("lvms-e2e-wffc-{}", support::suffix()),
+        &[],
+    )
+    .await;
+    let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns.name);
+    let before = stack.vm.lvs(CLASS).await;
+    let started = Instant::now();
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": STORAGE_CLASS,
+                 "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .unwrap();
+    pvcs.create(&PostParams::default(), &pvc).await.unwrap();
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "consumer"},
+        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                                 "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}
+    }))
+    .unwrap();
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns.name);
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+
+    let volume = eventually("the claim is Bound", SLOW, || {
+        let pvcs = pvcs.clone();
+        async move {
+            let c = pvcs.get("data").await.map_err(|e| e.to_string())?;
+            let status = c.status.clone().unwrap_or_default();
+            match (status.phase.as_deref(), c.spec.and_then(|s| s.volume_name)) {
+                (Some("Bound"), Some(pv)) => Ok(pv),
+                other => Err(format!("{other:?} {:?}", c.metadata.annotations)),
+            }
+        }
+    })
+    .await;
+    println!(
+        "PVC to Bound: {:.1} s on the real control plane",
+        started.elapsed().as_secs_f64()
+    );
+    // The scheduler binds the pod once its volume is bound (PreBind).
+    eventually("the scheduler binds the pod to the node", SLOW, || {
+        let pods = pods.clone();
+        async move {
+            let pod = pods.get("consumer").await.map_err(|e| e.to_string())?;
+            match pod.spec.and_then(|s| s.node_name) {
+                Some(node) if node == NODE => Ok(()),
+                other => Err(format!("{other:?} {:?}", pod.status.map(|s| s.conditions))),
+            }
+        }
+    })
+    .await;
+
+    // The PersistentVolume lives on that node, and its handle names the LV in the VM.
+    let pv = Api::<PersistentVolume>::all(client.clone())
+        .get(&volume)
+        .await
+        .unwrap();
+    let spec = pv.spec.clone().unwrap();
+    let handle = spec.csi.as_ref().unwrap().volume_handle.clone();
+    let terms = spec
+        .node_affinity
+        .and_then(|a| a.required)
+        .map(|r| r.node_selector_terms)
+        .unwrap_or_default();
+    assert!(
+        terms
+            .iter()
+            .any(|t| t.match_expressions.iter().flatten().any(|e| e
+                .values
+                .iter()
+                .flatten()
+                .any(|v| v == NODE))),
+        "{terms:?}"
+    );
+    let lv = Api::<LogicalVolume>::all(client.clone())
+        .get(&handle)
+        .await
+        .unwrap_or_else(|e| panic!("LogicalVolume {handle}: {e}"));
+    assert_eq!(lv.spec.node_name, NODE);
+    let after = stack.vm.lvs(CLASS).await;
+    let made: Vec<_> = after.iter().filter(|n| !before.contains(n)).collect();
+    assert_eq!(made, vec![&handle], "lvs in the VM shows the one new LV");
+
+    // Deleting the pod and the claim (reclaim policy Delete) removes the LV. The pod goes at once
+    // (grace 0), as kubelet would confirm it: there is none to do it here.
+    pods.delete("consumer", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    pvcs.delete("data", &DeleteParams::default()).await.unwrap();
+    ns.delete().await;
+    eventually("the LV is gone from the VM", SLOW, || {
+        let vm = stack.vm.clone();
+        let handle = handle.clone();
+        let lvs = Api::<LogicalVolume>::all(client.clone());
+        async move {
+            let names = vm.lvs(CLASS).await;
+            let object = lvs.get_opt(&handle).await.map_err(|e| e.to_string())?;
+            if names.contains(&handle) || object.is_some() {
+                Err(format!(
+                    "lvs: {names:?}, LogicalVolume: {:?}",
+                    object.map(|o| o.name_any())
+                ))
+            } else {
+                Ok(())
+            }
+        }
+    })
+    .await;
+}

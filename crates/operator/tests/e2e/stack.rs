@@ -1,0 +1,643 @@
+//! lvms-rs installed on the control plane of `cargo xtask e2e` the way `deploy/base` installs it, its
+//! pods' processes run as processes: `lvms operator`, `lvms csi-controller` and the real CSI sidecars
+//! on this machine under the operator's ServiceAccount, the node agent (`lvms node`) inside the test
+//! VM on real LVM under vg-manager's, reaching the API server over the VM's user-mode network.
+//!
+//! Kubelet's part that no kubelet plays here is done by [`Stack`]: the Node object with a Ready
+//! condition and a renewed node Lease, and the CSINode with what the agent's `NodeGetInfo` answers.
+//! The stack is started by the first test that asks for it and shared by the others, one at a time
+//! (each holds the [`stack`] guard).
+//!
+//! It needs what the harness passes: `LVMS_E2E_LVMS` (the lvms binary), `LVMS_E2E_VM` (the VM's
+//! command server), `LVMS_E2E_VM_SERVER` (the API server as the VM reaches it), `LVMS_K8S_ASSETS`
+//! (the sidecars) and `LVMS_E2E_WORK` (scratch). Without them the stack tests are skipped.
+
+use std::{
+    collections::BTreeMap,
+    io::{Read as _, Write as _},
+    net::TcpStream,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use k8s_openapi::{
+    api::{
+        authentication::v1::TokenRequest,
+        coordination::v1::Lease,
+        core::v1::{Node, ServiceAccount},
+        storage::v1::CSINode,
+    },
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    apimachinery::pkg::apis::meta::v1::{MicroTime, Time},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams},
+    discovery,
+};
+use serde_json::{Value, json};
+use tokio::sync::{Mutex, MutexGuard};
+
+use crate::support::{self, MANAGER, eventually};
+
+/// The namespace `deploy/base` installs into.
+pub const NAMESPACE: &str = "lvms-system";
+/// The Node the VM plays.
+pub const NODE: &str = "lvms-e2e-vm";
+/// The VM's disk for the `LVMCluster`.
+pub const DEVICE: &str = "/dev/disk/by-id/virtio-e2e0";
+/// Where the agent's files live in the VM (a tmpfs).
+const GUEST_DIR: &str = "/run/lvms-e2e";
+/// The CSI driver name of `deploy/base`.
+pub const DRIVER: &str = lvms_api::DEFAULT_DRIVER_NAME;
+/// Real LVM in a TCG VM and the sidecars' polling take longer than API round trips.
+pub const SLOW: Duration = Duration::from_secs(300);
+
+/// The test VM's command server.
+#[derive(Clone)]
+pub struct Vm {
+    addr: String,
+}
+
+impl Vm {
+    /// Runs `cmd` with `sh -c` in the VM; (exit code, stdout + stderr). A command that starts a
+    /// daemon must redirect its output and stdin (`> log 2>&1 < /dev/null &`).
+    pub async fn sh_with(&self, cmd: &str, stdin: &str) -> (i64, String) {
+        let addr = self.addr.clone();
+        let req = json!({"cmd": cmd, "stdin": stdin}).to_string();
+        let cmd = cmd.to_owned();
+        tokio::task::spawn_blocking(move || {
+            let mut s = TcpStream::connect(&addr)
+                .unwrap_or_else(|e| panic!("the VM's command server at {addr}: {e}"));
+            s.set_read_timeout(Some(Duration::from_secs(600))).unwrap();
+            writeln!(s, "{req}").unwrap();
+            let mut reply = String::new();
+            s.read_to_string(&mut reply).unwrap();
+            let reply: Value = serde_json::from_str(&reply)
+                .unwrap_or_else(|e| panic!("the VM's answer to {cmd}: {e}: {reply}"));
+            (
+                reply["code"].as_i64().unwrap_or(-1),
+                format!(
+                    "{}{}",
+                    reply["out"].as_str().unwrap_or_default(),
+                    reply["err"].as_str().unwrap_or_default()
+                ),
+            )
+        })
+        .await
+        .unwrap()
+    }
+
+    pub async fn sh(&self, cmd: &str) -> (i64, String) {
+        self.sh_with(cmd, "").await
+    }
+
+    /// Runs `cmd` in the VM and panics unless it exits 0; its output.
+    pub async fn ok(&self, cmd: &str) -> String {
+        let (code, out) = self.sh(cmd).await;
+        assert_eq!(code, 0, "in the VM, `{cmd}` failed: {out}");
+        out
+    }
+
+    /// The names of the LVs in `vg`, sorted.
+    pub async fn lvs(&self, vg: &str) -> Vec<String> {
+        let out = self
+            .ok(&format!(
+                "lvm lvs --reportformat json -o lv_name {vg} 2>/dev/null"
+            ))
+            .await;
+        let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        let mut names: Vec<String> = report["report"][0]["lv"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|lv| lv["lv_name"].as_str().map(str::to_owned))
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+/// A process of the stack on this machine.
+struct HostProcess {
+    name: &'static str,
+    command: Command,
+    child: Option<Child>,
+}
+
+/// The running stack.
+pub struct Stack {
+    pub vm: Vm,
+    pub work: PathBuf,
+    processes: Vec<HostProcess>,
+    lvms: PathBuf,
+    guest_kubeconfig: String,
+    /// The operator's `/metrics` port.
+    pub operator_metrics: u16,
+}
+
+static STACK: Mutex<Option<Stack>> = Mutex::const_new(None);
+
+/// The harness's settings, when it runs the stack.
+struct Env {
+    lvms: PathBuf,
+    vm: String,
+    vm_server: String,
+    assets: PathBuf,
+    work: PathBuf,
+}
+
+fn env() -> Option<Env> {
+    let var = |k: &str| std::env::var_os(k).map(PathBuf::from);
+    Some(Env {
+        lvms: var("LVMS_E2E_LVMS")?,
+        vm: std::env::var("LVMS_E2E_VM").ok()?,
+        vm_server: std::env::var("LVMS_E2E_VM_SERVER").ok()?,
+        assets: var("LVMS_K8S_ASSETS")?,
+        work: var("LVMS_E2E_WORK")?,
+    })
+}
+
+/// The stack, started on first use; `None` (the test is skipped) outside `cargo xtask e2e`. The
+/// guard serialises the tests that use it.
+pub async fn stack(test: &str) -> Option<MutexGuard<'static, Option<Stack>>> {
+    if !support::enabled(test) {
+        return None;
+    }
+    let Some(env) = env() else {
+        eprintln!(
+            "{test}: skipped (run by `cargo xtask e2e`, which starts the node VM and passes \
+             LVMS_E2E_LVMS, LVMS_E2E_VM, LVMS_E2E_VM_SERVER, LVMS_K8S_ASSETS and LVMS_E2E_WORK)"
+        );
+        return None;
+    };
+    let mut guard = STACK.lock().await;
+    if guard.is_none() {
+        *guard = Some(Stack::start(env).await);
+    }
+    Some(guard)
+}
+
+/// A free port on loopback.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Server-side applies a manifest of any kind, found by discovery.
+async fn apply(client: &Client, obj: &Value) {
+    let api_version = obj["apiVersion"].as_str().unwrap();
+    let kind = obj["kind"].as_str().unwrap();
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let (resource, caps) = discovery::pinned_kind(client, &gvk)
+        .await
+        .unwrap_or_else(|e| panic!("discovering {api_version} {kind}: {e}"));
+    let name = obj["metadata"]["name"].as_str().unwrap().to_owned();
+    let api: Api<DynamicObject> = match obj["metadata"]["namespace"].as_str() {
+        Some(ns) if caps.scope == discovery::Scope::Namespaced => {
+            Api::namespaced_with(client.clone(), ns, &resource)
+        }
+        _ => Api::all_with(client.clone(), &resource),
+    };
+    api.patch(
+        &name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(obj),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the API server refused {kind} {name}: {e}"));
+}
+
+/// The YAML documents of a file.
+fn documents(path: &Path) -> Vec<Value> {
+    use serde::Deserialize as _;
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_norway::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// A kubeconfig for `server` with a bearer token, trusting `ca_pem`.
+fn token_kubeconfig(server: &str, ca_pem: &[u8], token: &str) -> String {
+    use base64::Engine as _;
+    json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": {
+            "server": server,
+            "certificate-authority-data": base64::engine::general_purpose::STANDARD.encode(ca_pem),
+        }}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "sa"}}],
+        "current-context": "e2e",
+    })
+    .to_string()
+}
+
+/// A token of ServiceAccount `name` in [`NAMESPACE`], valid for two hours.
+async fn token(client: &Client, name: &str) -> String {
+    let req: TokenRequest = serde_json::from_value(json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 7200}
+    }))
+    .unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), NAMESPACE)
+        .create_token_request(name, &PostParams::default(), &req)
+        .await
+        .unwrap_or_else(|e| panic!("a token for ServiceAccount {name}: {e}"))
+        .status
+        .unwrap()
+        .token
+        .unwrap()
+}
+
+impl Stack {
+    async fn start(env: Env) -> Self {
+        let client = support::client().await;
+        let work = env.work.clone();
+        let _ = std::fs::remove_dir_all(&work);
+        std::fs::create_dir_all(work.join("logs")).unwrap();
+        let vm = Vm { addr: env.vm };
+
+        // CRDs: lvms-rs's and the VolumeSnapshot ones.
+        support::install_crds(&client).await;
+        let crds = Api::<CustomResourceDefinition>::all(client.clone());
+        for entry in std::fs::read_dir(env.assets.join("crds")).unwrap() {
+            for doc in documents(&entry.unwrap().path()) {
+                let crd: CustomResourceDefinition = serde_json::from_value(doc).unwrap();
+                crds.patch(
+                    &crd.name_any(),
+                    &PatchParams::apply(MANAGER).force(),
+                    &Patch::Apply(&crd),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("the API server refused CRD {}: {e}", crd.name_any()));
+            }
+        }
+
+        // deploy/base but the operator's Deployment (its containers run below as processes); the
+        // webhooks point at the operator on loopback by URL, trusting a CA made here. They judge
+        // only lvms-system's LVMClusters: the other e2e tests run operators of their own, each
+        // with its LVMCluster in its own namespace, which this webhook would rightly refuse.
+        let webhook_port = free_port();
+        let cert_dir = work.join("webhook-cert");
+        std::fs::create_dir_all(&cert_dir).unwrap();
+        let pair = lvms_operator::certificate::generate_for(&["127.0.0.1".to_owned()], "127.0.0.1")
+            .unwrap();
+        std::fs::write(cert_dir.join("tls.crt"), &pair.cert_pem).unwrap();
+        std::fs::write(cert_dir.join("tls.key"), &pair.key_pem).unwrap();
+        let ca_bundle = {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD.encode(&pair.ca_pem)
+        };
+        let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/base");
+        for file in [
+            "namespace.yaml",
+            "service-accounts.yaml",
+            "rbac.yaml",
+            "node-rbac.yaml",
+            "csi-controller-rbac.yaml",
+            "webhook-service.yaml",
+            "webhooks.yaml",
+        ] {
+            for mut doc in documents(&base.join(file)) {
+                if let Some(hooks) = doc.get_mut("webhooks").and_then(Value::as_array_mut) {
+                    for hook in hooks {
+                        let path = hook["clientConfig"]["service"]["path"]
+                            .as_str()
+                            .unwrap()
+                            .to_owned();
+                        hook["namespaceSelector"] = json!({
+                            "matchLabels": {"kubernetes.io/metadata.name": NAMESPACE},
+                        });
+                        hook["clientConfig"] = json!({
+                            "url": format!("https://127.0.0.1:{webhook_port}{path}"),
+                            "caBundle": ca_bundle,
+                        });
+                    }
+                }
+                apply(&client, &doc).await;
+            }
+        }
+
+        // Credentials of the pods' ServiceAccounts.
+        let admin = kube::config::Kubeconfig::read().unwrap();
+        let cluster = admin.clusters[0].cluster.as_ref().unwrap();
+        let server = cluster.server.clone().unwrap();
+        let ca_pem = std::fs::read(cluster.certificate_authority.as_ref().unwrap()).unwrap();
+        let operator_kubeconfig = work.join("operator.kubeconfig");
+        std::fs::write(
+            &operator_kubeconfig,
+            token_kubeconfig(&server, &ca_pem, &token(&client, "lvms-operator").await),
+        )
+        .unwrap();
+        let guest_kubeconfig =
+            token_kubeconfig(&env.vm_server, &ca_pem, &token(&client, "vg-manager").await);
+
+        // The operator pod's containers.
+        let socket = work.join("csi/csi.sock");
+        std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+        let sock = socket.display().to_string();
+        let operator_metrics = free_port();
+        let mut processes = Vec::new();
+        let lvms = |args: &[String]| {
+            let mut c = Command::new(&env.lvms);
+            c.args(args)
+                .env("KUBECONFIG", &operator_kubeconfig)
+                .env("NAMESPACE", NAMESPACE)
+                .env("RUST_LOG", "info");
+            c
+        };
+        processes.push(HostProcess::new(
+            "operator",
+            lvms(&[
+                "operator".into(),
+                "--image=ghcr.io/lvms-rs/lvms:e2e".into(),
+                format!("--webhook-cert-dir={}", cert_dir.display()),
+                format!("--webhook-port={webhook_port}"),
+                format!("--metrics-port={operator_metrics}"),
+            ]),
+        ));
+        processes.push(HostProcess::new(
+            "csi-controller",
+            lvms(&[
+                "csi-controller".into(),
+                format!("--endpoint=unix://{sock}"),
+                format!("--metrics-port={}", free_port()),
+            ]),
+        ));
+        let sidecar = |name: &str, args: &[&str]| {
+            let mut c = Command::new(env.assets.join(name));
+            c.arg(format!("--csi-address={sock}"))
+                .arg(format!("--kubeconfig={}", operator_kubeconfig.display()))
+                .arg("--leader-election=false")
+                .args(args)
+                .env("NAMESPACE", NAMESPACE)
+                .env("POD_NAME", "lvms-operator-e2e");
+            c
+        };
+        processes.push(HostProcess::new(
+            "csi-provisioner",
+            sidecar(
+                "csi-provisioner",
+                &[
+                    "--enable-capacity",
+                    // No pod owns the capacity objects here.
+                    "--capacity-ownerref-level=-1",
+                    "--capacity-poll-interval=10s",
+                    "--strict-topology",
+                    "--extra-create-metadata",
+                    "--timeout=120s",
+                ],
+            ),
+        ));
+        processes.push(HostProcess::new(
+            "csi-resizer",
+            sidecar("csi-resizer", &["--timeout=120s"]),
+        ));
+        processes.push(HostProcess::new(
+            "csi-snapshotter",
+            sidecar(
+                "csi-snapshotter",
+                &["--extra-create-metadata", "--timeout=120s"],
+            ),
+        ));
+        let mut snapshot_controller = Command::new(env.assets.join("snapshot-controller"));
+        snapshot_controller
+            .arg(format!(
+                "--kubeconfig={}",
+                std::env::var("KUBECONFIG").unwrap()
+            ))
+            .arg("--leader-election=false");
+        processes.push(HostProcess::new("snapshot-controller", snapshot_controller));
+
+        let mut stack = Self {
+            vm,
+            work,
+            processes,
+            lvms: env.lvms.clone(),
+            guest_kubeconfig,
+            operator_metrics,
+        };
+        for p in &mut stack.processes {
+            p.start(&stack.work);
+        }
+        stack.wait_operator_ready().await;
+
+        // Kubelet's part: the Node, then the agent, then the CSINode from its NodeGetInfo.
+        register_node(&client).await;
+        std::thread::spawn(heartbeat);
+        stack.start_agent().await;
+        let info = stack.node_info().await;
+        let node_id = info["node_id"].as_str().unwrap().to_owned();
+        let topology: BTreeMap<String, String> =
+            serde_json::from_value(info["topology"].clone()).unwrap();
+        let labels: BTreeMap<String, String> = topology.clone();
+        Api::<Node>::all(client.clone())
+            .patch(
+                NODE,
+                &PatchParams::apply("lvms-e2e-kubelet").force(),
+                &Patch::Apply(json!({
+                    "apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": NODE, "labels": labels},
+                })),
+            )
+            .await
+            .unwrap();
+        let csi_node: CSINode = serde_json::from_value(json!({
+            "apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+            "metadata": {"name": NODE},
+            "spec": {"drivers": [{
+                "name": DRIVER, "nodeID": node_id,
+                "topologyKeys": topology.keys().collect::<Vec<_>>(),
+            }]},
+        }))
+        .unwrap();
+        Api::<CSINode>::all(client.clone())
+            .patch(
+                NODE,
+                &PatchParams::apply("lvms-e2e-kubelet").force(),
+                &Patch::Apply(&csi_node),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("the API server refused the CSINode: {e}"));
+        stack
+    }
+
+    /// Waits for the operator's `/readyz`, as the pod's readinessProbe does.
+    async fn wait_operator_ready(&mut self) {
+        let port = self.operator_metrics;
+        eventually("the operator's /readyz answers 200", SLOW, || async move {
+            let out = tokio::process::Command::new("curl")
+                .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+                .arg(format!("http://127.0.0.1:{port}/readyz"))
+                .output()
+                .await
+                .map_err(|e| e.to_string())?;
+            let code = String::from_utf8_lossy(&out.stdout).to_string();
+            (code == "200").then_some(()).ok_or(code)
+        })
+        .await;
+    }
+
+    /// Starts `lvms node` in the VM (the DaemonSet pod's container).
+    pub async fn start_agent(&self) {
+        let (code, out) = self
+            .vm
+            .sh_with(
+                &format!("mkdir -p {GUEST_DIR} && cat > {GUEST_DIR}/kubeconfig"),
+                &self.guest_kubeconfig,
+            )
+            .await;
+        assert_eq!(code, 0, "{out}");
+        self.vm
+            .ok(&format!(
+                "cd {GUEST_DIR} && NODE_NAME={NODE} NAMESPACE={NAMESPACE} \
+                 KUBECONFIG={GUEST_DIR}/kubeconfig CSI_ENDPOINT=unix://{GUEST_DIR}/csi.sock \
+                 RUST_LOG=info setsid {} node --metrics-port 8081 >> {GUEST_DIR}/node.log 2>&1 \
+                 < /dev/null & echo started",
+                self.lvms.display()
+            ))
+            .await;
+    }
+
+    /// The agent's `NodeGetInfo`, once its socket answers.
+    async fn node_info(&self) -> Value {
+        let vm = self.vm.clone();
+        let cmd = format!(
+            "{} csi --endpoint {GUEST_DIR}/csi.sock --output json node-info",
+            self.lvms.display()
+        );
+        eventually("the node agent answers NodeGetInfo", SLOW, || {
+            let vm = vm.clone();
+            let cmd = cmd.clone();
+            async move {
+                let (code, out) = vm.sh(&cmd).await;
+                if code != 0 {
+                    return Err(out);
+                }
+                serde_json::from_str::<Value>(&out).map_err(|e| format!("{e}: {out}"))
+            }
+        })
+        .await
+    }
+
+    /// The last lines of the agent's log in the VM.
+    pub async fn agent_log(&self) -> String {
+        self.vm
+            .sh(&format!("tail -n 40 {GUEST_DIR}/node.log"))
+            .await
+            .1
+    }
+}
+
+impl HostProcess {
+    fn new(name: &'static str, command: Command) -> Self {
+        Self {
+            name,
+            command,
+            child: None,
+        }
+    }
+
+    fn start(&mut self, work: &Path) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(work.join("logs").join(format!("{}.log", self.name)))
+            .unwrap();
+        let child = self
+            .command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", self.name));
+        self.child = Some(child);
+    }
+}
+
+/// Creates the Node the VM plays, Ready, with what a 2-CPU kubelet would report.
+async fn register_node(client: &Client) {
+    let nodes = Api::<Node>::all(client.clone());
+    nodes
+        .patch(
+            NODE,
+            &PatchParams::apply("lvms-e2e-kubelet").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": NODE, "labels": {
+                    "kubernetes.io/hostname": NODE, "kubernetes.io/os": "linux",
+                    support::E2E_LABEL: "true",
+                }},
+            })),
+        )
+        .await
+        .unwrap();
+    set_node_ready(client).await;
+}
+
+async fn set_node_ready(client: &Client) {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let capacity = json!({"cpu": "2", "memory": "2Gi", "pods": "110"});
+    Api::<Node>::all(client.clone())
+        .patch_status(
+            NODE,
+            &PatchParams::apply("lvms-e2e-kubelet").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": NODE},
+                "status": {
+                    "capacity": capacity, "allocatable": capacity,
+                    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                    "message": "played by the e2e harness",
+                                    "lastHeartbeatTime": now, "lastTransitionTime": now}],
+                },
+            })),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("writing the Node's status: {e}"));
+}
+
+/// Renews the node's Lease and Ready condition every 10 s, as kubelet does, on a runtime of its own
+/// (the tests' runtimes come and go).
+fn heartbeat() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = support::client().await;
+        let leases = Api::<Lease>::namespaced(client.clone(), "kube-node-lease");
+        loop {
+            let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+            let _ = leases
+                .patch(
+                    NODE,
+                    &PatchParams::apply("lvms-e2e-kubelet").force(),
+                    &Patch::Apply(json!({
+                        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                        "metadata": {"name": NODE, "namespace": "kube-node-lease"},
+                        "spec": {"holderIdentity": NODE, "leaseDurationSeconds": 40,
+                                 "renewTime": now},
+                    })),
+                )
+                .await;
+            set_node_ready(&client).await;
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        }
+    });
+}
+
+/// The `ApiResource` of a kind served by the API server (for objects without Rust types).
+pub async fn resource(client: &Client, group: &str, version: &str, kind: &str) -> ApiResource {
+    discovery::pinned_kind(client, &GroupVersionKind::gvk(group, version, kind))
+        .await
+        .unwrap_or_else(|e| panic!("discovering {group}/{version} {kind}: {e}"))
+        .0
+}
