@@ -292,3 +292,228 @@ async fn stack_a_wait_for_first_consumer_claim_is_bound_where_the_scheduler_put_
     })
     .await;
 }
+
+/// A claim of `size` on the scenarios' class in `ns`, optionally from a data source, and a pod
+/// that uses it (so WaitForFirstConsumer binds it); returns the bound PersistentVolume's name.
+async fn bound_claim(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    size: &str,
+    source: Option<serde_json::Value>,
+) -> String {
+    let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns);
+    let mut spec = json!({"accessModes": ["ReadWriteOnce"], "storageClassName": STORAGE_CLASS,
+                          "resources": {"requests": {"storage": size}}});
+    if let Some(source) = source {
+        spec["dataSource"] = source;
+    }
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name}, "spec": spec,
+    }))
+    .unwrap();
+    pvcs.create(&PostParams::default(), &pvc).await.unwrap();
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                                 "volumeMounts": [{"name": "v", "mountPath": "/data"}]}],
+                 "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": name}}]}
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    eventually(&format!("the claim {name} is Bound"), SLOW, || {
+        let pvcs = pvcs.clone();
+        async move {
+            let c = pvcs.get(name).await.map_err(|e| e.to_string())?;
+            let status = c.status.clone().unwrap_or_default();
+            match (status.phase.as_deref(), c.spec.and_then(|s| s.volume_name)) {
+                (Some("Bound"), Some(pv)) => Ok(pv),
+                other => Err(format!("{other:?} {:?}", c.metadata.annotations)),
+            }
+        }
+    })
+    .await
+}
+
+/// The volume handle (the LV's name) of a PersistentVolume.
+async fn handle_of(client: &Client, pv: &str) -> String {
+    Api::<PersistentVolume>::all(client.clone())
+        .get(pv)
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.csi)
+        .unwrap()
+        .volume_handle
+}
+
+/// The size of `vg/lv` in the VM, in bytes.
+async fn lv_size(stack: &Stack, lv: &str) -> u64 {
+    let out = stack
+        .vm
+        .ok(&format!(
+            "lvm lvs --reportformat json --units b --nosuffix -o lv_size {CLASS}/{lv} 2>/dev/null"
+        ))
+        .await;
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    report["report"][0]["lv"][0]["lv_size"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no size in {out}"))
+}
+
+#[tokio::test]
+async fn stack_a_claim_grows_is_snapshotted_restored_and_cloned_and_its_lvs_go_with_it() {
+    let Some(guard) = stack::stack(
+        "stack_a_claim_grows_is_snapshotted_restored_and_cloned_and_its_lvs_go_with_it",
+    )
+    .await
+    else {
+        return;
+    };
+    let stack = guard.as_ref().unwrap();
+    let client = support::client().await;
+    ready_cluster(&client, stack).await;
+    let ns = TestNamespace::create(&client, &format!("lvms-e2e-life-{}", support::suffix()), &[])
+        .await;
+    let before = stack.vm.lvs(CLASS).await;
+    const GIB: u64 = 1 << 30;
+
+    // Expansion: external-resizer calls ControllerExpandVolume, the agent grows the LV.
+    let pv = bound_claim(&client, &ns.name, "data", "1Gi", None).await;
+    let data = handle_of(&client, &pv).await;
+    assert_eq!(lv_size(stack, &data).await, GIB);
+    let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns.name);
+    pvcs.patch(
+        "data",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": "2Gi"}}}})),
+    )
+    .await
+    .unwrap();
+    eventually("the PersistentVolume grows to 2Gi", SLOW, || {
+        let pvs = Api::<PersistentVolume>::all(client.clone());
+        let pv = pv.clone();
+        async move {
+            let spec = pvs.get(&pv).await.map_err(|e| e.to_string())?.spec;
+            let capacity = spec.and_then(|s| s.capacity).unwrap_or_default();
+            match capacity.get("storage").map(|q| q.0.as_str()) {
+                Some("2Gi") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    assert_eq!(lv_size(stack, &data).await, 2 * GIB, "lvs shows the grown LV");
+
+    // A VolumeSnapshot becomes ReadyToUse through snapshot-controller and csi-snapshotter.
+    let snapshots = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        &ns.name,
+        &stack::resource(&client, "snapshot.storage.k8s.io", "v1", "VolumeSnapshot").await,
+    );
+    let snapshot: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+        "metadata": {"name": "snap", "namespace": ns.name},
+        "spec": {"volumeSnapshotClassName": STORAGE_CLASS,
+                 "source": {"persistentVolumeClaimName": "data"}},
+    }))
+    .unwrap();
+    snapshots
+        .create(&PostParams::default(), &snapshot)
+        .await
+        .unwrap_or_else(|e| panic!("creating the VolumeSnapshot: {e}"));
+    let snapshot_handle = eventually("the VolumeSnapshot is ReadyToUse", SLOW, || {
+        let snapshots = snapshots.clone();
+        let client = client.clone();
+        async move {
+            let s = snapshots.get("snap").await.map_err(|e| e.to_string())?;
+            if s.data["status"]["readyToUse"] != true {
+                return Err(format!("{}", s.data["status"]));
+            }
+            let content = s.data["status"]["boundVolumeSnapshotContentName"]
+                .as_str()
+                .ok_or("no content")?
+                .to_owned();
+            let contents = Api::<DynamicObject>::all_with(
+                client.clone(),
+                &stack::resource(
+                    &client,
+                    "snapshot.storage.k8s.io",
+                    "v1",
+                    "VolumeSnapshotContent",
+                )
+                .await,
+            );
+            let c = contents.get(&content).await.map_err(|e| e.to_string())?;
+            c.data["status"]["snapshotHandle"]
+                .as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| format!("{}", c.data["status"]))
+        }
+    })
+    .await;
+    assert!(
+        stack.vm.lvs(CLASS).await.contains(&snapshot_handle),
+        "the snapshot is an LV in the VM"
+    );
+
+    // A claim restored from the snapshot, and a clone of the claim.
+    let restored = bound_claim(
+        &client,
+        &ns.name,
+        "restored",
+        "2Gi",
+        Some(json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
+                    "name": "snap"})),
+    )
+    .await;
+    let cloned = bound_claim(
+        &client,
+        &ns.name,
+        "cloned",
+        "2Gi",
+        Some(json!({"kind": "PersistentVolumeClaim", "name": "data"})),
+    )
+    .await;
+    let (restored, cloned) = (
+        handle_of(&client, &restored).await,
+        handle_of(&client, &cloned).await,
+    );
+    let lvs = stack.vm.lvs(CLASS).await;
+    for lv in [&data, &snapshot_handle, &restored, &cloned] {
+        assert!(lvs.contains(lv), "{lv} in {lvs:?}");
+    }
+
+    // Deleting pods (at once: no kubelet confirms), claims and the snapshot removes every LV.
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns.name);
+    for name in ["data", "restored", "cloned"] {
+        pods.delete(name, &DeleteParams::default().grace_period(0))
+            .await
+            .unwrap();
+    }
+    snapshots
+        .delete("snap", &DeleteParams::default())
+        .await
+        .unwrap();
+    for name in ["restored", "cloned", "data"] {
+        pvcs.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    eventually("every LV of the scenario is gone from the VM", SLOW, || {
+        let vm = stack.vm.clone();
+        let before = before.clone();
+        async move {
+            let now = vm.lvs(CLASS).await;
+            (now == before)
+                .then_some(())
+                .ok_or_else(|| format!("before: {before:?}, now: {now:?}"))
+        }
+    })
+    .await;
+    ns.delete().await;
+}
