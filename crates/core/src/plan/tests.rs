@@ -758,7 +758,7 @@ fn vg_too_small_for_metadata_and_spare_fails_naming_the_sizes_and_the_fix() {
 }
 
 #[test]
-fn two_2gib_disks_with_default_metadata_get_the_data_lvm_can_place_beside_metadata_and_spare() {
+fn two_2gib_disks_with_default_metadata_get_a_pool_lvm_can_place_then_grow_it_into_the_rest() {
     // The case: lvcreate --size 2130706432b (all free extents but metadata and spare) aborted
     // lvm2. The spare takes 1 GiB of one disk; the metadata then fits only on the other, behind the data.
     let mut host = Host::default();
@@ -776,7 +776,17 @@ fn two_2gib_disks_with_default_metadata_get_the_data_lvm_can_place_beside_metada
     };
     assert_eq!(metadata_size, Some(GIB));
     assert_eq!(data_size, 2040 * MIB - GIB);
-    assert_ne!(data_size, 2130706432);
+    // The next round grows the data into the rest: extending places no metadata.
+    assert_eq!(
+        plans[2].actions,
+        vec![Action::ExtendThinPool {
+            vg: "vg1".into(),
+            name: "thin-pool-1".into(),
+            data_size: 2 * 2040 * MIB - 2 * GIB
+        }]
+    );
+    assert_eq!(plans.len(), 4);
+    assert_eq!(vg_of(&host.obs, "vg1").free_count, 0);
 }
 
 #[test]
