@@ -9,5 +9,6 @@ pub mod lvattr;
 pub mod model;
 pub mod names;
 pub mod plan;
+pub mod pool_fit;
 pub mod size;
 pub mod webhook;

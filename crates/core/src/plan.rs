@@ -27,6 +27,7 @@ use crate::{
     lvattr::{LvAttr, VgAttr},
     model::{BlockDevice, LogicalVolume, PhysicalVolume, VolumeGroup},
     names::validate_lvm_name,
+    pool_fit,
     size::{ByteSize, GIB, KIB, MIB, round_down_to_extent, round_up_to_extent},
 };
 
@@ -48,6 +49,9 @@ pub const DEFAULT_METADATA_SIZE: u64 = GIB;
 /// 4 GiB pool) holds fewer than the 2,000 thin volumes a node must hold per class; 16 MiB holds ~4,000.
 /// Pools whose LVM choice is larger keep it.
 pub const MIN_HOST_METADATA_SIZE: u64 = 16 * MIB;
+
+/// lvm2's smallest thin pool metadata size: a smaller `--poolmetadatasize` is raised to it.
+pub const MIN_METADATA_SIZE: u64 = 2 * MIB;
 
 /// lvm2's smallest thin pool chunk size; every chunk size is a multiple of it.
 pub const MIN_CHUNK_SIZE: u64 = 64 * KIB;
@@ -456,7 +460,7 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
         Some(_) if !reduce.is_empty() => {}
         Some(vg) => {
             if let Some(tp) = &class.thin_pool_config {
-                match plan_thin_pool(vg, tp, &observed.lvs) {
+                match plan_thin_pool(vg, tp, &observed.lvs, &observed.pvs) {
                     Ok(Some(action)) => actions.push(action),
                     Ok(None) => {}
                     Err(reason) => return failed(devices, reason),
@@ -725,10 +729,13 @@ fn existing_pool<'a>(
     }
 }
 
+/// The thin pool's action: create it with as much data as lvm2 can place beside its metadata and spare
+/// (see [`pool_fit`]), up to `sizePercent`; or grow it towards `sizePercent`.
 fn plan_thin_pool(
     vg: &VolumeGroup,
     tp: &ThinPoolConfig,
     lvs: &[LogicalVolume],
+    pvs: &[PhysicalVolume],
 ) -> Result<Option<Action>, String> {
     let extent = vg.extent_size;
     if extent == 0 {
@@ -776,34 +783,65 @@ fn plan_thin_pool(
         }
     };
     let metadata = metadata_size.unwrap_or_else(|| thin_pool_metadata_estimate(target, chunk_size));
-    let metadata = round_up_to_extent(metadata, extent).unwrap_or(u64::MAX);
-    // The pool's metadata volume plus LVM's pool-metadata spare of equal size.
-    let reserved = metadata.saturating_mul(2);
-    if free < reserved.saturating_add(extent) {
-        return Err(match metadata_size {
-            Some(_) => format!(
-                "volume group {} has {} free, but thin pool {} needs 2 × thinPoolConfig.metadataSize \
-                 ({} for the metadata volume and LVM's metadata spare) plus at least one extent ({}) of \
-                 data: lower thinPoolConfig.metadataSize or add devices",
-                vg.name,
-                size(free),
-                tp.name,
-                size(reserved),
-                size(extent)
-            ),
-            None => format!(
-                "volume group {} has {} free, too little for thin pool {}: its metadata and LVM's metadata \
-                 spare need about {} plus at least one extent ({}) of data; add devices",
-                vg.name,
-                size(free),
-                tp.name,
-                size(reserved),
-                size(extent)
-            ),
-        });
+    // lvm2 raises a smaller metadata size to its minimum and rounds it up to whole extents.
+    let metadata = round_up_to_extent(metadata.max(MIN_METADATA_SIZE), extent).unwrap_or(u64::MAX);
+    let meta_extents = metadata / extent;
+    // lvm2 keeps one pool metadata spare per group, as large as the largest pool metadata, and makes or
+    // grows it with the pool.
+    let spare_extents = meta_extents.saturating_sub(
+        lvs.iter()
+            .filter(|lv| lv.vg_name == vg.name && is_thin_pool(lv))
+            .filter_map(|lv| lv.metadata_size)
+            .max()
+            .map_or(0, |m| m.div_ceil(extent)),
+    );
+    let mut pv_free: Vec<u64> = pvs
+        .iter()
+        .filter(|pv| pv.vg_name.as_deref() == Some(vg.name.as_str()) && pv.attr.starts_with('a'))
+        .map(|pv| pv.free / extent)
+        .collect();
+    if pv_free.is_empty() {
+        pv_free.push(vg.free_count);
     }
-    let room = round_down_to_extent(free - reserved, extent).unwrap_or(0);
-    let data_size = target.min(room);
+    let fit = pool_fit::max_data_extents(&pv_free, meta_extents, spare_extents)
+        .map(|cap| cap.min(vg.free_count.saturating_sub(meta_extents + spare_extents)))
+        .filter(|cap| *cap > 0);
+    let Some(cap) = fit else {
+        let per_pv: Vec<String> = pv_free
+            .iter()
+            .map(|f| size(f.saturating_mul(extent)).to_string())
+            .collect();
+        let (what, fix) = match metadata_size {
+            Some(_) => (
+                "thinPoolConfig.metadataSize",
+                "lower thinPoolConfig.metadataSize, or add devices",
+            ),
+            None => ("LVM's choice", "add devices"),
+        };
+        let on = match per_pv.as_slice() {
+            [one] => format!("{one} on its one LVM physical volume"),
+            many => format!(
+                "{} on its {} LVM physical volumes",
+                many.join(" + "),
+                many.len()
+            ),
+        };
+        return Err(format!(
+            "thin pool {} does not fit volume group {}: {} of data was requested \
+             (thinPoolConfig.sizePercent {}%), and LVM needs the pool's metadata ({}, {what}) and its pool \
+             metadata spare ({}) each whole on one LVM physical volume, beside at least one extent ({}) \
+             of data; the group has {} free ({on}): {fix}",
+            tp.name,
+            vg.name,
+            size(target),
+            tp.size_percent,
+            size(metadata),
+            size(spare_extents * extent),
+            size(extent),
+            size(free),
+        ));
+    };
+    let data_size = target.min(cap * extent);
     if let Some(chunk) = chunk_size.filter(|c| data_size < *c) {
         return Err(format!(
             "thin pool {} would get {} of data, less than one thinPoolConfig.chunkSize ({}): lower \

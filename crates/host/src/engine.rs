@@ -19,8 +19,9 @@ use crate::{
     runner::Runner,
 };
 
-/// Plans executed at most per converge: a fresh class needs two (volume group, then thin pool); the rest
-/// is headroom for a host that changes underneath us. Beyond that something keeps undoing our work.
+/// Plans executed at most per converge: a fresh class needs two or three (volume group, thin pool, and
+/// growing a pool lvm2 could not place at full size beside its metadata spare, ADR 0012); the rest is
+/// headroom for a host that changes underneath us. Beyond that something keeps undoing our work.
 pub const MAX_ROUNDS: usize = 5;
 
 /// What the engine needs from the machine.

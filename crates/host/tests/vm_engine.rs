@@ -416,3 +416,204 @@ async fn engine_missing_path_fails_the_class() {
     assert!(failed_reason(&report).contains("does not exist"));
     assert!(!vg_exists(&vg));
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// Thin pools that lvm2 can place beside their metadata and its spare (ADR 0012), on discovered disks.
+
+const MIB: u64 = 1024 * 1024;
+const GIB: u64 = 1024 * MIB;
+const CLEAN: [&str; 3] = ["clean0", "clean1", "clean2"];
+
+/// A thin class without `deviceSelector` (it takes the node's free disks) and the Static metadata policy
+/// with its default size, 1 GiB.
+fn discovering_thin_class(name: &str, policy: &str) -> DeviceClassConfig {
+    class(&format!(
+        "name: {name}\ndeviceDiscoveryPolicy: {policy}\nthinPoolConfig:\n  name: pool\n  sizePercent: 90\n  \
+         overprovisionRatio: 10\n  metadataSizeCalculationPolicy: Static\n"
+    ))
+}
+
+/// Leaves only `free` of the clean 2 GiB disks free for discovery: the others get a filesystem (and the
+/// decoys are set up, so discovery excludes them too).
+fn only_free(free: &[&str]) {
+    decoys();
+    for d in CLEAN.iter().filter(|d| !free.contains(d)) {
+        sh(&format!("mkfs.ext4 -q -F {BY_ID}{d}"));
+    }
+    sh("udevadm settle");
+}
+
+/// Removes the group and blanks the clean disks again.
+fn blank_clean_disks(vg: &str) {
+    sh_status(&format!("lvm vgremove -ff -y {vg}"));
+    for d in CLEAN {
+        sh_status(&format!(
+            "lvm pvremove -y $(readlink -f {BY_ID}{d}); wipefs -a -q $(readlink -f {BY_ID}{d})"
+        ));
+    }
+    sh("udevadm settle");
+}
+
+fn number(cmd: &str) -> u64 {
+    let out = sh(cmd);
+    out.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("`{cmd}`: {e}: {out}"))
+}
+
+/// Extents of one clean disk once it is an LVM physical volume (510 of 4 MiB for 2 GiB).
+fn pe_count(disk: &str) -> u64 {
+    number(&format!(
+        "lvm pvs --noheadings -o pv_pe_count $(readlink -f {BY_ID}{disk})"
+    ))
+}
+
+fn created_pool(report: &ConvergeReport) -> (u64, Option<u64>) {
+    report
+        .executed
+        .iter()
+        .find_map(|a| match a {
+            Action::CreateThinPool {
+                data_size,
+                metadata_size,
+                ..
+            } => Some((*data_size, *metadata_size)),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no pool created: {:?}", report.executed))
+}
+
+/// The sizes of the group's logical volumes, hidden ones included (`[pool_tmeta]`, `[lvol0_pmspare]`).
+fn lv_sizes(vg: &str) -> String {
+    sh(&format!(
+        "lvm lvs -a --noheadings --units b --nosuffix -o lv_name,lv_size,devices {vg}"
+    ))
+}
+
+#[tokio::test]
+#[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+async fn engine_pool_on_two_discovered_2gib_disks_with_static_1gib_metadata_fits_beside_its_spare()
+{
+    only_free(&["clean0", "clean1"]);
+    let vg = "poolfit2";
+    let report = converge(&host(), &discovering_thin_class(vg, "Static"))
+        .await
+        .unwrap();
+    assert!(
+        report.is_ready(),
+        "{:?}\n{}",
+        report.plan.state,
+        lv_sizes(vg)
+    );
+    let extent = report.volume_group.as_ref().unwrap().extent_size;
+    assert_eq!(extent, 4 * MIB);
+    assert_eq!(report.volume_group.as_ref().unwrap().pv_count, 2);
+    let per_disk = pe_count("clean0");
+    assert_eq!(pe_count("clean1"), per_disk);
+    let (data, metadata) = created_pool(&report);
+    assert_eq!(metadata, Some(GIB));
+    // The spare takes 1 GiB of one disk, so only the other disk holds the metadata, behind the data.
+    assert_eq!(data, (per_disk - GIB / extent) * extent, "{}", lv_sizes(vg));
+    // The next round grows the data into the spare's disk: lvextend has no metadata to place.
+    let all_but_metadata_and_spare = (2 * per_disk - 2 * GIB / extent) * extent;
+    assert!(
+        report.executed.contains(&Action::ExtendThinPool {
+            vg: vg.into(),
+            name: "pool".into(),
+            data_size: all_but_metadata_and_spare
+        }),
+        "{:?}",
+        report.executed
+    );
+    let pool = report.thin_pool.as_ref().unwrap();
+    assert_eq!(pool.size, all_but_metadata_and_spare);
+    assert_eq!(pool.metadata_size, Some(GIB));
+    assert_eq!(report.volume_group.as_ref().unwrap().free_count, 0);
+    let lvs = lv_sizes(vg);
+    assert!(lvs.contains("[lvol0_pmspare]"), "{lvs}");
+    // A thin volume can be made in it.
+    sh(&format!("lvm lvcreate -q -y -V 64m -T {vg}/pool -n t1"));
+    let again = converge(&host(), &discovering_thin_class(vg, "Static"))
+        .await
+        .unwrap();
+    assert!(again.executed.is_empty(), "{:?}", again.executed);
+    blank_clean_disks(vg);
+}
+
+#[tokio::test]
+#[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+async fn engine_pool_on_one_discovered_2gib_disk_with_static_1gib_metadata_is_refused_naming_sizes()
+{
+    only_free(&["clean0"]);
+    let vg = "poolfit1";
+    let report = converge(&host(), &discovering_thin_class(vg, "Static"))
+        .await
+        .unwrap();
+    let reason = failed_reason(&report).to_owned();
+    for part in [
+        "does not fit",
+        "thinPoolConfig.metadataSize",
+        "metadata (1Gi",
+        "spare (1Gi)",
+        "lower thinPoolConfig.metadataSize",
+    ] {
+        assert!(reason.contains(part), "{part:?} not in {reason}");
+    }
+    assert!(
+        !report
+            .executed
+            .iter()
+            .any(|a| matches!(a, Action::CreateThinPool { .. })),
+        "{:?}",
+        report.executed
+    );
+    assert_eq!(report.volume_group.as_ref().unwrap().pv_count, 1);
+    assert!(report.thin_pool.is_none());
+    assert_eq!(lv_sizes(vg).trim(), "", "nothing allocated");
+    blank_clean_disks(vg);
+}
+
+#[tokio::test]
+#[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+async fn engine_pool_on_discovered_disks_grows_onto_a_disk_found_later() {
+    only_free(&["clean0", "clean1"]);
+    let vg = "poolgrow";
+    let class = discovering_thin_class(vg, "Dynamic");
+    let first = converge(&host(), &class).await.unwrap();
+    assert!(first.is_ready(), "{:?}", first.plan.state);
+    let extent = first.volume_group.as_ref().unwrap().extent_size;
+    let per_disk = pe_count("clean0");
+    assert_eq!(
+        first.thin_pool.as_ref().unwrap().size,
+        (2 * per_disk - 2 * GIB / extent) * extent
+    );
+
+    // A third disk becomes free: the group takes it and the pool grows into every free extent (below
+    // its 90 % target), its metadata and spare already placed.
+    sh(&format!(
+        "wipefs -a -q $(readlink -f {BY_ID}clean2) && udevadm settle"
+    ));
+    let second = converge(&host(), &class).await.unwrap();
+    assert!(second.is_ready(), "{:?}", second.plan.state);
+    assert!(
+        second
+            .executed
+            .iter()
+            .any(|a| matches!(a, Action::ExtendVolumeGroup { .. })),
+        "{:?}",
+        second.executed
+    );
+    let g = second.volume_group.as_ref().unwrap();
+    assert_eq!(g.pv_count, 3);
+    let pool = second.thin_pool.as_ref().unwrap();
+    assert_eq!(
+        pool.size,
+        (3 * per_disk - 2 * GIB / extent) * extent,
+        "{}",
+        lv_sizes(vg)
+    );
+    assert_eq!(g.free_count, 0, "{}", lv_sizes(vg));
+    let third = converge(&host(), &class).await.unwrap();
+    assert!(third.executed.is_empty(), "{:?}", third.executed);
+    blank_clean_disks(vg);
+}

@@ -280,7 +280,31 @@ fn add_pvs_to_vg(obs: &mut Observed, vg_name: &str, pvs: &[String]) -> u64 {
     extents
 }
 
+/// Free extents of each allocatable physical volume of `vg_name`.
+fn pv_free_extents(obs: &Observed, vg_name: &str) -> Vec<u64> {
+    obs.pvs
+        .iter()
+        .filter(|p| p.vg_name.as_deref() == Some(vg_name))
+        .map(|p| p.free / EXTENT)
+        .collect()
+}
+
 fn allocate(obs: &mut Observed, vg_name: &str, bytes: u64) {
+    // Largest free physical volume first, as lvm2's normal policy does.
+    let mut left = bytes;
+    while left > 0 {
+        let Some(pv) = obs
+            .pvs
+            .iter_mut()
+            .filter(|p| p.vg_name.as_deref() == Some(vg_name) && p.free > 0)
+            .max_by_key(|p| p.free)
+        else {
+            break;
+        };
+        let take = left.min(pv.free);
+        pv.free -= take;
+        left -= take;
+    }
     let g = obs.vgs.iter_mut().find(|v| v.name == vg_name).unwrap();
     let extents = bytes / EXTENT;
     assert_eq!(
@@ -418,6 +442,20 @@ fn apply(obs: &mut Observed, actions: &[Action]) {
                     .unwrap_or_else(|| thin_pool_metadata_estimate(*data_size, *chunk_size));
                 let meta = round_up_to_extent(meta, EXTENT).unwrap();
                 let spare = lv_of(obs, vg, "[lvol0_pmspare]").map_or(0, |l| l.size);
+                let pv_free = pv_free_extents(obs, vg);
+                if !pv_free.is_empty() {
+                    let new_spare = meta.saturating_sub(spare);
+                    assert!(
+                        crate::pool_fit::tests::always_created(
+                            &pv_free,
+                            data_size / EXTENT,
+                            meta / EXTENT,
+                            new_spare / EXTENT
+                        ),
+                        "lvm2 could not place pool {name} ({data_size} of data, {meta} of metadata and \
+                         {new_spare} of spare) on {pv_free:?}"
+                    );
+                }
                 allocate(obs, vg, *data_size);
                 allocate(obs, vg, meta);
                 if spare < meta {
@@ -700,17 +738,88 @@ fn metadata_estimate_follows_lvm_bounds() {
 }
 
 #[test]
-fn vg_too_small_for_twice_the_metadata_fails_naming_metadata_size() {
+fn vg_too_small_for_metadata_and_spare_fails_naming_the_sizes_and_the_fix() {
     let mut host = Host::default();
     let a = host.clean(2 * GIB);
     let class = thin_class("vg1", &[a]);
     let plans = converge(&class, &mut host.obs);
     let last = plans.last().unwrap();
     let reason = failed_reason(last);
-    assert!(reason.contains("thinPoolConfig.metadataSize"), "{reason}");
-    assert!(reason.contains("2 ×"), "{reason}");
-    assert!(reason.contains("add devices"), "{reason}");
+    for part in [
+        "1836Mi of data was requested (thinPoolConfig.sizePercent 90%)",
+        "metadata (1Gi, thinPoolConfig.metadataSize)",
+        "spare (1Gi)",
+        "2040Mi free (2040Mi on its one LVM physical volume)",
+        "lower thinPoolConfig.metadataSize, or add devices",
+    ] {
+        assert!(reason.contains(part), "{part:?} not in {reason}");
+    }
     assert!(last.actions.is_empty());
+}
+
+#[test]
+fn two_2gib_disks_with_default_metadata_get_a_pool_lvm_can_place_then_grow_it_into_the_rest() {
+    // The issue's case: lvcreate --size 2130706432b (all free extents but metadata and spare) aborted
+    // lvm2. The spare takes 1 GiB of one disk; the metadata then fits only on the other, behind the data.
+    let mut host = Host::default();
+    let paths = vec![host.clean(2 * GIB), host.clean(2 * GIB)];
+    let class = thin_class("vg1", &paths);
+    let plans = converge(&class, &mut host.obs);
+    assert_eq!(plans.last().unwrap().state, ClassState::Ready);
+    let Action::CreateThinPool {
+        data_size,
+        metadata_size,
+        ..
+    } = plans[1].actions[0]
+    else {
+        panic!("{plans:#?}")
+    };
+    assert_eq!(metadata_size, Some(GIB));
+    assert_eq!(data_size, 2040 * MIB - GIB);
+    // The next round grows the data into the rest: extending places no metadata.
+    assert_eq!(
+        plans[2].actions,
+        vec![Action::ExtendThinPool {
+            vg: "vg1".into(),
+            name: "thin-pool-1".into(),
+            data_size: 2 * 2040 * MIB - 2 * GIB
+        }]
+    );
+    assert_eq!(plans.len(), 4);
+    assert_eq!(vg_of(&host.obs, "vg1").free_count, 0);
+}
+
+#[test]
+fn three_2gib_disks_with_default_metadata_use_every_free_extent() {
+    let mut host = Host::default();
+    let paths = vec![
+        host.clean(2 * GIB),
+        host.clean(2 * GIB),
+        host.clean(2 * GIB),
+    ];
+    let plans = converge(&thin_class("vg1", &paths), &mut host.obs);
+    let Action::CreateThinPool { data_size, .. } = plans[1].actions[0] else {
+        panic!("{plans:#?}")
+    };
+    assert_eq!(data_size, 3 * 2040 * MIB - 2 * GIB);
+    assert_eq!(vg_of(&host.obs, "vg1").free_count, 0);
+}
+
+#[test]
+fn a_thin_pool_in_the_group_means_its_spare_exists_and_is_not_reserved_again() {
+    let mut host = Host::default();
+    let paths = vec![host.clean(2 * GIB), host.clean(2 * GIB)];
+    let class = thin_class("vg1", &paths);
+    step(&class, &mut host.obs);
+    let mut other = new_lv("vg1", "other", 4 * EXTENT, "twi-a-tz--", "thin-pool");
+    other.metadata_size = Some(GIB);
+    host.obs.lvs.push(other);
+    let plan = plan_device_class(&class, &host.obs);
+    let Action::CreateThinPool { data_size, .. } = plan.actions[0] else {
+        panic!("{plan:#?}")
+    };
+    // Metadata on one disk, data on the rest: only the metadata is reserved.
+    assert_eq!(data_size, 2 * 2040 * MIB - GIB);
 }
 
 #[test]
@@ -1617,6 +1726,36 @@ fn check_run(
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The executor simulation checks every CreateThinPool against lvm2's allocation
+    /// (`pool_fit::tests::always_created`): a planned pool always fits the group it was planned for.
+    #[test]
+    fn a_planned_thin_pool_always_fits_its_group_or_the_class_fails_saying_why(
+        disks_mib in prop::collection::vec(1100u64..12_000, 1..=4),
+        metadata_mib in prop_oneof![Just(None), (2u64..3_000).prop_map(Some)],
+        size_percent in 10u8..=100,
+    ) {
+        let mut host = Host::default();
+        let paths: Vec<String> = disks_mib.iter().map(|m| host.clean(m * MIB)).collect();
+        let mut class = thin_class("vg1", &paths);
+        let tp = class.thin_pool_config.as_mut().unwrap();
+        tp.size_percent = size_percent;
+        tp.metadata_size = metadata_mib.map(|m| ByteSize(m * MIB));
+        let plans = converge(&class, &mut host.obs);
+        let last = plans.last().unwrap();
+        match &last.state {
+            ClassState::Ready => {
+                let pool = lv_of(&host.obs, "vg1", "thin-pool-1").expect("pool exists when ready");
+                let vg = vg_of(&host.obs, "vg1");
+                prop_assert!(pool.size <= vg.size * u64::from(size_percent) / 100);
+            }
+            ClassState::Failed { reason } => {
+                prop_assert!(reason.contains("does not fit"), "{}", reason);
+                prop_assert!(lv_of(&host.obs, "vg1", "thin-pool-1").is_none());
+            }
+            ClassState::Progressing => prop_assert!(false, "not converged: {:#?}", plans),
+        }
+    }
 
     #[test]
     fn any_host_converges_within_three_rounds_and_never_touches_decoys(
