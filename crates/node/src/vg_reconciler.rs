@@ -224,9 +224,12 @@ impl<R: Runner, B: Backend> Context<R, B> {
         Ok(())
     }
 
+    /// Writes this node's status object whole; once the node serves no class, deletes it instead
+    /// (its finalizer first), so nothing of the node stays behind when the `LVMCluster` goes.
     async fn apply_node_status(&self, statuses: &BTreeMap<String, VGStatus>) -> Result<()> {
         let api: Api<LVMVolumeGroupNodeStatus> =
             Api::namespaced(self.client.clone(), &self.namespace);
+        let last_class_gone = statuses.is_empty();
         let mut obj = LVMVolumeGroupNodeStatus::new(
             &self.node,
             LVMVolumeGroupNodeStatusSpec {
@@ -234,11 +237,17 @@ impl<R: Runner, B: Backend> Context<R, B> {
             },
         );
         obj.metadata.namespace = Some(self.namespace.clone());
-        obj.metadata.finalizers = Some(vec![NODE_STATUS_FINALIZER.to_owned()]);
-        // The list is sent even when empty (the type leaves an empty one out), so a node that serves
-        // no class any more says so explicitly.
+        obj.metadata.finalizers = Some(if last_class_gone {
+            Vec::new()
+        } else {
+            vec![NODE_STATUS_FINALIZER.to_owned()]
+        });
+        // The lists are sent even when empty (the type leaves empty ones out): a node that serves no
+        // class any more says so explicitly, and gives up its finalizer.
         let mut body = serde_json::to_value(&obj).map_err(|e| Error::Encode(e.to_string()))?;
         body["spec"]["nodeStatus"] = serde_json::to_value(&obj.spec.lvm_vg_status)
+            .map_err(|e| Error::Encode(e.to_string()))?;
+        body["metadata"]["finalizers"] = serde_json::to_value(&obj.metadata.finalizers)
             .map_err(|e| Error::Encode(e.to_string()))?;
         api.patch(
             &self.node,
@@ -250,6 +259,18 @@ impl<R: Runner, B: Backend> Context<R, B> {
             "apply LVMVolumeGroupNodeStatus {}",
             self.node
         )))?;
+        if last_class_gone {
+            match api.delete(&self.node, &Default::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(e) => {
+                    return Err(kube_err(format!(
+                        "delete LVMVolumeGroupNodeStatus {}",
+                        self.node
+                    ))(e));
+                }
+            }
+        }
         Ok(())
     }
 }

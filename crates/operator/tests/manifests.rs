@@ -157,11 +157,12 @@ const NODE_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
         &["list", "watch", "patch"],
         Scope::Namespace,
     ),
-    // The node's status object, server-side applied.
+    // The node's status object: read at start (a restarted agent keeps its entries), server-side
+    // applied, deleted once the node serves no class.
     (
         "lvm.topolvm.io",
         "lvmvolumegroupnodestatuses",
-        &["create", "patch"],
+        &["get", "create", "patch", "delete"],
         Scope::Namespace,
     ),
     // The LogicalVolume reconciler: watched, sources read, finalizer merge-patched, status patched.

@@ -79,13 +79,18 @@ async fn a_restarted_agent_keeps_reporting_the_classes_it_has_not_reconciled_yet
     // Gone from this node: its entry goes; an unchanged status sends nothing.
     ctx.record("b", None, None).await.unwrap();
     assert_eq!(entries(&api), [("a".into(), "Ready".into())]);
+    // The last class gone: the object says so, gives up its finalizer, and is deleted.
     ctx.record("a", None, None).await.unwrap();
-    assert_eq!(entries(&api), [], "an empty list is sent, not left out");
-    assert_eq!(
-        api.requests().last().unwrap().body["spec"],
-        json!({"nodeStatus": []})
-    );
+    let requests = api.requests();
+    let [.., emptied, deleted] = requests.as_slice() else {
+        panic!("{requests:?}")
+    };
+    assert_eq!(emptied.body["spec"], json!({"nodeStatus": []}));
+    assert_eq!(emptied.body["metadata"]["finalizers"], json!([]));
+    assert_eq!(deleted.method, http::Method::DELETE);
+    assert_eq!(api.get(PATH), None, "the node's status object is gone");
     ctx.record("a", Some(ready("a")), None).await.unwrap();
+    assert_eq!(entries(&api), [("a".into(), "Ready".into())]);
     api.clear_requests();
     ctx.record("a", Some(ready("a")), None).await.unwrap();
     assert!(api.requests().is_empty());
