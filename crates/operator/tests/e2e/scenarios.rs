@@ -379,8 +379,12 @@ async fn stack_a_claim_grows_is_snapshotted_restored_and_cloned_and_its_lvs_go_w
     let stack = guard.as_ref().unwrap();
     let client = support::client().await;
     ready_cluster(&client, stack).await;
-    let ns = TestNamespace::create(&client, &format!("lvms-e2e-life-{}", support::suffix()), &[])
-        .await;
+    let ns = TestNamespace::create(
+        &client,
+        &format!("lvms-e2e-life-{}", support::suffix()),
+        &[],
+    )
+    .await;
     let before = stack.vm.lvs(CLASS).await;
     const GIB: u64 = 1 << 30;
 
@@ -409,7 +413,11 @@ async fn stack_a_claim_grows_is_snapshotted_restored_and_cloned_and_its_lvs_go_w
         }
     })
     .await;
-    assert_eq!(lv_size(stack, &data).await, 2 * GIB, "lvs shows the grown LV");
+    assert_eq!(
+        lv_size(stack, &data).await,
+        2 * GIB,
+        "lvs shows the grown LV"
+    );
 
     // A VolumeSnapshot becomes ReadyToUse through snapshot-controller and csi-snapshotter.
     let snapshots = Api::<DynamicObject>::namespaced_with(
@@ -469,8 +477,10 @@ async fn stack_a_claim_grows_is_snapshotted_restored_and_cloned_and_its_lvs_go_w
         &ns.name,
         "restored",
         "2Gi",
-        Some(json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
-                    "name": "snap"})),
+        Some(
+            json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
+                    "name": "snap"}),
+        ),
     )
     .await;
     let cloned = bound_claim(
@@ -515,5 +525,145 @@ async fn stack_a_claim_grows_is_snapshotted_restored_and_cloned_and_its_lvs_go_w
         }
     })
     .await;
+    ns.delete().await;
+}
+
+#[tokio::test]
+async fn stack_deleting_the_lvmcluster_waits_for_a_retained_volume_then_the_node_wipes_its_group() {
+    let Some(guard) = stack::stack(
+        "stack_deleting_the_lvmcluster_waits_for_a_retained_volume_then_the_node_wipes_its_group",
+    )
+    .await
+    else {
+        return;
+    };
+    let stack = guard.as_ref().unwrap();
+    let client = support::client().await;
+    ready_cluster(&client, stack).await;
+    let ns =
+        TestNamespace::create(&client, &format!("lvms-e2e-del-{}", support::suffix()), &[]).await;
+
+    // A volume whose PersistentVolume is kept (Retain) after its claim goes.
+    let pv_name = bound_claim(&client, &ns.name, "kept", "1Gi", None).await;
+    let handle = handle_of(&client, &pv_name).await;
+    let pvs = Api::<PersistentVolume>::all(client.clone());
+    pvs.patch(
+        &pv_name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"spec": {"persistentVolumeReclaimPolicy": "Retain"}})),
+    )
+    .await
+    .unwrap();
+    Api::<Pod>::namespaced(client.clone(), &ns.name)
+        .delete("kept", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns.name)
+        .delete("kept", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the retained PersistentVolume is Released", SLOW, || {
+        let pvs = pvs.clone();
+        let pv_name = pv_name.clone();
+        async move {
+            let pv = pvs.get(&pv_name).await.map_err(|e| e.to_string())?;
+            let phase = pv.status.and_then(|s| s.phase);
+            (phase.as_deref() == Some("Released"))
+                .then_some(())
+                .ok_or(format!("{phase:?}"))
+        }
+    })
+    .await;
+
+    // Deleting the LVMCluster: its finalizer holds while the retained volume's data is on the node.
+    let clusters = Api::<LVMCluster>::namespaced(client.clone(), NAMESPACE);
+    clusters
+        .delete(CLUSTER, &DeleteParams::default())
+        .await
+        .unwrap();
+    support::consistently(
+        "the LVMCluster, its group and the retained LV stay",
+        std::time::Duration::from_secs(15),
+        || {
+            let clusters = clusters.clone();
+            let vm = stack.vm.clone();
+            let handle = handle.clone();
+            async move {
+                let c = clusters.get_opt(CLUSTER).await.map_err(|e| e.to_string())?;
+                if c.is_none() {
+                    return Err("the LVMCluster is gone".into());
+                }
+                let lvs = vm.lvs(CLASS).await;
+                lvs.contains(&handle)
+                    .then_some(())
+                    .ok_or(format!("lvs: {lvs:?}"))
+            }
+        },
+    )
+    .await;
+    let held = clusters.get(CLUSTER).await.unwrap();
+    assert!(held.metadata.deletion_timestamp.is_some());
+
+    // Released by its owner: the PersistentVolume and its LogicalVolume are deleted by hand, as
+    // the operator's event says.
+    pvs.delete(&pv_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<LogicalVolume>::all(client.clone())
+        .delete(&handle, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the LVMCluster is gone", SLOW, || {
+        let clusters = clusters.clone();
+        async move {
+            match clusters.get_opt(CLUSTER).await.map_err(|e| e.to_string())? {
+                None => Ok(()),
+                Some(c) => Err(format!("{:?} {:?}", c.metadata.finalizers, c.status)),
+            }
+        }
+    })
+    .await;
+
+    // The node cleaned up: no volume group, no LVM label on the disk, no object left.
+    let (code, out) = stack
+        .vm
+        .sh(&format!("lvm vgs {CLASS} 2>&1; blkid -p {DEVICE}"))
+        .await;
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        !out.contains("LVM2_member"),
+        "the disk keeps an LVM label: {out}"
+    );
+    assert!(
+        Api::<LVMVolumeGroup>::namespaced(client.clone(), NAMESPACE)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    assert!(
+        Api::<LVMVolumeGroupNodeStatus>::namespaced(client.clone(), NAMESPACE)
+            .get_opt(NODE)
+            .await
+            .unwrap()
+            .is_none(),
+        "the node's status object is gone"
+    );
+    assert!(
+        Api::<StorageClass>::all(client.clone())
+            .get_opt(STORAGE_CLASS)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
     ns.delete().await;
 }

@@ -485,8 +485,18 @@ impl Stack {
         .await;
     }
 
-    /// Starts `lvms node` in the VM (the DaemonSet pod's container).
+    /// Kills the VM's node agent with SIGKILL, if one runs (as a crashed container).
+    pub async fn kill_agent(&self) {
+        // The bracket keeps pkill from matching this command's own shell.
+        self.vm
+            .sh("pkill -9 -f '[ ]node --metrics-port 8081'; \
+                 while pgrep -f '[ ]node --metrics-port 8081' >/dev/null; do sleep 0.2; done")
+            .await;
+    }
+
+    /// Starts `lvms node` in the VM (the DaemonSet pod's container), replacing one that runs.
     pub async fn start_agent(&self) {
+        self.kill_agent().await;
         let (code, out) = self
             .vm
             .sh_with(
@@ -500,7 +510,7 @@ impl Stack {
                 "cd {GUEST_DIR} && NODE_NAME={NODE} NAMESPACE={NAMESPACE} \
                  KUBECONFIG={GUEST_DIR}/kubeconfig CSI_ENDPOINT=unix://{GUEST_DIR}/csi.sock \
                  RUST_LOG=info setsid {} node --metrics-port 8081 >> {GUEST_DIR}/node.log 2>&1 \
-                 < /dev/null & echo started",
+                 < /dev/null &",
                 self.lvms.display()
             ))
             .await;
