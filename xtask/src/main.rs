@@ -228,7 +228,7 @@ fn disks_dir(repo: &Path) -> PathBuf {
     vm::vm_dir(repo).join(format!("disks-{}", std::process::id()))
 }
 
-/// Commands the VM suite needs, and the Debian package that brings each.
+/// Commands the VM suite and the tests need, and the Debian package that brings each.
 const DEPS: &[(&str, &str)] = &[
     ("/usr/bin/qemu-system-x86_64", "qemu-system-x86"),
     ("/bin/busybox", "busybox-static"),
@@ -243,6 +243,11 @@ const DEPS: &[(&str, &str)] = &[
     ("/usr/bin/etcd", "etcd-server"),
     ("/usr/bin/curl", "curl"),
     ("/usr/bin/xz", "xz-utils"),
+    // pip installs the gRPC C-core client (grpcio) the CSI contract tests run.
+    (
+        "/usr/lib/python3/dist-packages/pip/__init__.py",
+        "python3-pip",
+    ),
 ];
 
 fn deps() -> Result<()> {
