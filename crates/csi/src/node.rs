@@ -579,6 +579,7 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
             )
             .into());
         }
+        request::our_volume_id(&req.volume_id)?;
         let staging = req.staging_target_path.as_str();
         let (_guard, vol) = self.begin(&req.volume_id).await?;
         if matches!(cap.access, Access::Mount { .. }) {
@@ -682,6 +683,7 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
     ) -> Result<NodeUnstageVolumeResponse, UnstageError> {
         request::volume_id(&req.volume_id)?;
         request::path("staging_target_path", &req.staging_target_path)?;
+        request::our_volume_id(&req.volume_id)?;
         let staging = req.staging_target_path.as_str();
         let (_guard, vol) = self.begin(&req.volume_id).await?;
         let ids = device_ids(&vol.device)?;
@@ -711,11 +713,12 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
     ) -> Result<NodePublishVolumeResponse, PublishError> {
         request::volume_id(&req.volume_id)?;
         request::path("target_path", &req.target_path)?;
+        let cap = request::capability(req.volume_capability.as_ref())?;
         if req.staging_target_path.is_empty() {
             return Err(PublishError::StagingRequired);
         }
         request::path("staging_target_path", &req.staging_target_path)?;
-        let cap = request::capability(req.volume_capability.as_ref())?;
+        request::our_volume_id(&req.volume_id)?;
         let (target, staging) = (req.target_path.as_str(), req.staging_target_path.as_str());
         let readonly = req.readonly || cap.reader_only();
         let (_guard, vol) = self.begin(&req.volume_id).await?;
@@ -768,6 +771,7 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
     ) -> Result<NodeUnpublishVolumeResponse, UnpublishError> {
         request::volume_id(&req.volume_id)?;
         request::path("target_path", &req.target_path)?;
+        request::our_volume_id(&req.volume_id)?;
         let target = req.target_path.as_str();
         let (_guard, vol) = self.begin(&req.volume_id).await?;
         let ids = device_ids(&vol.device)?;
@@ -799,8 +803,9 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
         req: &NodeGetVolumeStatsRequest,
     ) -> Result<NodeGetVolumeStatsResponse, StatsError> {
         request::volume_id(&req.volume_id)?;
-        request::path("volume_path", &req.volume_path)?;
+        request::volume_path("volume_path", &req.volume_path)?;
         request::optional_path("staging_target_path", &req.staging_target_path)?;
+        request::our_volume_id(&req.volume_id)?;
         let path = req.volume_path.as_str();
         let vol = self.lookup(&req.volume_id).await?;
         let not_here = || {
@@ -850,13 +855,14 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
         req: &NodeExpandVolumeRequest,
     ) -> Result<NodeExpandVolumeResponse, ExpandError> {
         request::volume_id(&req.volume_id)?;
-        request::path("volume_path", &req.volume_path)?;
+        request::volume_path("volume_path", &req.volume_path)?;
         request::optional_path("staging_target_path", &req.staging_target_path)?;
         let cap = req
             .volume_capability
             .as_ref()
             .map(|c| request::capability(Some(c)))
             .transpose()?;
+        request::our_volume_id(&req.volume_id)?;
         let path = req.volume_path.as_str();
         let (_guard, vol) = self.begin(&req.volume_id).await?;
         let not_here = || {
