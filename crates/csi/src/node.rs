@@ -47,7 +47,8 @@ const MAX_STACKED_MOUNTS: usize = 8;
 /// How the Node service is set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NodeOptions {
-    /// The filesystem made on a blank volume when the capability names none.
+    /// The filesystem made on a blank volume when neither the capability nor the volume's class
+    /// ([`crate::backend::ClassInfo::fstype`]) names one.
     pub default_fstype: Fstype,
 }
 
@@ -554,6 +555,17 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
         Ok((guard, self.lookup(id).await?))
     }
 
+    /// The filesystem of a blank volume of `class` whose capability names none: the class's, else the
+    /// driver's default.
+    fn fstype_of_class(&self, class: &str) -> Fstype {
+        self.backend
+            .classes()
+            .iter()
+            .find(|c| c.name == class)
+            .and_then(|c| c.fstype)
+            .unwrap_or(self.options.default_fstype)
+    }
+
     async fn mounts(&self) -> Result<Vec<MountInfo>, RequestError> {
         self.fs.mounts().await.map_err(RequestError::Mounts)
     }
@@ -637,7 +649,10 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
         }
         let found = self.fs.detect_fs(&device).await.map_err(host("probing"))?;
         let (fstype, blank) = match found {
-            None => (asked.unwrap_or(self.options.default_fstype), true),
+            None => (
+                asked.unwrap_or_else(|| self.fstype_of_class(&vol.class)),
+                true,
+            ),
             Some(sig) => match (known_fstype(&sig), asked) {
                 (Some(have), Some(want)) if have != want => {
                     return Err(StageError::WrongFilesystem {

@@ -1057,3 +1057,29 @@ async fn xfs_volumes_are_made_at_least_300mi_and_a_lower_limit_is_out_of_range()
     assert_eq!(c, Code::OutOfRange, "{m}");
     assert!(m.contains("300Mi"), "{m}");
 }
+
+#[tokio::test]
+async fn without_a_requested_fstype_the_class_fstype_decides_the_xfs_minimum() {
+    use lvms_core::config::Fstype;
+    let backend = FakeBackend::new()
+        .with_fstype("thin", Fstype::Xfs)
+        .with_fstype("thick", Fstype::Ext4);
+    let mut d = Driver::start_with(Arc::new(backend)).await;
+    let size = |v: lvms_csi::csi::CreateVolumeResponse| v.volume.unwrap().capacity_bytes;
+    // (name, class, capability fs_type) -> capacity of a 64Mi request.
+    for (name, class, fs, want) in [
+        ("thin-class-xfs", "thin", "", 300 * MIB),
+        ("thick-class-ext4", "thick", "", 64 * MIB),
+        ("thick-class-asked-xfs", "thick", "xfs", 300 * MIB),
+        ("thin-class-asked-ext4", "thin", "ext4", 64 * MIB),
+    ] {
+        let mut req = in_class(create(name, 64 * MIB), class);
+        req.volume_capabilities = vec![mount(Mode::SingleNodeWriter, fs)];
+        let got = size(d.controller.create_volume(req).await.unwrap().into_inner());
+        assert_eq!(got, want, "{name}");
+    }
+    let mut blk = in_class(create("thin-class-block", 64 * MIB), "thin");
+    blk.volume_capabilities = vec![block(Mode::SingleNodeWriter)];
+    let got = size(d.controller.create_volume(blk).await.unwrap().into_inner());
+    assert_eq!(got, 64 * MIB, "a block volume has no filesystem");
+}

@@ -33,6 +33,8 @@ const BLKID_PV: &str = "DEVNAME=/dev/null\nUUID=abc\nVERSION=LVM2 001\nTYPE=LVM2
 struct TestBackend {
     volumes: Mutex<HashMap<String, Volume>>,
     activations: AtomicUsize,
+    /// What `classes` answers (none unless a test sets them).
+    classes: Mutex<Vec<ClassInfo>>,
 }
 
 fn volume(id: &str) -> Volume {
@@ -62,7 +64,7 @@ impl Backend for TestBackend {
         "node-1"
     }
     fn classes(&self) -> Vec<ClassInfo> {
-        vec![]
+        self.classes.lock().unwrap().clone()
     }
     async fn ready(&self) -> crate::backend::Result<bool> {
         Ok(true)
@@ -120,6 +122,7 @@ impl Setup {
         let backend = Arc::new(TestBackend {
             volumes: Mutex::new(HashMap::from([(id.clone(), volume(&id))])),
             activations: AtomicUsize::new(0),
+            classes: Mutex::new(vec![]),
         });
         let fs = Filesystems::new(fake.clone()).with_proc_root(proc.path());
         let svc = NodeService::new(backend.clone(), fs, options);
@@ -506,6 +509,53 @@ async fn stage_default_fstype_is_a_constructor_option_and_the_capability_wins() 
         .await
         .unwrap();
     s.fake.assert_done();
+}
+
+#[tokio::test]
+async fn stage_without_a_capability_fstype_formats_with_the_volume_class_fstype_before_the_default()
+{
+    let class = |fstype| ClassInfo {
+        name: "vg1".into(),
+        thin_pool: None,
+        overprovision_ratio: 1,
+        default: false,
+        layout: crate::backend::LvType::Linear,
+        fstype,
+    };
+    // (the class's fstype, the driver default, the capability's fs_type) -> what is made.
+    for (class_fs, default, asked, made) in [
+        (Some(Fstype::Ext4), Fstype::Xfs, "", "ext4"),
+        (Some(Fstype::Xfs), Fstype::Ext4, "", "xfs"),
+        (None, Fstype::Xfs, "", "xfs"),
+        (None, Fstype::Ext4, "", "ext4"),
+        (Some(Fstype::Ext4), Fstype::Xfs, "xfs", "xfs"),
+    ] {
+        let s = Setup::new(NodeOptions {
+            default_fstype: default,
+        });
+        *s.backend.classes.lock().unwrap() = vec![class(class_fs)];
+        let staging = s.staging();
+        s.fake.expect(&blkid()).fails(2, "");
+        s.fake.expect(&blkid()).fails(2, "");
+        s.fake
+            .expect(&[&format!("mkfs.{made}"), "-q", DEV])
+            .succeeds();
+        let mut mount = vec!["mount", "-t", made];
+        if made == "xfs" {
+            mount.extend(["-o", "nouuid"]);
+        }
+        mount.extend([DEV, &staging]);
+        s.fake.expect(&mount).succeeds();
+        s.svc
+            .node_stage_volume(Request::new(stage_req(
+                &s.id,
+                &staging,
+                mount_cap(asked, &[], Mode::SingleNodeWriter),
+            )))
+            .await
+            .unwrap();
+        s.fake.assert_done();
+    }
 }
 
 #[tokio::test]
