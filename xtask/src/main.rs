@@ -1,9 +1,10 @@
-//! Developer tasks: `cargo xtask deps | vm-run | vm-test | demo | e2e | bench | helm`.
+//! Developer tasks: `cargo xtask deps | vm-run | vm-test | demo | e2e | sanity | bench | helm`.
 
 mod cluster;
 mod e2e;
 mod guest;
 mod helm;
+mod sanity;
 mod vm;
 
 use std::{
@@ -63,6 +64,8 @@ enum Task {
     /// Start the throwaway control plane of `e2e` and keep it up until killed (for development:
     /// `export KUBECONFIG=target/e2e/dev/admin.kubeconfig`).
     Cluster,
+    /// csi-sanity against the standalone driver in the VM: thin mount, thin block and thick classes.
+    Sanity,
     /// Regenerate the Helm chart deploy/helm/lvms from the kustomize base (needs kubectl).
     Helm,
     /// The CSI benchmark in the VM (release build): the driver against raw LVM, ratios printed.
@@ -165,6 +168,10 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
         Task::Cluster => {
             deps()?;
             e2e::serve_cluster(&repo)
+        }
+        Task::Sanity => {
+            deps()?;
+            sanity::run(&repo)
         }
         Task::Helm => helm::generate(&repo).map(|()| ExitCode::SUCCESS),
         Task::Bench { args } => {
