@@ -379,8 +379,12 @@ async fn stack_a_claim_grows_is_snapshotted_restored_and_cloned_and_its_lvs_go_w
     let stack = guard.as_ref().unwrap();
     let client = support::client().await;
     ready_cluster(&client, stack).await;
-    let ns = TestNamespace::create(&client, &format!("lvms-e2e-life-{}", support::suffix()), &[])
-        .await;
+    let ns = TestNamespace::create(
+        &client,
+        &format!("lvms-e2e-life-{}", support::suffix()),
+        &[],
+    )
+    .await;
     let before = stack.vm.lvs(CLASS).await;
     const GIB: u64 = 1 << 30;
 
@@ -409,7 +413,11 @@ async fn stack_a_claim_grows_is_snapshotted_restored_and_cloned_and_its_lvs_go_w
         }
     })
     .await;
-    assert_eq!(lv_size(stack, &data).await, 2 * GIB, "lvs shows the grown LV");
+    assert_eq!(
+        lv_size(stack, &data).await,
+        2 * GIB,
+        "lvs shows the grown LV"
+    );
 
     // A VolumeSnapshot becomes ReadyToUse through snapshot-controller and csi-snapshotter.
     let snapshots = Api::<DynamicObject>::namespaced_with(
@@ -469,8 +477,10 @@ async fn stack_a_claim_grows_is_snapshotted_restored_and_cloned_and_its_lvs_go_w
         &ns.name,
         "restored",
         "2Gi",
-        Some(json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
-                    "name": "snap"})),
+        Some(
+            json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
+                    "name": "snap"}),
+        ),
     )
     .await;
     let cloned = bound_claim(
