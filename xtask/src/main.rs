@@ -1,9 +1,10 @@
-//! Developer tasks: `cargo xtask deps | vm-run | vm-test | demo | e2e | bench | helm`.
+//! Developer tasks: `cargo xtask deps | vm-run | vm-test | demo | e2e | sanity | bench | helm`.
 
 mod cluster;
 mod e2e;
 mod guest;
 mod helm;
+mod sanity;
 mod vm;
 
 use std::{
@@ -63,6 +64,8 @@ enum Task {
     /// Start the throwaway control plane of `e2e` and keep it up until killed (for development:
     /// `export KUBECONFIG=target/e2e/dev/admin.kubeconfig`).
     Cluster,
+    /// csi-sanity against the standalone driver in the VM: thin mount, thin block and thick classes.
+    Sanity,
     /// Regenerate the Helm chart deploy/helm/lvms from the kustomize base (needs kubectl).
     Helm,
     /// The CSI benchmark in the VM (release build): the driver against raw LVM, ratios printed.
@@ -166,6 +169,10 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
             deps()?;
             e2e::serve_cluster(&repo)
         }
+        Task::Sanity => {
+            deps()?;
+            sanity::run(&repo)
+        }
         Task::Helm => helm::generate(&repo).map(|()| ExitCode::SUCCESS),
         Task::Bench { args } => {
             deps()?;
@@ -228,7 +235,7 @@ fn disks_dir(repo: &Path) -> PathBuf {
     vm::vm_dir(repo).join(format!("disks-{}", std::process::id()))
 }
 
-/// Commands the VM suite needs, and the Debian package that brings each.
+/// Commands the VM suite and the tests need, and the Debian package that brings each.
 const DEPS: &[(&str, &str)] = &[
     ("/usr/bin/qemu-system-x86_64", "qemu-system-x86"),
     ("/bin/busybox", "busybox-static"),
@@ -243,6 +250,11 @@ const DEPS: &[(&str, &str)] = &[
     ("/usr/bin/etcd", "etcd-server"),
     ("/usr/bin/curl", "curl"),
     ("/usr/bin/xz", "xz-utils"),
+    // pip installs the gRPC C-core client (grpcio) the CSI contract tests run.
+    (
+        "/usr/lib/python3/dist-packages/pip/__init__.py",
+        "python3-pip",
+    ),
 ];
 
 fn deps() -> Result<()> {

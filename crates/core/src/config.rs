@@ -48,8 +48,9 @@ pub struct DeviceClassConfig {
     pub raid_config: Option<RaidConfig>,
     #[serde(default)]
     pub default: bool,
-    #[serde(default)]
-    pub fstype: Fstype,
+    /// The filesystem of a blank volume whose request names none; the driver's default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fstype: Option<Fstype>,
     /// Without device paths: whether disks attached later are added (`Dynamic`) or only those found
     /// when the volume group is made (`Static`). No effect when paths are listed.
     #[serde(default)]

@@ -23,6 +23,9 @@ pub struct ClassInfo {
     /// Thick classes: the layout of a volume whose request names none (linear, or the RAID layout of
     /// the class's `raidConfig`).
     pub layout: LvType,
+    /// The filesystem made on a blank volume of the class whose request names none (`None`: the
+    /// driver's default).
+    pub fstype: Option<lvms_core::config::Fstype>,
 }
 
 impl ClassInfo {
@@ -46,6 +49,7 @@ impl ClassInfo {
                     stripes: r.stripes,
                     stripe_size: r.stripe_size.map(|s| s.0),
                 }),
+            fstype: c.fstype,
         }
     }
 }

@@ -429,10 +429,26 @@ impl<B: Backend> ControllerService<B> {
             ));
         }
         let mut size = size_for(req.capacity_range.as_ref())?;
-        let xfs = params.fstype.as_deref() == Some("xfs")
-            || req.volume_capabilities.iter().any(|c| {
-                matches!(&c.access_type, Some(volume_capability::AccessType::Mount(m)) if m.fs_type == "xfs")
-            });
+        // The filesystem the node will make: the request's, else the class's (see the Node service).
+        fn mount(c: &VolumeCapability) -> Option<&str> {
+            match &c.access_type {
+                Some(volume_capability::AccessType::Mount(m)) => Some(m.fs_type.as_str()),
+                _ => None,
+            }
+        }
+        let asked_fs = params.fstype.as_deref().or_else(|| {
+            req.volume_capabilities
+                .iter()
+                .filter_map(mount)
+                .find(|fs| !fs.is_empty())
+        });
+        let xfs = match asked_fs {
+            Some(fs) => fs == "xfs",
+            None => {
+                class.fstype == Some(lvms_core::config::Fstype::Xfs)
+                    && req.volume_capabilities.iter().any(|c| mount(c).is_some())
+            }
+        };
         if xfs && size < MIN_XFS_SIZE {
             let limit = req.capacity_range.as_ref().map_or(0, |r| r.limit_bytes);
             if limit > 0 && limit.unsigned_abs() < MIN_XFS_SIZE {

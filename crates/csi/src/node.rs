@@ -47,7 +47,8 @@ const MAX_STACKED_MOUNTS: usize = 8;
 /// How the Node service is set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NodeOptions {
-    /// The filesystem made on a blank volume when the capability names none.
+    /// The filesystem made on a blank volume when neither the capability nor the volume's class
+    /// ([`crate::backend::ClassInfo::fstype`]) names one.
     pub default_fstype: Fstype,
 }
 
@@ -554,6 +555,17 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
         Ok((guard, self.lookup(id).await?))
     }
 
+    /// The filesystem of a blank volume of `class` whose capability names none: the class's, else the
+    /// driver's default.
+    fn fstype_of_class(&self, class: &str) -> Fstype {
+        self.backend
+            .classes()
+            .iter()
+            .find(|c| c.name == class)
+            .and_then(|c| c.fstype)
+            .unwrap_or(self.options.default_fstype)
+    }
+
     async fn mounts(&self) -> Result<Vec<MountInfo>, RequestError> {
         self.fs.mounts().await.map_err(RequestError::Mounts)
     }
@@ -579,6 +591,7 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
             )
             .into());
         }
+        request::our_volume_id(&req.volume_id)?;
         let staging = req.staging_target_path.as_str();
         let (_guard, vol) = self.begin(&req.volume_id).await?;
         if matches!(cap.access, Access::Mount { .. }) {
@@ -636,7 +649,10 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
         }
         let found = self.fs.detect_fs(&device).await.map_err(host("probing"))?;
         let (fstype, blank) = match found {
-            None => (asked.unwrap_or(self.options.default_fstype), true),
+            None => (
+                asked.unwrap_or_else(|| self.fstype_of_class(&vol.class)),
+                true,
+            ),
             Some(sig) => match (known_fstype(&sig), asked) {
                 (Some(have), Some(want)) if have != want => {
                     return Err(StageError::WrongFilesystem {
@@ -682,6 +698,7 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
     ) -> Result<NodeUnstageVolumeResponse, UnstageError> {
         request::volume_id(&req.volume_id)?;
         request::path("staging_target_path", &req.staging_target_path)?;
+        request::our_volume_id(&req.volume_id)?;
         let staging = req.staging_target_path.as_str();
         let (_guard, vol) = self.begin(&req.volume_id).await?;
         let ids = device_ids(&vol.device)?;
@@ -711,11 +728,12 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
     ) -> Result<NodePublishVolumeResponse, PublishError> {
         request::volume_id(&req.volume_id)?;
         request::path("target_path", &req.target_path)?;
+        let cap = request::capability(req.volume_capability.as_ref())?;
         if req.staging_target_path.is_empty() {
             return Err(PublishError::StagingRequired);
         }
         request::path("staging_target_path", &req.staging_target_path)?;
-        let cap = request::capability(req.volume_capability.as_ref())?;
+        request::our_volume_id(&req.volume_id)?;
         let (target, staging) = (req.target_path.as_str(), req.staging_target_path.as_str());
         let readonly = req.readonly || cap.reader_only();
         let (_guard, vol) = self.begin(&req.volume_id).await?;
@@ -768,6 +786,7 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
     ) -> Result<NodeUnpublishVolumeResponse, UnpublishError> {
         request::volume_id(&req.volume_id)?;
         request::path("target_path", &req.target_path)?;
+        request::our_volume_id(&req.volume_id)?;
         let target = req.target_path.as_str();
         let (_guard, vol) = self.begin(&req.volume_id).await?;
         let ids = device_ids(&vol.device)?;
@@ -799,8 +818,9 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
         req: &NodeGetVolumeStatsRequest,
     ) -> Result<NodeGetVolumeStatsResponse, StatsError> {
         request::volume_id(&req.volume_id)?;
-        request::path("volume_path", &req.volume_path)?;
+        request::volume_path("volume_path", &req.volume_path)?;
         request::optional_path("staging_target_path", &req.staging_target_path)?;
+        request::our_volume_id(&req.volume_id)?;
         let path = req.volume_path.as_str();
         let vol = self.lookup(&req.volume_id).await?;
         let not_here = || {
@@ -850,13 +870,14 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
         req: &NodeExpandVolumeRequest,
     ) -> Result<NodeExpandVolumeResponse, ExpandError> {
         request::volume_id(&req.volume_id)?;
-        request::path("volume_path", &req.volume_path)?;
+        request::volume_path("volume_path", &req.volume_path)?;
         request::optional_path("staging_target_path", &req.staging_target_path)?;
         let cap = req
             .volume_capability
             .as_ref()
             .map(|c| request::capability(Some(c)))
             .transpose()?;
+        request::our_volume_id(&req.volume_id)?;
         let path = req.volume_path.as_str();
         let (_guard, vol) = self.begin(&req.volume_id).await?;
         let not_here = || {

@@ -100,6 +100,93 @@ async fn identity_names_the_driver_and_advertises_controller_topology_and_online
     )));
 }
 
+/// The oldest grpcio whose C-core sends the percent-encoded socket path as `:authority` for a `unix:`
+/// target (grpc/grpc#33571); older ones, Debian 12's python3-grpcio 1.51 among them, send `localhost`.
+const C_CORE_MIN: (u32, u32) = (1, 57);
+
+/// A directory holding grpcio from PyPI (at least [`C_CORE_MIN`]) for Debian's `/usr/bin/python3`,
+/// installed with pip (python3-pip, `cargo xtask deps`) under the target directory on first use.
+/// `Err` says why there is none.
+fn c_core_client() -> Result<std::path::PathBuf, String> {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("c-core-client");
+    let version = || {
+        std::process::Command::new("/usr/bin/python3")
+            .args(["-c", "import grpc; print(grpc.__version__)"])
+            .env("PYTHONPATH", &dir)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let new_enough = |v: &str| {
+        let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+        (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= C_CORE_MIN
+    };
+    if version().is_some_and(|v| new_enough(&v) && dir.join("grpc").exists()) {
+        return Ok(dir);
+    }
+    let out = std::process::Command::new("/usr/bin/python3")
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
+        .args(["--upgrade", "--target"])
+        .arg(&dir)
+        .arg(format!("grpcio>={}.{}", C_CORE_MIN.0, C_CORE_MIN.1))
+        .output()
+        .map_err(|e| format!("running /usr/bin/python3 -m pip: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "pip install grpcio failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    match version() {
+        Some(v) if new_enough(&v) => Ok(dir),
+        other => Err(format!("grpcio {other:?} after pip install")),
+    }
+}
+
+#[tokio::test]
+async fn a_grpc_c_core_client_sending_its_default_unix_authority_is_served() {
+    let pythonpath = match c_core_client() {
+        Ok(dir) => dir,
+        Err(why) => {
+            // CI has pip and PyPI; elsewhere say what is missing rather than fail.
+            assert!(std::env::var_os("CI").is_none(), "{why}");
+            eprintln!("skipped: no gRPC C-core client: {why}");
+            return;
+        }
+    };
+    let d = Driver::start().await;
+    d.converged.set(true);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c_core/probe.py");
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new("/usr/bin/python3")
+            .arg(script)
+            .arg(&d.socket)
+            .env("PYTHONPATH", &pythonpath)
+            .output(),
+    )
+    .await
+    .expect("the C-core client finished within a minute")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the C-core client failed ({}):\n{stdout}{stderr}",
+        out.status
+    );
+    // ready: BoolValue{value: true} is field 1 holding field 1 = 1.
+    assert!(stdout.contains("probe 0a020801"), "{stdout}");
+    assert!(stdout.contains("name topolvm.io"), "{stdout}");
+}
+
 #[tokio::test]
 async fn probe_is_ready_only_once_the_classes_converged() {
     let mut d = Driver::start().await;
@@ -969,4 +1056,30 @@ async fn xfs_volumes_are_made_at_least_300mi_and_a_lower_limit_is_out_of_range()
     let (c, m) = code(d.controller.create_volume(capped).await);
     assert_eq!(c, Code::OutOfRange, "{m}");
     assert!(m.contains("300Mi"), "{m}");
+}
+
+#[tokio::test]
+async fn without_a_requested_fstype_the_class_fstype_decides_the_xfs_minimum() {
+    use lvms_core::config::Fstype;
+    let backend = FakeBackend::new()
+        .with_fstype("thin", Fstype::Xfs)
+        .with_fstype("thick", Fstype::Ext4);
+    let mut d = Driver::start_with(Arc::new(backend)).await;
+    let size = |v: lvms_csi::csi::CreateVolumeResponse| v.volume.unwrap().capacity_bytes;
+    // (name, class, capability fs_type) -> capacity of a 64Mi request.
+    for (name, class, fs, want) in [
+        ("thin-class-xfs", "thin", "", 300 * MIB),
+        ("thick-class-ext4", "thick", "", 64 * MIB),
+        ("thick-class-asked-xfs", "thick", "xfs", 300 * MIB),
+        ("thin-class-asked-ext4", "thin", "ext4", 64 * MIB),
+    ] {
+        let mut req = in_class(create(name, 64 * MIB), class);
+        req.volume_capabilities = vec![mount(Mode::SingleNodeWriter, fs)];
+        let got = size(d.controller.create_volume(req).await.unwrap().into_inner());
+        assert_eq!(got, want, "{name}");
+    }
+    let mut blk = in_class(create("thin-class-block", 64 * MIB), "thin");
+    blk.volume_capabilities = vec![block(Mode::SingleNodeWriter)];
+    let got = size(d.controller.create_volume(blk).await.unwrap().into_inner());
+    assert_eq!(got, 64 * MIB, "a block volume has no filesystem");
 }

@@ -6,6 +6,7 @@
 
 use std::{path::PathBuf, sync::Arc};
 
+use lvms_core::config::Fstype;
 use lvms_csi::{
     backend::ClassInfo,
     controller::ControllerService,
@@ -98,6 +99,7 @@ async fn start(s: &Setup, socket: &std::path::Path) -> Driver {
                 overprovision_ratio: 4,
                 default: true,
                 layout: lvms_csi::backend::LvType::Linear,
+                fstype: None,
             },
             ClassInfo {
                 name: s.thick.clone(),
@@ -105,6 +107,9 @@ async fn start(s: &Setup, socket: &std::path::Path) -> Driver {
                 overprovision_ratio: 1,
                 default: false,
                 layout: lvms_csi::backend::LvType::Linear,
+                // A blank volume whose capability names no filesystem gets the class's, not the
+                // driver's default (xfs below).
+                fstype: Some(Fstype::Ext4),
             },
         ],
         Lvm::new(Arc::new(LvmShell::new())),
@@ -118,7 +123,9 @@ async fn start(s: &Setup, socket: &std::path::Path) -> Driver {
         node: Some(NodeService::new(
             backend,
             Filesystems::new(runner),
-            NodeOptions::default(),
+            NodeOptions {
+                default_fstype: Fstype::Xfs,
+            },
         )),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -404,6 +411,17 @@ async fn driver_thick_ext4_and_block_volumes_and_a_thin_block_clone() {
     std::fs::write(format!("{target}/f"), "thick").unwrap();
     let fstype = sh(&format!("findmnt -n -o FSTYPE {target}"));
     assert_eq!(fstype.trim(), "ext4");
+    // Thick, no filesystem asked for: the class's ext4, though the driver's default is xfs.
+    let unnamed = create_id(
+        &mut d,
+        create("pvc-class-fs", &s.thick, 128 * MIB, mount("")),
+    )
+    .await;
+    let unnamed_target = attach(&mut d, &s, &unnamed, "class-fs", mount("")).await;
+    let fstype = sh(&format!("findmnt -n -o FSTYPE {unnamed_target}"));
+    assert_eq!(fstype.trim(), "ext4", "the class's fstype");
+    detach(&mut d, &s, &unnamed, "class-fs").await;
+    delete(&mut d, &unnamed).await;
 
     // Thick striped over both disks, from parameters.
     let mut striped = create("pvc-striped", &s.thick, 64 * MIB, block());

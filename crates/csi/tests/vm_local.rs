@@ -35,6 +35,7 @@ mod vm_local {
             overprovision_ratio: 10,
             default: true,
             layout: LvType::Linear,
+            fstype: None,
         }
     }
 
@@ -45,6 +46,7 @@ mod vm_local {
             overprovision_ratio: 1,
             default: false,
             layout: LvType::Linear,
+            fstype: None,
         }
     }
 

@@ -400,7 +400,7 @@ mod tests {
             raid_config: None,
             device_discovery_policy: Default::default(),
             default: true,
-            fstype: Fstype::Xfs,
+            fstype: Some(Fstype::Xfs),
         }
     }
 

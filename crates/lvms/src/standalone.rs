@@ -68,13 +68,15 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
         .iter()
         .map(ClassInfo::from_config)
         .collect();
-    // A capability without a filesystem gets the default class's.
+    // A capability without a filesystem gets its volume's class's (see `NodeService`), and when the
+    // class names none the default class's, else xfs.
     let default_fstype = config
         .device_classes
         .iter()
         .find(|c| c.default)
         .unwrap_or(&config.device_classes[0])
-        .fstype;
+        .fstype
+        .unwrap_or_default();
     let runner = Arc::new(RealRunner);
     // The driver's LVM commands go to one long-lived `lvm` shell process (see `lvms_host::shell`); the
     // node engine's device work and the filesystem tools run as processes.

@@ -23,7 +23,7 @@ use lvms_api::{
 };
 use lvms_core::{
     config::{
-        CalculationPolicy, DeviceClassConfig, DeviceSelector, DiscoveryPolicy, Fstype, RaidConfig,
+        CalculationPolicy, DeviceClassConfig, DeviceSelector, DiscoveryPolicy, RaidConfig,
         RaidType, ThinPoolConfig,
     },
     lvattr::{LvAttr, LvHealth},
@@ -180,8 +180,9 @@ pub fn device_class_config(vg: &LVMVolumeGroup) -> Result<DeviceClassConfig, Str
         thin_pool_config,
         raid_config,
         default: spec.default,
-        // The filesystem is the StorageClass's business; the engine does not use it.
-        fstype: Fstype::default(),
+        // The filesystem is the StorageClass's business (it reaches the node in the capability); the
+        // engine does not use it.
+        fstype: None,
         device_discovery_policy: match spec.device_discovery_policy {
             Some(DeviceDiscoveryPolicy::Dynamic) => DiscoveryPolicy::Dynamic,
             Some(DeviceDiscoveryPolicy::Static) | None => DiscoveryPolicy::Static,

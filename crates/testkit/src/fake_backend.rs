@@ -54,6 +54,7 @@ impl FakeBackend {
                     overprovision_ratio: 2,
                     default: true,
                     layout: lvms_csi::backend::LvType::Linear,
+                    fstype: None,
                 },
                 ClassInfo {
                     name: "thick".into(),
@@ -61,10 +62,19 @@ impl FakeBackend {
                     overprovision_ratio: 1,
                     default: false,
                     layout: lvms_csi::backend::LvType::Linear,
+                    fstype: None,
                 },
             ],
             state: Mutex::new(state),
         }
+    }
+
+    /// The same backend with `class`'s filesystem set to `fstype`.
+    pub fn with_fstype(mut self, class: &str, fstype: lvms_core::config::Fstype) -> Self {
+        for c in self.classes.iter_mut().filter(|c| c.name == class) {
+            c.fstype = Some(fstype);
+        }
+        self
     }
 
     pub fn calls(&self) -> Vec<String> {

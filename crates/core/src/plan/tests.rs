@@ -165,7 +165,7 @@ fn class(name: &str, paths: &[String]) -> DeviceClassConfig {
         thin_pool_config: None,
         raid_config: None,
         default: false,
-        fstype: Fstype::Xfs,
+        fstype: Some(Fstype::Xfs),
         device_discovery_policy: DiscoveryPolicy::Static,
     }
 }

@@ -96,6 +96,7 @@ fn classes() -> Vec<ClassInfo> {
         overprovision_ratio: 100,
         default: true,
         layout: lvms_csi::backend::LvType::Linear,
+        fstype: None,
     }]
 }
 

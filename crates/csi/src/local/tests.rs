@@ -29,6 +29,7 @@ fn classes() -> Vec<ClassInfo> {
             overprovision_ratio: 10,
             default: true,
             layout: crate::backend::LvType::Linear,
+            fstype: None,
         },
         ClassInfo {
             name: "thick".into(),
@@ -36,6 +37,7 @@ fn classes() -> Vec<ClassInfo> {
             overprovision_ratio: 1,
             default: false,
             layout: crate::backend::LvType::Linear,
+            fstype: None,
         },
     ]
 }
@@ -907,6 +909,7 @@ async fn capacity_from_a_recorded_report_thin_and_thick() {
             overprovision_ratio: 10,
             default: true,
             layout: crate::backend::LvType::Linear,
+            fstype: None,
         },
         ClassInfo {
             name: "foreign".into(),
@@ -914,6 +917,7 @@ async fn capacity_from_a_recorded_report_thin_and_thick() {
             overprovision_ratio: 1,
             default: false,
             layout: crate::backend::LvType::Linear,
+            fstype: None,
         },
     ];
     let b = LocalBackend::new("node-a", classes, Lvm::new(fake.clone()));

@@ -91,7 +91,9 @@ impl Capability {
     }
 }
 
-/// A volume id: present, within the spec's size limit, and of our shape.
+/// A volume id: present and within the spec's size limit. Whether it is one of ours is a separate
+/// check ([`our_volume_id`]), made after every required field: the spec wants INVALID_ARGUMENT for a
+/// missing field whatever the id.
 pub fn volume_id(id: &str) -> Result<(), Invalid> {
     if id.is_empty() {
         return Err(Invalid::Argument("volume_id is required".to_owned()));
@@ -103,6 +105,11 @@ pub fn volume_id(id: &str) -> Result<(), Invalid> {
             ids::MAX_STRING_BYTES
         )));
     }
+    Ok(())
+}
+
+/// A volume id of our shape (NOT_FOUND otherwise: this driver never handed it out).
+pub fn our_volume_id(id: &str) -> Result<(), Invalid> {
     if !ids::is_volume_id(id) {
         return Err(Invalid::NotOurs(format!(
             "volume {id:?} does not exist: it is not a volume id this driver hands out"
@@ -135,6 +142,18 @@ pub fn path(field: &str, p: &str) -> Result<(), Invalid> {
         return bad("must not contain a '..' component");
     }
     Ok(())
+}
+
+/// The path of a volume to report on or expand (`NodeGetVolumeStats`, `NodeExpandVolume`): required
+/// (INVALID_ARGUMENT), and a path that [`path`] refuses (relative, with `..`, …) holds no volume of ours
+/// (NOT_FOUND), as the spec's tables say of a volume not at the path.
+pub fn volume_path(field: &str, p: &str) -> Result<(), Invalid> {
+    match path(field, p) {
+        Err(Invalid::Argument(m)) if !p.is_empty() => Err(Invalid::NotOurs(format!(
+            "no volume is at {field} {p:?}: {m}"
+        ))),
+        other => other,
+    }
 }
 
 /// An optional path: checked by [`path`] when not empty.
@@ -346,14 +365,31 @@ mod tests {
     #[test]
     fn volume_ids_empty_or_too_long_are_invalid_and_foreign_ones_not_found() {
         volume_id(&ids::volume_lv_name("pvc-1")).unwrap();
+        our_volume_id(&ids::volume_lv_name("pvc-1")).unwrap();
         assert!(matches!(volume_id(""), Err(Invalid::Argument(_))));
         assert!(
             matches!(volume_id(&"c".repeat(129)), Err(Invalid::Argument(m)) if m.contains("128"))
         );
         for foreign in ["vol-1", &ids::snapshot_lv_name("s"), "csi-abc"] {
+            volume_id(foreign).unwrap();
             assert!(
-                matches!(volume_id(foreign), Err(Invalid::NotOurs(_))),
+                matches!(our_volume_id(foreign), Err(Invalid::NotOurs(_))),
                 "{foreign}"
+            );
+        }
+    }
+
+    #[test]
+    fn volume_paths_are_required_and_a_malformed_one_holds_no_volume() {
+        volume_path("volume_path", "/var/lib/kubelet/pods/p/volumes/x/mount").unwrap();
+        assert!(matches!(
+            volume_path("volume_path", ""),
+            Err(Invalid::Argument(_))
+        ));
+        for bad in ["some/path", "/a/../b", "/a\0"] {
+            assert!(
+                matches!(volume_path("volume_path", bad), Err(Invalid::NotOurs(_))),
+                "{bad:?}"
             );
         }
     }

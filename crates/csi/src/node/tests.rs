@@ -33,6 +33,8 @@ const BLKID_PV: &str = "DEVNAME=/dev/null\nUUID=abc\nVERSION=LVM2 001\nTYPE=LVM2
 struct TestBackend {
     volumes: Mutex<HashMap<String, Volume>>,
     activations: AtomicUsize,
+    /// What `classes` answers (none unless a test sets them).
+    classes: Mutex<Vec<ClassInfo>>,
 }
 
 fn volume(id: &str) -> Volume {
@@ -62,7 +64,7 @@ impl Backend for TestBackend {
         "node-1"
     }
     fn classes(&self) -> Vec<ClassInfo> {
-        vec![]
+        self.classes.lock().unwrap().clone()
     }
     async fn ready(&self) -> crate::backend::Result<bool> {
         Ok(true)
@@ -120,6 +122,7 @@ impl Setup {
         let backend = Arc::new(TestBackend {
             volumes: Mutex::new(HashMap::from([(id.clone(), volume(&id))])),
             activations: AtomicUsize::new(0),
+            classes: Mutex::new(vec![]),
         });
         let fs = Filesystems::new(fake.clone()).with_proc_root(proc.path());
         let svc = NodeService::new(backend.clone(), fs, options);
@@ -506,6 +509,53 @@ async fn stage_default_fstype_is_a_constructor_option_and_the_capability_wins() 
         .await
         .unwrap();
     s.fake.assert_done();
+}
+
+#[tokio::test]
+async fn stage_without_a_capability_fstype_formats_with_the_volume_class_fstype_before_the_default()
+{
+    let class = |fstype| ClassInfo {
+        name: "vg1".into(),
+        thin_pool: None,
+        overprovision_ratio: 1,
+        default: false,
+        layout: crate::backend::LvType::Linear,
+        fstype,
+    };
+    // (the class's fstype, the driver default, the capability's fs_type) -> what is made.
+    for (class_fs, default, asked, made) in [
+        (Some(Fstype::Ext4), Fstype::Xfs, "", "ext4"),
+        (Some(Fstype::Xfs), Fstype::Ext4, "", "xfs"),
+        (None, Fstype::Xfs, "", "xfs"),
+        (None, Fstype::Ext4, "", "ext4"),
+        (Some(Fstype::Ext4), Fstype::Xfs, "xfs", "xfs"),
+    ] {
+        let s = Setup::new(NodeOptions {
+            default_fstype: default,
+        });
+        *s.backend.classes.lock().unwrap() = vec![class(class_fs)];
+        let staging = s.staging();
+        s.fake.expect(&blkid()).fails(2, "");
+        s.fake.expect(&blkid()).fails(2, "");
+        s.fake
+            .expect(&[&format!("mkfs.{made}"), "-q", DEV])
+            .succeeds();
+        let mut mount = vec!["mount", "-t", made];
+        if made == "xfs" {
+            mount.extend(["-o", "nouuid"]);
+        }
+        mount.extend([DEV, &staging]);
+        s.fake.expect(&mount).succeeds();
+        s.svc
+            .node_stage_volume(Request::new(stage_req(
+                &s.id,
+                &staging,
+                mount_cap(asked, &[], Mode::SingleNodeWriter),
+            )))
+            .await
+            .unwrap();
+        s.fake.assert_done();
+    }
 }
 
 #[tokio::test]
@@ -1112,4 +1162,169 @@ async fn node_codes_over_a_real_socket() {
     assert!(s.fake.calls().is_empty(), "{:?}", s.fake.calls());
     let _ = stop.send(());
     served.await.unwrap().unwrap();
+}
+
+/// The Node service of `s` on a real socket in its scratch directory: a client, and a sender that stops
+/// the server.
+async fn serve_on_socket(
+    s: &Setup,
+) -> (
+    crate::csi::node_client::NodeClient<tonic::transport::Channel>,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    use crate::{
+        identity::{Converged, IdentityService},
+        server::{self, Services},
+    };
+    let fs = Filesystems::new(s.fake.clone()).with_proc_root(s.proc.path());
+    let svc = NodeService::new(s.backend.clone(), fs, NodeOptions::default());
+    let socket = s.dir.path().join("node.sock");
+    let listener = server::bind(&socket).unwrap();
+    let services: Services<_, _> = Services {
+        identity: IdentityService::new(
+            "topolvm.io",
+            false,
+            s.backend.clone(),
+            Converged::default(),
+        ),
+        controller: None,
+        node: Some(svc),
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server::serve(listener, services, async {
+        let _ = stopped.await;
+    }));
+    let client = crate::csi::node_client::NodeClient::new(server::connect(&socket).await.unwrap());
+    (client, stop)
+}
+
+#[tokio::test]
+async fn a_missing_field_is_invalid_argument_whatever_the_volume_id_and_a_path_without_our_volume_not_found()
+ {
+    use Code::{FailedPrecondition as Fp, InvalidArgument as Inv, NotFound as Nf};
+    let s = Setup::new(NodeOptions::default());
+    let staging = s.staging();
+    let target = s.path("target");
+    let (mut c, stop) = serve_on_socket(&s).await;
+    let unknown = volume_lv_name("pvc-unknown");
+    // A known volume, one of our shape that does not exist, and one this driver never hands out.
+    let ids = [s.id.as_str(), unknown.as_str(), "vol-1"];
+
+    for id in ids {
+        let stats = |path: &str| NodeGetVolumeStatsRequest {
+            volume_id: id.to_owned(),
+            volume_path: path.to_owned(),
+            staging_target_path: String::new(),
+        };
+        let expand = |path: &str| NodeExpandVolumeRequest {
+            volume_id: id.to_owned(),
+            volume_path: path.to_owned(),
+            ..Default::default()
+        };
+        let rows: Vec<(&str, Code, Code)> = vec![
+            (
+                "publish without a target path",
+                Inv,
+                code(
+                    c.node_publish_volume(publish_req(id, &staging, "", writer(), false))
+                        .await,
+                ),
+            ),
+            (
+                "publish without a capability",
+                Inv,
+                code(
+                    c.node_publish_volume(publish_req(id, &staging, &target, None, false))
+                        .await,
+                ),
+            ),
+            (
+                "publish without a capability or a staging path",
+                Inv,
+                code(
+                    c.node_publish_volume(publish_req(id, "", &target, None, false))
+                        .await,
+                ),
+            ),
+            (
+                "publish without a staging path",
+                Fp,
+                code(
+                    c.node_publish_volume(publish_req(id, "", &target, writer(), false))
+                        .await,
+                ),
+            ),
+            (
+                "unpublish without a target path",
+                Inv,
+                code(
+                    c.node_unpublish_volume(NodeUnpublishVolumeRequest {
+                        volume_id: id.to_owned(),
+                        target_path: String::new(),
+                    })
+                    .await,
+                ),
+            ),
+            (
+                "stage without a staging path",
+                Inv,
+                code(c.node_stage_volume(stage_req(id, "", writer())).await),
+            ),
+            (
+                "stage without a capability",
+                Inv,
+                code(c.node_stage_volume(stage_req(id, &staging, None)).await),
+            ),
+            (
+                "unstage without a staging path",
+                Inv,
+                code(
+                    c.node_unstage_volume(NodeUnstageVolumeRequest {
+                        volume_id: id.to_owned(),
+                        staging_target_path: String::new(),
+                    })
+                    .await,
+                ),
+            ),
+            (
+                "stats without a volume path",
+                Inv,
+                code(c.node_get_volume_stats(stats("")).await),
+            ),
+            (
+                "stats of a relative path",
+                Nf,
+                code(c.node_get_volume_stats(stats("some/path")).await),
+            ),
+            (
+                "stats of a path where nothing is mounted",
+                Nf,
+                code(c.node_get_volume_stats(stats(&staging)).await),
+            ),
+            (
+                "expand without a volume path",
+                Inv,
+                code(c.node_expand_volume(expand("")).await),
+            ),
+            (
+                "expand of a relative path",
+                Nf,
+                code(c.node_expand_volume(expand("some/path")).await),
+            ),
+        ];
+        for (case, want, got) in rows {
+            assert_eq!(got, want, "{case} (volume {id})");
+        }
+    }
+    // A well-formed request for a volume that is not there is NOT_FOUND.
+    for id in &ids[1..] {
+        let got = c.node_stage_volume(stage_req(id, &staging, writer())).await;
+        assert_eq!(code(got), Nf, "stage of {id}");
+        let got = c
+            .node_publish_volume(publish_req(id, &staging, &target, writer(), false))
+            .await;
+        assert_eq!(code(got), Nf, "publish of {id}");
+    }
+    assert!(s.fake.calls().is_empty(), "{:?}", s.fake.calls());
+    let _ = stop.send(());
 }

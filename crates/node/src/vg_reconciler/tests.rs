@@ -108,6 +108,7 @@ async fn the_backend_follows_the_ready_classes() {
         overprovision_ratio: 1,
         default: false,
         layout: lvms_csi::backend::LvType::Linear,
+        fstype: None,
     };
     ctx.record("a", Some(ready("a")), Some(class("a")))
         .await

@@ -85,6 +85,7 @@ fn the_engine_config_carries_every_field_with_the_apis_defaults() {
             overprovision_ratio: 10,
             default: true,
             layout: lvms_csi::backend::LvType::Linear,
+            fstype: None,
         }
     );
 

@@ -1,0 +1,307 @@
+//! `cargo xtask sanity`: the CSI conformance suite (csi-test v5.4.0's csi-sanity) against `lvms standalone`
+//! in one boot of the test VM, in three modes: a thin class with mount volumes, the thin class with block
+//! volumes, and a thick class (whose snapshot and clone specs are skipped: thick classes cannot snapshot).
+//!
+//! csi-sanity comes from `$LVMS_K8S_ASSETS/csi-sanity` when that is set, else from
+//! `<repo>/../shared/k8s/csi-sanity.xz`, unpacked into `target/k8s/`. Each mode's whole output is kept in
+//! `target/sanity/<mode>.log`, the driver's in `target/sanity/standalone.log`.
+
+use std::{
+    fmt::Write as _,
+    fs,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::vm::{self, VmSpec};
+
+/// The CSI socket inside the VM.
+const SOCKET: &str = "/run/lvms/csi.sock";
+/// Size of every test volume: at least the 300Mi an xfs volume needs, small enough for several at once.
+const VOLUME_SIZE: u64 = 512 << 20;
+/// What the expansion specs grow a volume to.
+const EXPAND_SIZE: u64 = 1 << 30;
+
+/// One csi-sanity run.
+struct Mode {
+    name: &'static str,
+    /// The device class named in `--csi.testvolumeparameters`.
+    class: &'static str,
+    /// Extra csi-sanity flags.
+    flags: &'static [&'static str],
+}
+
+const MODES: &[Mode] = &[
+    Mode {
+        name: "thin-mount",
+        class: "sanity-thin",
+        flags: &[],
+    },
+    Mode {
+        name: "thin-block",
+        class: "sanity-thin",
+        flags: &["--csi.testvolumeaccesstype=block"],
+    },
+    Mode {
+        name: "thick",
+        class: "sanity-thick",
+        // Snapshots, restores and clones need a thin class.
+        flags: &["--ginkgo.skip=[Ss]napshot|source volume"],
+    },
+];
+
+/// The node engine's config: a thin class (the default, xfs) and a thick ext4 class, one disk each.
+const CONFIG: &str = "\
+deviceClasses:
+  - name: sanity-thin
+    default: true
+    fstype: xfs
+    deviceSelector:
+      paths: [/dev/disk/by-id/virtio-sanity-thin]
+    thinPoolConfig:
+      name: pool
+      sizePercent: 90
+      overprovisionRatio: 10
+      metadataSize: 64Mi
+  - name: sanity-thick
+    fstype: ext4
+    deviceSelector:
+      paths: [/dev/disk/by-id/virtio-sanity-thick]
+";
+
+/// Pass, fail and skip counts of a ginkgo run.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub passed: u64,
+    pub failed: u64,
+    pub skipped: u64,
+}
+
+/// The counts of ginkgo's summary line (`FAIL! -- 50 Passed | 2 Failed | 0 Pending | 42 Skipped`);
+/// pending specs count as skipped. `None` when the output has no such line (the run did not finish).
+pub fn parse_summary(output: &str) -> Option<Counts> {
+    let line = output
+        .lines()
+        .rev()
+        .find(|l| l.contains(" Passed | ") && l.contains(" Failed | "))?;
+    let mut counts = Counts::default();
+    let tail = line.rsplit_once("-- ").map_or(line, |(_, t)| t);
+    for part in tail.split('|') {
+        let mut words = part.split_whitespace();
+        let (Some(n), Some(what)) = (words.next(), words.next()) else {
+            continue;
+        };
+        let Ok(n) = n.parse::<u64>() else { continue };
+        match what {
+            "Passed" => counts.passed += n,
+            "Failed" => counts.failed += n,
+            "Pending" | "Skipped" => counts.skipped += n,
+            _ => {}
+        }
+    }
+    Some(counts)
+}
+
+/// The csi-sanity binary: `$LVMS_K8S_ASSETS/csi-sanity`, else the shared archive unpacked into
+/// `target/k8s/` (kept when already there at the archive's uncompressed size).
+fn csi_sanity(repo: &Path) -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("LVMS_K8S_ASSETS") {
+        let bin = PathBuf::from(dir).join("csi-sanity");
+        if !bin.is_file() {
+            bail!("{} does not exist (LVMS_K8S_ASSETS)", bin.display());
+        }
+        return Ok(bin);
+    }
+    let xz = repo.join("../shared/k8s/csi-sanity.xz");
+    let bin = repo.join("target/k8s/csi-sanity");
+    let list = Command::new("xz")
+        .args(["--robot", "--list"])
+        .arg(&xz)
+        .output()
+        .with_context(|| format!("xz --list {}", xz.display()))?;
+    if !list.status.success() {
+        bail!(
+            "cannot read {}: {} (set LVMS_K8S_ASSETS to a directory with csi-sanity)",
+            xz.display(),
+            String::from_utf8_lossy(&list.stderr).trim()
+        );
+    }
+    // `file <streams> <blocks> <compressed> <uncompressed> …`
+    let size: u64 = String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("file\t"))
+        .and_then(|l| l.split('\t').nth(3))
+        .and_then(|s| s.parse().ok())
+        .context("xz --robot --list printed no uncompressed size")?;
+    if fs::metadata(&bin).is_ok_and(|m| m.len() == size) {
+        return Ok(bin);
+    }
+    fs::create_dir_all(bin.parent().unwrap_or(repo))?;
+    let partial = bin.with_extension("partial");
+    let status = Command::new("xz")
+        .arg("-dc")
+        .arg(&xz)
+        .stdout(fs::File::create(&partial)?)
+        .status()
+        .context("running xz")?;
+    if !status.success() {
+        bail!("unpacking {} failed", xz.display());
+    }
+    fs::set_permissions(&partial, fs::Permissions::from_mode(0o755))?;
+    fs::rename(&partial, &bin)?;
+    println!("sanity: unpacked {}", bin.display());
+    Ok(bin)
+}
+
+/// The guest script: start the driver, wait for Probe, run every mode (each output to its log).
+fn guest_script(lvms: &Path, sanity: &Path, out: &Path) -> String {
+    let q = |p: &Path| vm::shell_quote(&p.to_string_lossy());
+    let mut s = String::from("set -u\n");
+    let _ = writeln!(s, "out={} lvms={} sanity={}", q(out), q(lvms), q(sanity));
+    let _ = writeln!(s, "sock={SOCKET}");
+    s.push_str(
+        r#""$lvms" standalone --config "$out/config.yaml" --endpoint "$sock" --node-id sanity-node \
+  2>"$out/standalone.log" &
+driver=$!
+i=0
+until "$lvms" csi --endpoint "$sock" probe >/dev/null 2>&1; do
+  i=$((i + 1))
+  if [ $i -gt 300 ]; then
+    echo "sanity: the driver did not become ready"; tail -n 40 "$out/standalone.log"; kill $driver; exit 1
+  fi
+  sleep 1
+done
+status=0
+run_mode() {
+  mode=$1; shift
+  dir=/run/sanity/$mode
+  mkdir -p "$dir"
+  echo "== csi-sanity: $mode"
+  "$sanity" --csi.endpoint "$sock" --csi.mountdir "$dir/mount" --csi.stagingdir "$dir/staging" \
+    --ginkgo.no-color --ginkgo.timeout=40m "$@" >"$out/$mode.log" 2>&1 || status=1
+  # The failures ginkgo summarises at the end, and its counts.
+  sed -n '/^Summarizing/,$p' "$out/$mode.log" | grep -v '^\s*$' | head -n 60
+  grep -E 'Passed \| [0-9]+ Failed' "$out/$mode.log" || echo "csi-sanity $mode did not finish"
+}
+"#,
+    );
+    for mode in MODES {
+        let _ = write!(
+            s,
+            "run_mode {} --csi.testvolumesize={VOLUME_SIZE} --csi.testvolumeexpandsize={EXPAND_SIZE} \
+             --csi.testvolumeparameters=\"$out/{}.params.yaml\"",
+            mode.name, mode.name
+        );
+        for f in mode.flags {
+            let _ = write!(s, " {}", vm::shell_quote(f));
+        }
+        s.push('\n');
+    }
+    s.push_str("kill $driver; wait $driver 2>/dev/null\nexit $status\n");
+    s
+}
+
+/// `cargo xtask sanity`.
+pub fn run(repo: &Path) -> Result<ExitCode> {
+    let sanity = csi_sanity(repo)?;
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--package", "lvms"])
+        .current_dir(repo)
+        .status()?;
+    if !status.success() {
+        bail!("building lvms failed");
+    }
+    let lvms = repo.join("target/debug/lvms");
+    let out = repo.join("target/sanity");
+    if out.exists() {
+        fs::remove_dir_all(&out)?;
+    }
+    fs::create_dir_all(&out)?;
+    fs::write(out.join("config.yaml"), CONFIG)?;
+    for mode in MODES {
+        fs::write(
+            out.join(format!("{}.params.yaml", mode.name)),
+            format!("topolvm.io/device-class: {}\n", mode.class),
+        )?;
+    }
+    let script = out.join("guest.sh");
+    fs::write(&script, guest_script(&lvms, &sanity, &out))?;
+    let disks = vec![
+        crate::parse_disk(repo, "sanity-thin=4096")?,
+        crate::parse_disk(repo, "sanity-thick=4096")?,
+    ];
+    let spec = VmSpec {
+        name: "sanity".into(),
+        disks,
+        memory_mib: 2048,
+        cpus: 2,
+        net: false,
+        forwards: vec![],
+        command: format!("sh {}", vm::shell_quote(&script.to_string_lossy())),
+        cwd: repo.to_path_buf(),
+        env: vec![],
+        timeout: Duration::from_secs(90 * 60),
+    };
+    let outcome = vm::run_all(repo, vec![spec])?.remove(0);
+
+    let mut total = Counts::default();
+    let mut unfinished = Vec::new();
+    for mode in MODES {
+        let log = fs::read_to_string(out.join(format!("{}.log", mode.name))).unwrap_or_default();
+        match parse_summary(&log) {
+            Some(c) => {
+                println!(
+                    "csi-sanity {}: {} passed, {} failed, {} skipped",
+                    mode.name, c.passed, c.failed, c.skipped
+                );
+                total.passed += c.passed;
+                total.failed += c.failed;
+                total.skipped += c.skipped;
+            }
+            None => {
+                println!("csi-sanity {}: did not finish", mode.name);
+                unfinished.push(mode.name);
+            }
+        }
+    }
+    println!(
+        "csi-sanity: {} passed, {} failed, {} skipped",
+        total.passed, total.failed, total.skipped
+    );
+    if !unfinished.is_empty() {
+        bail!(
+            "csi-sanity did not finish in mode(s) {} (see target/sanity/)",
+            unfinished.join(", ")
+        );
+    }
+    if total.failed > 0 || outcome.exit_code != Some(0) {
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ginkgo_summaries_are_counted_with_pending_as_skipped() {
+        let out = "Ran 52 of 94 Specs in 30.512 seconds\n\
+                   FAIL! -- 50 Passed | 2 Failed | 1 Pending | 41 Skipped\n--- FAIL: TestSanity\n";
+        assert_eq!(
+            parse_summary(out),
+            Some(Counts {
+                passed: 50,
+                failed: 2,
+                skipped: 42
+            })
+        );
+        let ok = "SUCCESS! -- 60 Passed | 0 Failed | 0 Pending | 34 Skipped\nPASS\n";
+        assert_eq!(parse_summary(ok).map(|c| c.failed), Some(0));
+        assert_eq!(parse_summary("panic: no connection\n"), None);
+    }
+}
