@@ -667,3 +667,223 @@ async fn stack_deleting_the_lvmcluster_waits_for_a_retained_volume_then_the_node
     );
     ns.delete().await;
 }
+
+/// How many claims the crash scenario makes.
+const BATCH: usize = 50;
+
+/// The claims of `ns` that are Bound, and those that are not (yet).
+async fn bound_claims(client: &Client, ns: &str) -> (Vec<String>, Vec<String>) {
+    let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let (bound, pending): (Vec<_>, Vec<_>) = pvcs
+        .items
+        .iter()
+        .partition(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"));
+    (
+        bound.iter().map(|c| c.name_any()).collect(),
+        pending.iter().map(|c| c.name_any()).collect(),
+    )
+}
+
+#[tokio::test]
+async fn stack_killing_each_lvms_process_mid_batch_loses_and_duplicates_no_volume() {
+    let Some(mut guard) =
+        stack::stack("stack_killing_each_lvms_process_mid_batch_loses_and_duplicates_no_volume")
+            .await
+    else {
+        return;
+    };
+    let stack = guard.as_mut().unwrap();
+    let client = support::client().await;
+    ready_cluster(&client, stack).await;
+    let ns = TestNamespace::create(
+        &client,
+        &format!("lvms-e2e-kill-{}", support::suffix()),
+        &[],
+    )
+    .await;
+    let before = stack.vm.lvs(CLASS).await;
+    let objects = Api::<LogicalVolume>::all(client.clone());
+    let objects_before: Vec<String> = objects
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|o| o.name_any())
+        .collect();
+    let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns.name);
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns.name);
+    let started = Instant::now();
+    for i in 0..BATCH {
+        let name = format!("c{i:02}");
+        let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": STORAGE_CLASS,
+                     "resources": {"requests": {"storage": "64Mi"}}}
+        }))
+        .unwrap();
+        pvcs.create(&PostParams::default(), &pvc).await.unwrap();
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                                     "volumeMounts": [{"name": "v", "mountPath": "/data"}]}],
+                     "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": name}}]}
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+
+    // Each lvms process dies (SIGKILL) once while the claims are being provisioned.
+    for (at, victim) in [(10, "csi-controller"), (20, "node agent"), (30, "operator")] {
+        eventually(&format!("{at} claims Bound"), SLOW, || {
+            let client = client.clone();
+            let ns = ns.name.clone();
+            async move {
+                let (bound, _) = bound_claims(&client, &ns).await;
+                (bound.len() >= at)
+                    .then_some(())
+                    .ok_or(bound.len().to_string())
+            }
+        })
+        .await;
+        println!("killing the {victim} with {at} of {BATCH} claims Bound");
+        if victim == "node agent" {
+            stack.kill_agent().await;
+            stack.start_agent().await;
+        } else {
+            stack.kill_and_restart(victim);
+        }
+    }
+    eventually(&format!("all {BATCH} claims Bound"), SLOW, || {
+        let client = client.clone();
+        let ns = ns.name.clone();
+        async move {
+            let (bound, pending) = bound_claims(&client, &ns).await;
+            pending
+                .is_empty()
+                .then_some(())
+                .ok_or(format!("{} Bound, waiting for {pending:?}", bound.len()))
+        }
+    })
+    .await;
+    println!(
+        "{BATCH} claims Bound in {:.0} s with three processes killed",
+        started.elapsed().as_secs_f64()
+    );
+
+    // Half of them go, with the agent and the CSI controller killed while they do.
+    for i in 0..BATCH / 2 {
+        let name = format!("c{i:02}");
+        pods.delete(&name, &DeleteParams::default().grace_period(0))
+            .await
+            .unwrap();
+        pvcs.delete(&name, &DeleteParams::default()).await.unwrap();
+        if i == 5 {
+            stack.kill_agent().await;
+            stack.start_agent().await;
+        }
+        if i == 15 {
+            stack.kill_and_restart("csi-controller");
+        }
+    }
+    let kept: Vec<String> = (BATCH / 2..BATCH).map(|i| format!("c{i:02}")).collect();
+    let expected_lvs = eventually("the deleted claims' volumes are gone", SLOW, || {
+        let client = client.clone();
+        let ns = ns.name.clone();
+        let kept = kept.clone();
+        async move {
+            let (bound, pending) = bound_claims(&client, &ns).await;
+            if bound != kept || !pending.is_empty() {
+                return Err(format!("bound {bound:?}, pending {pending:?}"));
+            }
+            let pvs = Api::<PersistentVolume>::all(client.clone())
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let handles: Vec<String> = pvs
+                .items
+                .iter()
+                .filter(|pv| {
+                    pv.spec
+                        .as_ref()
+                        .and_then(|s| s.claim_ref.as_ref())
+                        .and_then(|c| c.namespace.as_deref())
+                        == Some(ns.as_str())
+                })
+                .filter_map(|pv| {
+                    pv.spec
+                        .as_ref()?
+                        .csi
+                        .as_ref()
+                        .map(|c| c.volume_handle.clone())
+                })
+                .collect();
+            (handles.len() == kept.len())
+                .then_some(handles)
+                .ok_or_else(|| format!("{} PersistentVolumes left", pvs.items.len()))
+        }
+    })
+    .await;
+    // The disk holds exactly the kept claims' LVs besides what was there before: none lost, none
+    // twice, no orphan; and one LogicalVolume each.
+    let mut expected = expected_lvs;
+    expected.sort();
+    eventually("lvs in the VM shows exactly the kept volumes", SLOW, || {
+        let vm = stack.vm.clone();
+        let expected = expected.clone();
+        let before = before.clone();
+        async move {
+            let new: Vec<String> = vm
+                .lvs(CLASS)
+                .await
+                .into_iter()
+                .filter(|n| !before.contains(n))
+                .collect();
+            (new == expected)
+                .then_some(())
+                .ok_or_else(|| format!("expected {expected:?}, new LVs {new:?}"))
+        }
+    })
+    .await;
+    let mut new_objects: Vec<String> = objects
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|o| o.name_any())
+        .filter(|n| !objects_before.contains(n))
+        .collect();
+    new_objects.sort();
+    assert_eq!(new_objects, expected, "one LogicalVolume per kept claim");
+
+    // The rest goes too.
+    for name in &kept {
+        pods.delete(name, &DeleteParams::default().grace_period(0))
+            .await
+            .unwrap();
+        pvcs.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    eventually("every volume of the batch is gone", SLOW, || {
+        let vm = stack.vm.clone();
+        let before = before.clone();
+        async move {
+            let left: Vec<String> = vm
+                .lvs(CLASS)
+                .await
+                .into_iter()
+                .filter(|n| !before.contains(n))
+                .collect();
+            left.is_empty()
+                .then_some(())
+                .ok_or_else(|| format!("left: {left:?}"))
+        }
+    })
+    .await;
+    ns.delete().await;
+}

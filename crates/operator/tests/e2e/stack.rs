@@ -18,6 +18,7 @@ use std::{
     net::TcpStream,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    sync::Arc,
     time::Duration,
 };
 
@@ -130,7 +131,8 @@ struct HostProcess {
 pub struct Stack {
     pub vm: Vm,
     pub work: PathBuf,
-    processes: Vec<HostProcess>,
+    /// The operator pod's containers, restarted when they exit (kubelet's `restartPolicy: Always`).
+    processes: Arc<std::sync::Mutex<Vec<HostProcess>>>,
     lvms: PathBuf,
     guest_kubeconfig: String,
     /// The operator's `/metrics` port.
@@ -416,6 +418,15 @@ impl Stack {
             .arg("--leader-election=false");
         processes.push(HostProcess::new("snapshot-controller", snapshot_controller));
 
+        for p in &mut processes {
+            p.start(&work);
+        }
+        let processes = Arc::new(std::sync::Mutex::new(processes));
+        std::thread::spawn({
+            let processes = Arc::downgrade(&processes);
+            let work = work.clone();
+            move || supervise(&processes, &work)
+        });
         let mut stack = Self {
             vm,
             work,
@@ -424,9 +435,6 @@ impl Stack {
             guest_kubeconfig,
             operator_metrics,
         };
-        for p in &mut stack.processes {
-            p.start(&stack.work);
-        }
         stack.wait_operator_ready().await;
 
         // Kubelet's part: the Node, then the agent, then the CSINode from its NodeGetInfo.
@@ -483,6 +491,21 @@ impl Stack {
             (code == "200").then_some(()).ok_or(code)
         })
         .await;
+    }
+
+    /// Kills the host process `name` (`operator`, `csi-controller`, a sidecar) with SIGKILL and
+    /// starts it again, as a crashed container is restarted.
+    pub fn kill_and_restart(&mut self, name: &str) {
+        let mut processes = self.processes.lock().unwrap();
+        let p = processes
+            .iter_mut()
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("no process {name}"));
+        if let Some(mut child) = p.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        p.start(&self.work);
     }
 
     /// Kills the VM's node agent with SIGKILL, if one runs (as a crashed container).
@@ -569,6 +592,25 @@ impl HostProcess {
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", self.name));
         self.child = Some(child);
+    }
+}
+
+/// Restarts whichever process exited (the sidecars exit when they lose the CSI socket, as when
+/// the CSI controller is killed), once a second, until the stack is gone.
+fn supervise(processes: &std::sync::Weak<std::sync::Mutex<Vec<HostProcess>>>, work: &Path) {
+    while let Some(processes) = processes.upgrade() {
+        for p in processes.lock().unwrap().iter_mut() {
+            let exited = p
+                .child
+                .as_mut()
+                .is_some_and(|c| c.try_wait().ok().flatten().is_some());
+            if exited {
+                eprintln!("e2e stack: {} exited; restarting it", p.name);
+                p.start(work);
+            }
+        }
+        drop(processes);
+        std::thread::sleep(Duration::from_secs(1));
     }
 }
 
