@@ -43,7 +43,8 @@ enum Task {
         #[arg(trailing_var_arg = true, required = true)]
         command: Vec<String>,
     },
-    /// Every test: host unit tests (`cargo test --workspace`), then the real-LVM suite in the VM.
+    /// Every test: host unit tests (`cargo test --workspace`), the real-LVM suite in the VM,
+    /// csi-sanity against the standalone driver in the VM, and the e2e suite on a real control plane.
     Test,
     /// Build the real-LVM integration tests (`tests/vm_*.rs`) and run them inside the VM.
     VmTest {
@@ -143,10 +144,13 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
             }
             let vm = vm_test(&repo, None)?;
             phases.done("VM suite");
+            let sanity = sanity::run(&repo)?;
+            phases.done("csi-sanity");
             let e2e = e2e::run(&repo, None)?;
             phases.done("e2e on a real control plane");
             phases.print();
-            Ok(if vm == ExitCode::SUCCESS && e2e == ExitCode::SUCCESS {
+            let all = [vm, sanity, e2e];
+            Ok(if all.iter().all(|c| *c == ExitCode::SUCCESS) {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE
@@ -308,7 +312,7 @@ fn suite_disks(repo: &Path) -> Result<Vec<Disk>> {
 
 /// Test executables of the `vm_*` integration-test targets, built on the host.
 /// Returns (executable, its crate's directory) pairs.
-fn build_vm_tests(repo: &Path) -> Result<Vec<(PathBuf, PathBuf)>> {
+pub(crate) fn build_vm_tests(repo: &Path) -> Result<Vec<(PathBuf, PathBuf)>> {
     let out = Command::new(env!("CARGO"))
         .args(["test", "--workspace", "--no-run", "--message-format=json"])
         .current_dir(repo)

@@ -106,57 +106,6 @@ pub fn parse_summary(output: &str) -> Option<Counts> {
     Some(counts)
 }
 
-/// The csi-sanity binary: `$LVMS_K8S_ASSETS/csi-sanity`, else the shared archive unpacked into
-/// `target/k8s/` (kept when already there at the archive's uncompressed size).
-fn csi_sanity(repo: &Path) -> Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("LVMS_K8S_ASSETS") {
-        let bin = PathBuf::from(dir).join("csi-sanity");
-        if !bin.is_file() {
-            bail!("{} does not exist (LVMS_K8S_ASSETS)", bin.display());
-        }
-        return Ok(bin);
-    }
-    let xz = repo.join("../shared/k8s/csi-sanity.xz");
-    let bin = repo.join("target/k8s/csi-sanity");
-    let list = Command::new("xz")
-        .args(["--robot", "--list"])
-        .arg(&xz)
-        .output()
-        .with_context(|| format!("xz --list {}", xz.display()))?;
-    if !list.status.success() {
-        bail!(
-            "cannot read {}: {} (set LVMS_K8S_ASSETS to a directory with csi-sanity)",
-            xz.display(),
-            String::from_utf8_lossy(&list.stderr).trim()
-        );
-    }
-    // `file <streams> <blocks> <compressed> <uncompressed> …`
-    let size: u64 = String::from_utf8_lossy(&list.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix("file\t"))
-        .and_then(|l| l.split('\t').nth(3))
-        .and_then(|s| s.parse().ok())
-        .context("xz --robot --list printed no uncompressed size")?;
-    if fs::metadata(&bin).is_ok_and(|m| m.len() == size) {
-        return Ok(bin);
-    }
-    fs::create_dir_all(bin.parent().unwrap_or(repo))?;
-    let partial = bin.with_extension("partial");
-    let status = Command::new("xz")
-        .arg("-dc")
-        .arg(&xz)
-        .stdout(fs::File::create(&partial)?)
-        .status()
-        .context("running xz")?;
-    if !status.success() {
-        bail!("unpacking {} failed", xz.display());
-    }
-    fs::set_permissions(&partial, fs::Permissions::from_mode(0o755))?;
-    fs::rename(&partial, &bin)?;
-    println!("sanity: unpacked {}", bin.display());
-    Ok(bin)
-}
-
 /// The guest script: start the driver, wait for Probe, run every mode (each output to its log).
 fn guest_script(lvms: &Path, sanity: &Path, out: &Path) -> String {
     let q = |p: &Path| vm::shell_quote(&p.to_string_lossy());
@@ -207,14 +156,10 @@ run_mode() {
 
 /// `cargo xtask sanity`.
 pub fn run(repo: &Path) -> Result<ExitCode> {
-    let sanity = csi_sanity(repo)?;
-    let status = Command::new(env!("CARGO"))
-        .args(["build", "--package", "lvms"])
-        .current_dir(repo)
-        .status()?;
-    if !status.success() {
-        bail!("building lvms failed");
-    }
+    let sanity = crate::cluster::assets(repo, &["csi-sanity"])?.join("csi-sanity");
+    // The workspace's tests build target/debug/lvms with the features the VM suite uses, so
+    // `cargo xtask test` builds nothing twice.
+    crate::build_vm_tests(repo)?;
     let lvms = repo.join("target/debug/lvms");
     let out = repo.join("target/sanity");
     if out.exists() {
