@@ -2,20 +2,12 @@
 //! in one boot of the test VM, in three modes: a thin class with mount volumes, the thin class with block
 //! volumes, and a thick class (whose snapshot and clone specs are skipped: thick classes cannot snapshot).
 //!
-//! csi-sanity comes from `$LVMS_K8S_ASSETS/csi-sanity` when that is set, else from
-//! `<repo>/../shared/k8s/csi-sanity.xz`, unpacked into `target/k8s/`. Each mode's whole output is kept in
+//! csi-sanity comes from the Kubernetes assets directory ([`crate::cluster::assets`]). Each mode's whole output is kept in
 //! `target/sanity/<mode>.log`, the driver's in `target/sanity/standalone.log`.
 
-use std::{
-    fmt::Write as _,
-    fs,
-    os::unix::fs::PermissionsExt,
-    path::{Path, PathBuf},
-    process::{Command, ExitCode},
-    time::Duration,
-};
+use std::{fmt::Write as _, fs, path::Path, process::ExitCode, time::Duration};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
 use crate::vm::{self, VmSpec};
 
