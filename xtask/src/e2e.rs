@@ -107,19 +107,25 @@ fn poweroff(port: u16) {
     }
 }
 
-pub fn run(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
-    let started = Instant::now();
-    let suite = build_suite(repo)?;
-    let lvms = repo.join("target/debug/lvms");
+/// The assets, a control plane under `target/e2e/<name>`, and the node VM with its command port.
+fn start_cluster(repo: &Path, name: &str) -> Result<(PathBuf, ControlPlane, u16, vm::RunningVm)> {
     let needed: Vec<&str> = cluster::CONTROL_PLANE
         .iter()
         .chain(SIDECARS)
         .copied()
         .collect();
     let assets = cluster::assets(repo, &needed)?;
-    let control_plane = ControlPlane::start(&repo.join("target/e2e/cluster"), &assets)?;
+    let control_plane = ControlPlane::start(&repo.join("target/e2e").join(name), &assets)?;
     let exec_port = cluster::free_port()?;
     let node_vm = start_node_vm(repo, exec_port)?;
+    Ok((assets, control_plane, exec_port, node_vm))
+}
+
+pub fn run(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
+    let started = Instant::now();
+    let suite = build_suite(repo)?;
+    let lvms = repo.join("target/debug/lvms");
+    let (assets, control_plane, exec_port, node_vm) = start_cluster(repo, "cluster")?;
     println!(
         "e2e: node VM up after {:.0} s",
         started.elapsed().as_secs_f64()
@@ -218,15 +224,7 @@ fn run_pass(
 /// `cargo xtask cluster`: the control plane and the node VM, until the process is killed; prints
 /// the environment under which the e2e binary runs against them.
 pub fn serve_cluster(repo: &Path) -> Result<ExitCode> {
-    let needed: Vec<&str> = cluster::CONTROL_PLANE
-        .iter()
-        .chain(SIDECARS)
-        .copied()
-        .collect();
-    let assets = cluster::assets(repo, &needed)?;
-    let control_plane = ControlPlane::start(&repo.join("target/e2e/dev"), &assets)?;
-    let exec_port = cluster::free_port()?;
-    let _node_vm = start_node_vm(repo, exec_port)?;
+    let (assets, control_plane, exec_port, _node_vm) = start_cluster(repo, "dev")?;
     println!(
         "cluster: LVMS_E2E=1 KUBECONFIG={} LVMS_K8S_ASSETS={} LVMS_E2E_LVMS={} \
          LVMS_E2E_VM=127.0.0.1:{exec_port} LVMS_E2E_VM_SERVER=https://{}:{} LVMS_E2E_WORK={}",

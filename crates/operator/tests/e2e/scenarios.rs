@@ -62,6 +62,14 @@ async fn ready_cluster(client: &Client, stack: &Stack) -> LVMCluster {
     .await
 }
 
+/// A scenario's start: a client, the LVMCluster Ready, a namespace of its own.
+async fn scenario(stack: &Stack, prefix: &str) -> (Client, TestNamespace) {
+    let client = support::client().await;
+    ready_cluster(&client, stack).await;
+    let ns = TestNamespace::create(&client, &format!("{prefix}-{}", support::suffix()), &[]).await;
+    (client, ns)
+}
+
 #[tokio::test]
 async fn stack_an_lvmcluster_renders_its_objects_and_the_agent_builds_the_volume_group() {
     let Some(guard) = stack::stack(
@@ -377,14 +385,7 @@ async fn stack_a_claim_grows_is_snapshotted_restored_and_cloned_and_its_lvs_go_w
         return;
     };
     let stack = guard.as_ref().unwrap();
-    let client = support::client().await;
-    ready_cluster(&client, stack).await;
-    let ns = TestNamespace::create(
-        &client,
-        &format!("lvms-e2e-life-{}", support::suffix()),
-        &[],
-    )
-    .await;
+    let (client, ns) = scenario(stack, "lvms-e2e-life").await;
     let before = stack.vm.lvs(CLASS).await;
     const GIB: u64 = 1 << 30;
 
@@ -538,10 +539,7 @@ async fn stack_deleting_the_lvmcluster_waits_for_a_retained_volume_then_the_node
         return;
     };
     let stack = guard.as_ref().unwrap();
-    let client = support::client().await;
-    ready_cluster(&client, stack).await;
-    let ns =
-        TestNamespace::create(&client, &format!("lvms-e2e-del-{}", support::suffix()), &[]).await;
+    let (client, ns) = scenario(stack, "lvms-e2e-del").await;
 
     // A volume whose PersistentVolume is kept (Retain) after its claim goes.
     let pv_name = bound_claim(&client, &ns.name, "kept", "1Gi", None).await;
@@ -696,14 +694,7 @@ async fn stack_killing_each_lvms_process_mid_batch_loses_and_duplicates_no_volum
         return;
     };
     let stack = guard.as_mut().unwrap();
-    let client = support::client().await;
-    ready_cluster(&client, stack).await;
-    let ns = TestNamespace::create(
-        &client,
-        &format!("lvms-e2e-kill-{}", support::suffix()),
-        &[],
-    )
-    .await;
+    let (client, ns) = scenario(stack, "lvms-e2e-kill").await;
     let before = stack.vm.lvs(CLASS).await;
     let objects = Api::<LogicalVolume>::all(client.clone());
     let objects_before: Vec<String> = objects
