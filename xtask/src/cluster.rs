@@ -254,6 +254,13 @@ impl ControlPlane {
             .arg("--unsafe-no-fsync");
         cp.spawn("etcd", &mut etcd)?;
         let p = |path: &Path| path.display().to_string();
+        // Every request's metadata, for counting what a component asks of the API server.
+        let audit_policy = dir.join("audit-policy.yaml");
+        fs::write(
+            &audit_policy,
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n\
+             rules:\n  - level: Metadata\n",
+        )?;
         let mut apiserver = Command::new(assets.join("kube-apiserver"));
         apiserver.args([
             format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
@@ -271,6 +278,8 @@ impl ControlPlane {
             "--authorization-mode=Node,RBAC".to_owned(),
             "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
             "--allow-privileged=true".to_owned(),
+            format!("--audit-policy-file={}", p(&audit_policy)),
+            format!("--audit-log-path={}", p(&dir.join("logs/audit.log"))),
         ]);
         cp.spawn("kube-apiserver", &mut apiserver)?;
         cp.wait_ready(Duration::from_secs(120))?;
