@@ -9,7 +9,7 @@ use kube::{Api, Resource, ResourceExt, api::DeleteParams};
 use lvms_api::topolvm::LogicalVolume;
 use lvms_csi::ids;
 use lvms_node::{
-    gc::{PERIOD, Sweep, Tracker, pv_handles, unclaimed_objects, warn_event},
+    gc::{Sweep, Tracker, pv_handles, unclaimed_objects, warn_event},
     metrics::GcMetrics,
 };
 
@@ -119,10 +119,10 @@ impl ControllerCollector {
         Ok(sweep)
     }
 
-    /// Sweeps every [`PERIOD`].
-    pub async fn run(mut self) {
+    /// Sweeps every `period` ([`lvms_node::gc::PERIOD`] by default).
+    pub async fn run(mut self, period: Duration) {
         loop {
-            tokio::time::sleep(PERIOD).await;
+            tokio::time::sleep(period).await;
             if let Err(e) = self.sweep_once().await {
                 tracing::warn!(error = %e, "garbage collection sweep failed");
             }

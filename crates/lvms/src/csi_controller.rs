@@ -35,6 +35,9 @@ pub struct CsiControllerArgs {
     /// (unset: only report them, with an event).
     #[arg(long, env = "LVMS_GC_DELETE_AFTER", value_name = "SECONDS")]
     gc_delete_after: Option<u64>,
+    /// Look for unclaimed LogicalVolumes every this many seconds.
+    #[arg(long, env = "LVMS_GC_PERIOD", value_name = "SECONDS", default_value_t = lvms_node::gc::PERIOD.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    gc_period: u64,
     /// Port of `/metrics` (the garbage collector's numbers) and `/healthz`.
     #[arg(long, env = "METRICS_PORT", default_value_t = 8082)]
     metrics_port: u16,
@@ -83,7 +86,7 @@ pub async fn run(args: CsiControllerArgs) -> Result<()> {
     };
     tokio::select! {
         () = keep_current => bail!("the cluster watches ended"),
-        () = collector.run() => bail!("the garbage collector ended"),
+        () = collector.run(std::time::Duration::from_secs(args.gc_period)) => bail!("the garbage collector ended"),
         served = lvms_node::metrics::serve(metrics_listener, metrics) => {
             served.context("serving /metrics")
         }

@@ -90,7 +90,7 @@ pub fn unclaimed_objects(
         .collect()
 }
 
-/// How often the collectors sweep.
+/// How often the collectors sweep unless told otherwise (`--gc-period`).
 pub const PERIOD: Duration = Duration::from_secs(300);
 
 /// The volume handles of `driver`'s PersistentVolumes.
@@ -266,10 +266,10 @@ impl<B: lvms_csi::backend::Backend> NodeCollector<B> {
         Ok(sweep)
     }
 
-    /// Sweeps every [`PERIOD`].
-    pub async fn run(mut self) {
+    /// Sweeps every `period` ([`PERIOD`] by default).
+    pub async fn run(mut self, period: Duration) {
         loop {
-            tokio::time::sleep(PERIOD).await;
+            tokio::time::sleep(period).await;
             if let Err(e) = self.sweep_once().await {
                 tracing::warn!(error = %e, "garbage collection sweep failed");
             }

@@ -24,11 +24,13 @@
 //!   (`LVMS_E2E_DEVICE`; skipped otherwise), an LVMCluster becomes Ready and a PVC Bound.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod cleanup;
 mod crds;
 mod installed;
 mod node_removal;
 mod operator;
 mod provisioning;
+mod rules;
 mod scenarios;
 mod stack;
 mod support;

@@ -23,13 +23,13 @@ use crate::{
 /// The LVMCluster of the scenarios.
 const CLUSTER: &str = "lvmcluster";
 /// Its one device class, thin.
-const CLASS: &str = "vg1";
-const POOL: &str = "thin-pool-1";
+pub const CLASS: &str = "vg1";
+pub const POOL: &str = "thin-pool-1";
 const STORAGE_CLASS: &str = "lvms-vg1";
 
 /// Creates the scenarios' LVMCluster (through the webhook) unless it exists, and waits until it
 /// is Ready: the agent in the VM has built the volume group and its thin pool.
-async fn ready_cluster(client: &Client, stack: &Stack) -> LVMCluster {
+pub async fn ready_cluster(client: &Client, stack: &Stack) -> LVMCluster {
     let clusters = Api::<LVMCluster>::namespaced(client.clone(), NAMESPACE);
     if clusters.get_opt(CLUSTER).await.unwrap().is_none() {
         let cluster: LVMCluster = serde_json::from_value(json!({
@@ -63,7 +63,7 @@ async fn ready_cluster(client: &Client, stack: &Stack) -> LVMCluster {
 }
 
 /// A scenario's start: a client, the LVMCluster Ready, a namespace of its own.
-async fn scenario(stack: &Stack, prefix: &str) -> (Client, TestNamespace) {
+pub async fn scenario(stack: &Stack, prefix: &str) -> (Client, TestNamespace) {
     let client = support::client().await;
     ready_cluster(&client, stack).await;
     let ns = TestNamespace::create(&client, &format!("{prefix}-{}", support::suffix()), &[]).await;

@@ -124,6 +124,8 @@ impl Vm {
 struct HostProcess {
     name: &'static str,
     command: Command,
+    /// Arguments after the command's own, set by [`Stack::restart_with`].
+    extra: Vec<String>,
     child: Option<Child>,
 }
 
@@ -137,6 +139,8 @@ pub struct Stack {
     guest_kubeconfig: String,
     /// The operator's `/metrics` port.
     pub operator_metrics: u16,
+    /// The CSI controller's `/metrics` port.
+    pub controller_metrics: u16,
 }
 
 static STACK: Mutex<Option<Stack>> = Mutex::const_new(None);
@@ -346,6 +350,7 @@ impl Stack {
         std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
         let sock = socket.display().to_string();
         let operator_metrics = free_port();
+        let controller_metrics = free_port();
         let mut processes = Vec::new();
         let lvms = |args: &[String]| {
             let mut c = Command::new(&env.lvms);
@@ -370,7 +375,7 @@ impl Stack {
             lvms(&[
                 "csi-controller".into(),
                 format!("--endpoint=unix://{sock}"),
-                format!("--metrics-port={}", free_port()),
+                format!("--metrics-port={controller_metrics}"),
             ]),
         ));
         let sidecar = |name: &str, args: &[&str]| {
@@ -434,14 +439,21 @@ impl Stack {
             lvms: env.lvms.clone(),
             guest_kubeconfig,
             operator_metrics,
+            controller_metrics,
         };
         stack.wait_operator_ready().await;
 
-        // Kubelet's part: the Node, then the agent, then the CSINode from its NodeGetInfo.
-        register_node(&client).await;
         std::thread::spawn(heartbeat);
-        stack.start_agent().await;
-        let info = stack.node_info().await;
+        stack.register_kubelet(&client).await;
+        stack
+    }
+
+    /// Kubelet's part: the Node (Ready), then the agent, then the CSINode from its NodeGetInfo. Run
+    /// again after the Node was deleted, it is the machine joining again.
+    pub async fn register_kubelet(&self, client: &Client) {
+        register_node(client).await;
+        self.start_agent().await;
+        let info = self.node_info().await;
         let node_id = info["node_id"].as_str().unwrap().to_owned();
         let topology: BTreeMap<String, String> =
             serde_json::from_value(info["topology"].clone()).unwrap();
@@ -474,7 +486,6 @@ impl Stack {
             )
             .await
             .unwrap_or_else(|e| panic!("the API server refused the CSINode: {e}"));
-        stack
     }
 
     /// Waits for the operator's `/readyz`, as the pod's readinessProbe does.
@@ -508,6 +519,20 @@ impl Stack {
         p.start(&self.work);
     }
 
+    /// Restarts the host process `name` with `extra` after its usual arguments (none: as it was
+    /// started), as a Deployment rolled out with new flags.
+    pub fn restart_with(&mut self, name: &str, extra: &[&str]) {
+        {
+            let mut processes = self.processes.lock().unwrap();
+            let p = processes
+                .iter_mut()
+                .find(|p| p.name == name)
+                .unwrap_or_else(|| panic!("no process {name}"));
+            p.extra = extra.iter().map(|&a| a.to_owned()).collect();
+        }
+        self.kill_and_restart(name);
+    }
+
     /// Kills the VM's node agent with SIGKILL, if one runs (as a crashed container).
     pub async fn kill_agent(&self) {
         // The bracket keeps pkill from matching this command's own shell.
@@ -519,6 +544,11 @@ impl Stack {
 
     /// Starts `lvms node` in the VM (the DaemonSet pod's container), replacing one that runs.
     pub async fn start_agent(&self) {
+        self.start_agent_with(&[]).await;
+    }
+
+    /// [`Self::start_agent`] with `extra` arguments after the usual ones.
+    pub async fn start_agent_with(&self, extra: &[&str]) {
         self.kill_agent().await;
         let (code, out) = self
             .vm
@@ -532,9 +562,10 @@ impl Stack {
             .ok(&format!(
                 "cd {GUEST_DIR} && NODE_NAME={NODE} NAMESPACE={NAMESPACE} \
                  KUBECONFIG={GUEST_DIR}/kubeconfig CSI_ENDPOINT=unix://{GUEST_DIR}/csi.sock \
-                 RUST_LOG=info setsid {} node --metrics-port 8081 >> {GUEST_DIR}/node.log 2>&1 \
+                 RUST_LOG=info setsid {} node --metrics-port 8081 {} >> {GUEST_DIR}/node.log 2>&1 \
                  < /dev/null &",
-                self.lvms.display()
+                self.lvms.display(),
+                extra.join(" ")
             ))
             .await;
     }
@@ -574,6 +605,7 @@ impl HostProcess {
         Self {
             name,
             command,
+            extra: Vec::new(),
             child: None,
         }
     }
@@ -584,8 +616,15 @@ impl HostProcess {
             .append(true)
             .open(work.join("logs").join(format!("{}.log", self.name)))
             .unwrap();
-        let child = self
-            .command
+        let mut command = Command::new(self.command.get_program());
+        command.args(self.command.get_args()).args(&self.extra);
+        for (key, value) in self.command.get_envs() {
+            match value {
+                Some(v) => command.env(key, v),
+                None => command.env_remove(key),
+            };
+        }
+        let child = command
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -631,10 +670,13 @@ async fn register_node(client: &Client) {
         )
         .await
         .unwrap();
-    set_node_ready(client).await;
+    set_node_ready(client)
+        .await
+        .unwrap_or_else(|e| panic!("writing the Node's status: {e}"));
 }
 
-async fn set_node_ready(client: &Client) {
+/// Writes the Node's Ready condition; fails while the Node does not exist (deleted by a test).
+async fn set_node_ready(client: &Client) -> Result<Node, kube::Error> {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let capacity = json!({"cpu": "2", "memory": "2Gi", "pods": "110"});
     Api::<Node>::all(client.clone())
@@ -653,10 +695,9 @@ async fn set_node_ready(client: &Client) {
             })),
         )
         .await
-        .unwrap_or_else(|e| panic!("writing the Node's status: {e}"));
 }
 
-/// Renews the node's Lease and Ready condition every 10 s, as kubelet does, on a runtime of its own
+/// Renews the node's Lease and Ready condition every 10 s, as kubelet does (while the Node exists), on a runtime of its own
 /// (the tests' runtimes come and go).
 fn heartbeat() {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -680,7 +721,7 @@ fn heartbeat() {
                     })),
                 )
                 .await;
-            set_node_ready(&client).await;
+            let _ = set_node_ready(&client).await;
             tokio::time::sleep(Duration::from_secs(10)).await;
         }
     });

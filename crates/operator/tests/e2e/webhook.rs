@@ -56,7 +56,7 @@ fn certificates(dir: &Path, host: &str) -> String {
 
 /// The webhook, serving and registered; `stop` ends the server, `unregister` removes the
 /// configurations.
-struct Webhook {
+pub struct Webhook {
     name: String,
     client: Client,
     stop: tokio::sync::watch::Sender<bool>,
@@ -64,7 +64,7 @@ struct Webhook {
 }
 
 impl Webhook {
-    async fn start(client: &Client, operator_ns: &str, selector_value: &str) -> Self {
+    pub async fn start(client: &Client, operator_ns: &str, selector_value: &str) -> Self {
         let host =
             std::env::var("LVMS_E2E_WEBHOOK_HOST").unwrap_or_else(|_| "127.0.0.1".to_owned());
         let bind = if host == "127.0.0.1" {
@@ -152,7 +152,29 @@ impl Webhook {
         }
     }
 
-    async fn unregister(self) {
+    /// Waits until the API server calls the webhook for `ns` (registration takes a moment to
+    /// apply); the denial of an invalid path, rule 14.
+    pub async fn wait_called(&self, ns: &str) -> String {
+        let clusters = Api::<LVMCluster>::namespaced(self.client.clone(), ns);
+        eventually("the API server calls the webhook", WAIT, || {
+            let clusters = clusters.clone();
+            let bad = bad_path_cluster(ns);
+            async move {
+                match clusters.create(&dry_run(), &bad).await {
+                    Err(kube::Error::Api(s)) if s.message.contains("denied the request") => {
+                        Ok(s.message.clone())
+                    }
+                    other => Err(format!(
+                        "{other:?} (if the API server cannot reach 127.0.0.1, set \
+                         LVMS_E2E_WEBHOOK_HOST to an address of this machine it can reach)"
+                    )),
+                }
+            }
+        })
+        .await
+    }
+
+    pub async fn unregister(self) {
         let _ = Api::<ValidatingWebhookConfiguration>::all(self.client.clone())
             .delete(&self.name, &DeleteParams::default())
             .await;
@@ -232,23 +254,8 @@ async fn webhook_admits_lvms_samples_and_denies_invalid_clusters_with_field_path
     let webhook = Webhook::start(&client, &ns.name, &sfx).await;
     let clusters = Api::<LVMCluster>::namespaced(client.clone(), &ns.name);
 
-    // Rule 14, once the API server calls the webhook (registration takes a moment to apply).
-    let message = eventually("the API server calls the webhook", WAIT, || {
-        let clusters = clusters.clone();
-        let bad = bad_path_cluster(&ns.name);
-        async move {
-            match clusters.create(&dry_run(), &bad).await {
-                Err(kube::Error::Api(s)) if s.message.contains("denied the request") => {
-                    Ok(s.message.clone())
-                }
-                other => Err(format!(
-                    "{other:?} (if the API server cannot reach 127.0.0.1, set \
-                     LVMS_E2E_WEBHOOK_HOST to an address of this machine it can reach)"
-                )),
-            }
-        }
-    })
-    .await;
+    // Rule 14, once the API server calls the webhook.
+    let message = webhook.wait_called(&ns.name).await;
     assert!(
         message.contains("spec.storage.deviceClasses[0].deviceSelector.paths[0]"),
         "{message}"

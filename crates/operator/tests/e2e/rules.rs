@@ -1,0 +1,517 @@
+//! Scenario 1's rule table: every admission rule for `LVMCluster` once, on create and on update, as
+//! the real API server answers it (schema and CEL first, then the webhook served by this process).
+//!
+//! Each rule has a valid object and an invalid twin. The valid one must be admitted without a
+//! warning, so the refusal (or warning) of the twin comes from the difference. Rules 1 and 2 apply
+//! on create only, 22–30 on update only; 3–21 are checked on both (on update, the valid twin is
+//! created and then replaced by the invalid one).
+
+use kube::{Api, Client, client::Body};
+use lvms_api::LVMCluster;
+use serde_json::{Value, json};
+
+use crate::{
+    support::{self, TestNamespace},
+    webhook::Webhook,
+};
+
+/// What the API server must answer to the invalid twin.
+#[derive(Clone, Copy, Debug)]
+enum Expect {
+    /// Refused, the message naming this field.
+    Refused(&'static str),
+    /// Admitted with a warning containing this.
+    Warned(&'static str),
+}
+
+use Expect::{Refused, Warned};
+
+/// One rule: its number, a valid spec's device classes and an invalid twin's.
+struct Case {
+    rule: u8,
+    good: Value,
+    bad: Value,
+    expect: Expect,
+}
+
+fn case(rule: u8, good: Value, bad: Value, expect: Expect) -> Case {
+    Case {
+        rule,
+        good,
+        bad,
+        expect,
+    }
+}
+
+/// A default thin class `vg1` on `/dev/sdb`.
+fn base() -> Value {
+    json!({"name": "vg1", "default": true, "deviceSelector": {"paths": ["/dev/sdb"]},
+           "thinPoolConfig": {"name": "thin-pool-1", "sizePercent": 90, "overprovisionRatio": 10}})
+}
+
+/// `base()` with `edit` applied.
+fn with(edit: impl FnOnce(&mut Value)) -> Value {
+    let mut class = base();
+    edit(&mut class);
+    class
+}
+
+/// A default thick class `vg1` with `devices` paths and this RAID config.
+fn raid(config: Value, devices: usize) -> Value {
+    let paths: Vec<String> = (0..devices).map(|i| format!("/dev/vd{i}")).collect();
+    json!({"name": "vg1", "default": true, "deviceSelector": {"paths": paths}, "raidConfig": config})
+}
+
+/// A second, thick class.
+fn thick(name: &str, paths: &[&str]) -> Value {
+    json!({"name": name, "deviceSelector": {"paths": paths}})
+}
+
+/// Rules 3–21: they judge one object, so they apply on create and on update.
+fn object_rules() -> Vec<Case> {
+    vec![
+        case(
+            3,
+            json!([base(), thick("vg2", &["/dev/sdc"])]),
+            json!([base(), {"name": "vg2", "default": true, "deviceSelector": {"paths": ["/dev/sdc"]}}]),
+            Refused("spec.storage.deviceClasses[1].default"),
+        ),
+        case(
+            3,
+            json!([base()]),
+            json!([with(|c| c["default"] = json!(false))]),
+            Warned("no device class is marked default"),
+        ),
+        case(
+            4,
+            json!([base()]),
+            json!([with(|c| c["thinPoolConfig"]["sizePercent"] = json!(95))]),
+            Warned("sizePercent of device class \"vg1\" is 95%"),
+        ),
+        case(
+            5,
+            json!([raid(json!({"type": "raid1", "mirrors": 1}), 2)]),
+            json!([{"thinPoolConfig": base()["thinPoolConfig"].clone(),
+                    "name": "vg1", "default": true,
+                    "deviceSelector": {"paths": ["/dev/vd0", "/dev/vd1"]},
+                    "raidConfig": {"type": "raid1", "mirrors": 1}}]),
+            Refused("spec.storage.deviceClasses[0].raidConfig"),
+        ),
+        case(
+            6,
+            json!([raid(json!({"type": "raid5"}), 3)]),
+            json!([raid(json!({"type": "raid5", "mirrors": 1}), 3)]),
+            Refused("spec.storage.deviceClasses[0].raidConfig.mirrors"),
+        ),
+        case(
+            7,
+            json!([raid(json!({"type": "raid1", "mirrors": 1}), 2)]),
+            json!([raid(
+                json!({"type": "raid1", "mirrors": 1, "stripes": 2}),
+                2
+            )]),
+            Refused("spec.storage.deviceClasses[0].raidConfig.stripes"),
+        ),
+        case(
+            8,
+            json!([raid(json!({"type": "raid5", "stripeSize": "64Ki"}), 3)]),
+            json!([raid(json!({"type": "raid5", "stripeSize": "96Ki"}), 3)]),
+            Refused("spec.storage.deviceClasses[0].raidConfig.stripeSize"),
+        ),
+        case(
+            9,
+            json!([raid(json!({"type": "raid1", "mirrors": 1}), 2)]),
+            json!([{"name": "vg1", "default": true, "raidConfig": {"type": "raid1", "mirrors": 1}}]),
+            Refused("spec.storage.deviceClasses[0].deviceSelector"),
+        ),
+        case(
+            10,
+            json!([raid(json!({"type": "raid6"}), 4)]),
+            json!([raid(json!({"type": "raid6"}), 3)]),
+            Refused("spec.storage.deviceClasses[0].deviceSelector"),
+        ),
+        case(
+            11,
+            json!([raid(json!({"type": "raid10", "mirrors": 1}), 4)]),
+            json!([raid(json!({"type": "raid10", "mirrors": 1}), 5)]),
+            Refused("spec.storage.deviceClasses[0].deviceSelector.paths"),
+        ),
+        case(
+            12,
+            json!([base()]),
+            json!([with(
+                |c| c["deviceSelector"] = json!({"forceWipeDevicesAndDestroyAllData": true})
+            )]),
+            Refused("spec.storage.deviceClasses[0].deviceSelector"),
+        ),
+        case(
+            13,
+            json!([base(), thick("vg2", &["/dev/sdc"])]),
+            json!([base(), {"name": "vg2"}]),
+            Refused("spec.storage.deviceClasses[1].deviceSelector"),
+        ),
+        case(
+            14,
+            json!([base()]),
+            json!([with(|c| c["deviceSelector"]["paths"] = json!(["sdb"]))]),
+            Refused("spec.storage.deviceClasses[0].deviceSelector.paths[0]"),
+        ),
+        case(
+            15,
+            json!([base(), thick("vg2", &["/dev/sdc"])]),
+            json!([base(), thick("vg2", &["/dev/sdb"])]),
+            Refused("spec.storage.deviceClasses[1].deviceSelector.paths[0]"),
+        ),
+        case(
+            16,
+            json!([with(|c| c["fstype"] = json!("ext4"))]),
+            json!([with(|c| c["fstype"] = json!("btrfs"))]),
+            Refused("spec.storage.deviceClasses[0].fstype"),
+        ),
+        case(
+            17,
+            json!([with(|c| {
+                c["thinPoolConfig"]["chunkSizeCalculationPolicy"] = json!("Static");
+                c["thinPoolConfig"]["chunkSize"] = json!("128Ki");
+            })]),
+            json!([with(|c| {
+                c["thinPoolConfig"]["chunkSizeCalculationPolicy"] = json!("Static");
+                c["thinPoolConfig"]["chunkSize"] = json!("100Ki");
+            })]),
+            Refused("spec.storage.deviceClasses[0].thinPoolConfig.chunkSize"),
+        ),
+        case(
+            18,
+            json!([with(|c| {
+                c["thinPoolConfig"]["metadataSizeCalculationPolicy"] = json!("Static");
+                c["thinPoolConfig"]["metadataSize"] = json!("2Gi");
+            })]),
+            json!([with(|c| {
+                c["thinPoolConfig"]["metadataSizeCalculationPolicy"] = json!("Host");
+                c["thinPoolConfig"]["metadataSize"] = json!("2Gi");
+            })]),
+            Refused("spec.storage.deviceClasses[0].thinPoolConfig.metadataSize"),
+        ),
+        case(
+            18,
+            json!([base()]),
+            json!([with(|c| {
+                c["thinPoolConfig"]["metadataSizeCalculationPolicy"] = json!("Host");
+                c["thinPoolConfig"]["metadataSize"] = json!("1Gi");
+            })]),
+            Warned("is ignored because metadataSizeCalculationPolicy is Host"),
+        ),
+        case(
+            19,
+            json!([with(|c| c["deviceDiscoveryPolicy"] = json!("Dynamic"))]),
+            json!([with(|c| {
+                c["deviceDiscoveryPolicy"] = json!("Dynamic");
+                c.as_object_mut().unwrap().remove("deviceSelector");
+            })]),
+            Warned("uses deviceDiscoveryPolicy Dynamic without paths"),
+        ),
+        case(
+            20,
+            json!([with(|c| c["storageClassOptions"] =
+                json!({"additionalParameters": {"example.com/x": "y"}}))]),
+            json!([with(
+                |c| c["storageClassOptions"] =
+                    json!({"additionalParameters": {"topolvm.io/device-class": "y"}})
+            )]),
+            Refused(
+                "spec.storage.deviceClasses[0].storageClassOptions.additionalParameters[topolvm.io/device-class]",
+            ),
+        ),
+        case(
+            21,
+            json!([with(
+                |c| c["storageClassOptions"] = json!({"additionalLabels": {"tier": "gold"}})
+            )]),
+            json!([with(
+                |c| c["storageClassOptions"] = json!({"additionalLabels": {"tier": "gold!"}})
+            )]),
+            Refused("spec.storage.deviceClasses[0].storageClassOptions.additionalLabels[tier]"),
+        ),
+    ]
+}
+
+/// Rules 22–30: they compare an update with the object it replaces (`good` is the old spec).
+fn update_rules() -> Vec<Case> {
+    vec![
+        case(
+            22,
+            json!([base()]),
+            json!([with(
+                |c| c["storageClassOptions"] = json!({"reclaimPolicy": "Retain"})
+            )]),
+            Refused("spec.storage.deviceClasses[0].storageClassOptions.reclaimPolicy"),
+        ),
+        case(
+            22,
+            json!([with(|c| c["fstype"] = json!("xfs"))]),
+            json!([with(|c| c["fstype"] = json!("ext4"))]),
+            Refused("spec.storage.deviceClasses[0].fstype"),
+        ),
+        case(
+            23,
+            json!([base(), thick("vg2", &["/dev/sdc"])]),
+            json!([thick("vg2", &["/dev/sdc"])]),
+            Refused("spec.storage.deviceClasses"),
+        ),
+        case(
+            24,
+            json!([base(), thick("vg2", &["/dev/sdc"])]),
+            json!([base(), {"name": "vg2", "deviceSelector": {"paths": ["/dev/sdc"]},
+                            "thinPoolConfig": {"name": "tp", "overprovisionRatio": 10}}]),
+            Refused("spec.storage.deviceClasses[1].thinPoolConfig"),
+        ),
+        case(
+            25,
+            json!([base()]),
+            json!([with(|c| c["thinPoolConfig"]["name"] = json!("thin-pool-2"))]),
+            Refused("spec.storage.deviceClasses[0].thinPoolConfig.name"),
+        ),
+        case(
+            26,
+            json!([raid(json!({"type": "raid1", "mirrors": 1}), 3)]),
+            json!([raid(json!({"type": "raid1", "mirrors": 2}), 3)]),
+            Refused("spec.storage.deviceClasses[0].raidConfig"),
+        ),
+        case(
+            27,
+            json!([base()]),
+            json!([with(
+                |c| c["nodeSelector"] = json!({"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["worker-0"]}]}]})
+            )]),
+            Refused("spec.storage.deviceClasses[0].nodeSelector"),
+        ),
+        case(
+            28,
+            json!([base()]),
+            json!([with(
+                |c| c["deviceSelector"]["forceWipeDevicesAndDestroyAllData"] = json!(true)
+            )]),
+            Refused(
+                "spec.storage.deviceClasses[0].deviceSelector.forceWipeDevicesAndDestroyAllData",
+            ),
+        ),
+        case(
+            29,
+            json!([with(|c| {
+                c.as_object_mut().unwrap().remove("deviceSelector");
+            })]),
+            json!([base()]),
+            Refused("spec.storage.deviceClasses[0].deviceSelector"),
+        ),
+        case(
+            30,
+            json!([base()]),
+            json!([with(|c| {
+                c.as_object_mut().unwrap().remove("deviceSelector");
+            })]),
+            Refused("spec.storage.deviceClasses[0].deviceSelector"),
+        ),
+    ]
+}
+
+/// The API server's answer: HTTP status, message (or the object's JSON when admitted), and the
+/// `Warning` headers' texts.
+struct Answer {
+    code: u16,
+    text: String,
+    warnings: Vec<String>,
+}
+
+impl Answer {
+    fn admitted(&self) -> bool {
+        (200..300).contains(&self.code)
+    }
+}
+
+/// A request for the LVMCluster `name` in `ns` (`PUT` when `resource_version` is given, else
+/// `POST`), dry-run unless `commit`.
+async fn send(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    classes: &Value,
+    resource_version: Option<&str>,
+    commit: bool,
+) -> Answer {
+    let collection = format!("/apis/lvm.topolvm.io/v1alpha1/namespaces/{ns}/lvmclusters");
+    let dry_run = if commit { "" } else { "?dryRun=All" };
+    let mut metadata = json!({"name": name, "namespace": ns});
+    if let Some(rv) = resource_version {
+        metadata["resourceVersion"] = json!(rv);
+    }
+    let body = json!({
+        "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMCluster",
+        "metadata": metadata,
+        "spec": {"storage": {"deviceClasses": classes}},
+    });
+    let (method, uri) = match resource_version {
+        Some(_) => ("PUT", format!("{collection}/{name}{dry_run}")),
+        None => ("POST", format!("{collection}{dry_run}")),
+    };
+    let request = http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(Body::from(serde_json::to_vec(&body).unwrap()))
+        .unwrap();
+    let response = client.send(request).await.unwrap();
+    let code = response.status().as_u16();
+    let warnings = response
+        .headers()
+        .get_all("warning")
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .collect();
+    let bytes = response.into_body().collect_bytes().await.unwrap();
+    let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let text = match value["kind"].as_str() {
+        Some("Status") => value["message"].as_str().unwrap_or_default().to_owned(),
+        _ => String::from_utf8_lossy(&bytes).into_owned(),
+    };
+    Answer {
+        code,
+        text,
+        warnings,
+    }
+}
+
+/// Checks `answer` against `expect`; the problem, if any.
+fn judge(answer: &Answer, expect: Expect) -> Result<(), String> {
+    match expect {
+        Refused(field) if answer.admitted() => {
+            Err(format!("admitted; expected refusal at {field}"))
+        }
+        // "<field>: <message>", as the webhook and the API server's validation write it.
+        Refused(field) if !answer.text.contains(&format!("{field}:")) => {
+            Err(format!("refused without naming {field}: {}", answer.text))
+        }
+        Warned(fragment) if !answer.admitted() => Err(format!(
+            "refused; expected a warning about {fragment}: {}",
+            answer.text
+        )),
+        Warned(fragment) if !answer.warnings.iter().any(|w| w.contains(fragment)) => Err(format!(
+            "admitted without a warning about {fragment}: {:?}",
+            answer.warnings
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Creates `good` for real, then dry-runs its replacement by `bad`; deletes it again.
+async fn update(client: &Client, ns: &str, name: &str, good: &Value, bad: &Value) -> Answer {
+    let created = send(client, ns, name, good, None, true).await;
+    assert!(created.admitted(), "creating {good}: {}", created.text);
+    let created: Value = serde_json::from_str(&created.text).unwrap();
+    let rv = created["metadata"]["resourceVersion"].as_str().unwrap();
+    let answer = send(client, ns, name, bad, Some(rv), false).await;
+    delete(client, ns, name).await;
+    answer
+}
+
+/// Deletes the LVMCluster `name` (nothing holds it: no operator watches this namespace).
+async fn delete(client: &Client, ns: &str, name: &str) {
+    let clusters = Api::<LVMCluster>::namespaced(client.clone(), ns);
+    clusters.delete(name, &Default::default()).await.unwrap();
+    support::eventually("the LVMCluster is gone", support::WAIT, || async {
+        match clusters.get_opt(name).await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(_) => Err("still there".to_owned()),
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn webhook_and_cel_refuse_every_rule_on_create_and_update_naming_the_field() {
+    if !support::enabled("webhook_and_cel_refuse_every_rule_on_create_and_update_naming_the_field")
+    {
+        return;
+    }
+    let client = support::client().await;
+    support::install_crds(&client).await;
+    let sfx = support::suffix();
+    let selector = [("lvms-e2e/webhook", sfx.as_str())];
+    let ns = TestNamespace::create(&client, &format!("lvms-e2e-rules-{sfx}"), &selector).await;
+    let other = TestNamespace::create(&client, &format!("lvms-e2e-rules-{sfx}-o"), &selector).await;
+    let webhook = Webhook::start(&client, &ns.name, &sfx).await;
+    webhook.wait_called(&ns.name).await;
+
+    let mut problems = Vec::new();
+    let mut covered = std::collections::BTreeSet::new();
+    let mut note = |rule: u8, when: &str, result: Result<(), String>| {
+        covered.insert((rule, when.to_owned()));
+        if let Err(why) = result {
+            problems.push(format!("rule {rule} on {when}: {why}"));
+        }
+    };
+
+    // Rule 1: only in the operator's namespace; rule 2: a single LVMCluster.
+    let classes = json!([base()]);
+    let outside = send(&client, &other.name, "a", &classes, None, false).await;
+    note(1, "create", judge(&outside, Refused("metadata.namespace")));
+    let first = send(&client, &ns.name, "first", &classes, None, true).await;
+    assert!(first.admitted(), "{}", first.text);
+    let second = send(&client, &ns.name, "second", &classes, None, false).await;
+    note(2, "create", judge(&second, Refused("metadata.name")));
+    delete(&client, &ns.name, "first").await;
+
+    let name = "my-lvmcluster";
+    for c in object_rules() {
+        let good = send(&client, &ns.name, name, &c.good, None, false).await;
+        let clean = if !good.admitted() {
+            Err(format!(
+                "the valid twin {} was refused: {}",
+                c.good, good.text
+            ))
+        } else if !good.warnings.is_empty() {
+            Err(format!(
+                "the valid twin {} warned: {:?}",
+                c.good, good.warnings
+            ))
+        } else {
+            Ok(())
+        };
+        note(c.rule, "create (valid twin)", clean);
+        let bad = send(&client, &ns.name, name, &c.bad, None, false).await;
+        note(c.rule, "create", judge(&bad, c.expect));
+        let bad = update(&client, &ns.name, name, &c.good, &c.bad).await;
+        note(c.rule, "update", judge(&bad, c.expect));
+    }
+    for c in update_rules() {
+        let bad = update(&client, &ns.name, name, &c.good, &c.bad).await;
+        note(c.rule, "update", judge(&bad, c.expect));
+        // The same spec is fine on create: only the change is refused.
+        let fresh = send(&client, &ns.name, name, &c.bad, None, false).await;
+        note(
+            c.rule,
+            "create of the updated spec",
+            if fresh.admitted() {
+                Ok(())
+            } else {
+                Err(format!("refused: {}", fresh.text))
+            },
+        );
+    }
+
+    for rule in 1..=30u8 {
+        let on = |when: &str| covered.contains(&(rule, when.to_owned()));
+        let expected: &[&str] = match rule {
+            1 | 2 => &["create"],
+            3..=21 => &["create", "update"],
+            _ => &["update"],
+        };
+        for when in expected {
+            assert!(on(when), "rule {rule} is not checked on {when}");
+        }
+    }
+    webhook.unregister().await;
+    ns.delete().await;
+    other.delete().await;
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
