@@ -230,9 +230,15 @@ fn decode(body: &[u8]) -> Result<Decoded, String> {
     let request: AdmissionRequest<DynamicObject> = review
         .try_into()
         .map_err(|_| "the AdmissionReview has no request".to_owned())?;
+    // The error names the field, as `spec.storage.deviceClasses[0].fstype: unknown variant ...`.
     let parse = |v: Value| {
-        serde_json::from_value::<LVMCluster>(v)
-            .map_err(|e| format!("the object is not a valid LVMCluster: {e}"))
+        serde_path_to_error::deserialize::<_, LVMCluster>(v).map_err(|e| {
+            format!(
+                "the object is not a valid LVMCluster: {}: {}",
+                e.path(),
+                e.inner()
+            )
+        })
     };
     Ok(Decoded {
         request,
@@ -403,9 +409,15 @@ fn review_mutation(decoded: Decoded) -> AdmissionResponse {
     if decoded.request.operation != Operation::Create {
         return base;
     }
+    // An object that does not parse is left as it is: the API server's schema validation, which
+    // runs after mutation, refuses it naming the field and the allowed values, and the validating
+    // webhook would too. Denying it here would give the user a message without them.
     let cluster = match require(decoded.object, "object") {
         Ok(cluster) => cluster,
-        Err(e) => return deny(base, e),
+        Err(e) => {
+            tracing::info!(reason = %e, "not mutating an object that does not parse");
+            return base;
+        }
     };
     let operations = mutate_on_create(&cluster);
     if operations.is_empty() {

@@ -32,6 +32,9 @@ struct Case {
     good: Value,
     bad: Value,
     expect: Expect,
+    /// For rules 3–21: the update (old, new) that breaks the rule, when replacing `good` by `bad`
+    /// would change an immutable field (refused for that first, by CEL).
+    update: Option<(Value, Value)>,
 }
 
 fn case(rule: u8, good: Value, bad: Value, expect: Expect) -> Case {
@@ -40,6 +43,39 @@ fn case(rule: u8, good: Value, bad: Value, expect: Expect) -> Case {
         good,
         bad,
         expect,
+        update: None,
+    }
+}
+
+impl Case {
+    /// Reaches `bad` on update by adding its classes, not default, to a cluster that had only
+    /// the default class `keep`: create rules judge every class an update adds.
+    fn by_adding(mut self) -> Self {
+        let keep =
+            json!({"name": "keep", "default": true, "deviceSelector": {"paths": ["/dev/sdz"]}});
+        let mut new: Vec<Value> = self.bad.as_array().unwrap().clone();
+        for class in &mut new {
+            class["default"] = json!(false);
+        }
+        new.push(keep.clone());
+        self.update = Some((json!([keep]), Value::Array(new)));
+        self
+    }
+
+    /// Reaches `bad` on update from `bad` with another, mutable, `overprovisionRatio`.
+    fn by_tweaking(mut self) -> Self {
+        let mut old = self.bad.clone();
+        old[0]["thinPoolConfig"]["overprovisionRatio"] = json!(5);
+        self.update = Some((old, self.bad.clone()));
+        self
+    }
+
+    /// The update (old, new) that breaks the rule.
+    fn update(&self) -> (&Value, &Value) {
+        match &self.update {
+            Some((old, new)) => (old, new),
+            None => (&self.good, &self.bad),
+        }
     }
 }
 
@@ -87,7 +123,8 @@ fn object_rules() -> Vec<Case> {
             json!([base()]),
             json!([with(|c| c["thinPoolConfig"]["sizePercent"] = json!(95))]),
             Warned("sizePercent of device class \"vg1\" is 95%"),
-        ),
+        )
+        .by_adding(),
         case(
             5,
             json!([raid(json!({"type": "raid1", "mirrors": 1}), 2)]),
@@ -102,7 +139,8 @@ fn object_rules() -> Vec<Case> {
             json!([raid(json!({"type": "raid5"}), 3)]),
             json!([raid(json!({"type": "raid5", "mirrors": 1}), 3)]),
             Refused("spec.storage.deviceClasses[0].raidConfig.mirrors"),
-        ),
+        )
+        .by_adding(),
         case(
             7,
             json!([raid(json!({"type": "raid1", "mirrors": 1}), 2)]),
@@ -111,13 +149,15 @@ fn object_rules() -> Vec<Case> {
                 2
             )]),
             Refused("spec.storage.deviceClasses[0].raidConfig.stripes"),
-        ),
+        )
+        .by_adding(),
         case(
             8,
             json!([raid(json!({"type": "raid5", "stripeSize": "64Ki"}), 3)]),
             json!([raid(json!({"type": "raid5", "stripeSize": "96Ki"}), 3)]),
             Refused("spec.storage.deviceClasses[0].raidConfig.stripeSize"),
-        ),
+        )
+        .by_adding(),
         case(
             9,
             json!([raid(json!({"type": "raid1", "mirrors": 1}), 2)]),
@@ -126,8 +166,8 @@ fn object_rules() -> Vec<Case> {
         ),
         case(
             10,
+            json!([raid(json!({"type": "raid6"}), 5)]),
             json!([raid(json!({"type": "raid6"}), 4)]),
-            json!([raid(json!({"type": "raid6"}), 3)]),
             Refused("spec.storage.deviceClasses[0].deviceSelector"),
         ),
         case(
@@ -209,7 +249,8 @@ fn object_rules() -> Vec<Case> {
                 c.as_object_mut().unwrap().remove("deviceSelector");
             })]),
             Warned("uses deviceDiscoveryPolicy Dynamic without paths"),
-        ),
+        )
+        .by_tweaking(),
         case(
             20,
             json!([with(|c| c["storageClassOptions"] =
@@ -221,7 +262,8 @@ fn object_rules() -> Vec<Case> {
             Refused(
                 "spec.storage.deviceClasses[0].storageClassOptions.additionalParameters[topolvm.io/device-class]",
             ),
-        ),
+        )
+        .by_adding(),
         case(
             21,
             json!([with(
@@ -362,11 +404,17 @@ async fn send(
         .unwrap();
     let response = client.send(request).await.unwrap();
     let code = response.status().as_u16();
+    // `299 - "<text>"`, the text's quotes escaped.
     let warnings = response
         .headers()
         .get_all("warning")
         .iter()
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .map(|v| {
+            let v = String::from_utf8_lossy(v.as_bytes());
+            let text = v.strip_prefix("299 - \"").unwrap_or(&v);
+            let text = text.strip_suffix('"').unwrap_or(text);
+            text.replace("\\\"", "\"")
+        })
         .collect();
     let bytes = response.into_body().collect_bytes().await.unwrap();
     let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
@@ -381,8 +429,17 @@ async fn send(
     }
 }
 
-/// Checks `answer` against `expect`; the problem, if any.
+/// Checks `answer` against `expect`; the problem, if any. Prints who answered what.
 fn judge(answer: &Answer, expect: Expect) -> Result<(), String> {
+    let by = if answer.text.contains("denied the request") {
+        "the webhook"
+    } else {
+        "the API server's validation"
+    };
+    match expect {
+        Refused(_) => println!("  {} by {by}: {}", answer.code, answer.text),
+        Warned(_) => println!("  {}, warned: {:?}", answer.code, answer.warnings),
+    }
     match expect {
         Refused(field) if answer.admitted() => {
             Err(format!("admitted; expected refusal at {field}"))
@@ -445,6 +502,14 @@ async fn webhook_and_cel_refuse_every_rule_on_create_and_update_naming_the_field
     let mut problems = Vec::new();
     let mut covered = std::collections::BTreeSet::new();
     let mut note = |rule: u8, when: &str, result: Result<(), String>| {
+        println!(
+            "rule {rule} on {when}: {}",
+            if result.is_ok() {
+                "as expected"
+            } else {
+                "NOT as expected"
+            }
+        );
         covered.insert((rule, when.to_owned()));
         if let Err(why) = result {
             problems.push(format!("rule {rule} on {when}: {why}"));
@@ -480,7 +545,8 @@ async fn webhook_and_cel_refuse_every_rule_on_create_and_update_naming_the_field
         note(c.rule, "create (valid twin)", clean);
         let bad = send(&client, &ns.name, name, &c.bad, None, false).await;
         note(c.rule, "create", judge(&bad, c.expect));
-        let bad = update(&client, &ns.name, name, &c.good, &c.bad).await;
+        let (old, new) = c.update();
+        let bad = update(&client, &ns.name, name, old, new).await;
         note(c.rule, "update", judge(&bad, c.expect));
     }
     for c in update_rules() {
