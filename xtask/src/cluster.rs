@@ -207,6 +207,8 @@ pub struct ControlPlane {
     pub kubeconfig: PathBuf,
     /// The API server's port on loopback (and on [`VM_HOST_ADDR`] inside the VM).
     pub port: u16,
+    /// The API server's audit log: every request's metadata (user, user agent, verb, resource).
+    pub audit_log: PathBuf,
     processes: Vec<(&'static str, Child)>,
     dir: PathBuf,
 }
@@ -235,6 +237,7 @@ impl ControlPlane {
         let mut cp = Self {
             kubeconfig: kubeconfig.clone(),
             port,
+            audit_log: dir.join("logs/audit.log"),
             processes: Vec::new(),
             dir: dir.to_path_buf(),
         };
@@ -279,7 +282,7 @@ impl ControlPlane {
             "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
             "--allow-privileged=true".to_owned(),
             format!("--audit-policy-file={}", p(&audit_policy)),
-            format!("--audit-log-path={}", p(&dir.join("logs/audit.log"))),
+            format!("--audit-log-path={}", p(&cp.audit_log)),
         ]);
         cp.spawn("kube-apiserver", &mut apiserver)?;
         cp.wait_ready(Duration::from_secs(120))?;

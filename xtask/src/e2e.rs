@@ -52,7 +52,7 @@ const SIDECARS: &[&str] = &[
 const GUEST_PORT: u16 = 7000;
 
 /// The disk the e2e VM attaches for the `LVMCluster` (`/dev/disk/by-id/virtio-e2e0` inside).
-const E2E_DISK: &str = "e2e0=4096";
+const E2E_DISKS: [&str; 2] = ["e2e0=4096", "e2e1=2048"];
 
 /// Boots the VM that plays the node (real LVM, the node agent) and waits for its command server.
 fn start_node_vm(repo: &Path, exec_port: u16) -> Result<vm::RunningVm> {
@@ -60,7 +60,11 @@ fn start_node_vm(repo: &Path, exec_port: u16) -> Result<vm::RunningVm> {
     let kernel = vm::prepare(repo)?;
     let spec = VmSpec {
         name: "e2e".into(),
-        disks: vec![crate::parse_disk(repo, E2E_DISK)?],
+        // e2e0 for the LVMCluster; e2e1 for the standalone driver the benchmark compares with.
+        disks: E2E_DISKS
+            .iter()
+            .map(|d| crate::parse_disk(repo, d))
+            .collect::<Result<_>>()?,
         memory_mib: 2048,
         cpus: 2,
         net: true,
@@ -122,33 +126,65 @@ fn start_cluster(repo: &Path, name: &str) -> Result<(PathBuf, ControlPlane, u16,
 }
 
 pub fn run(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
+    let lvms = repo.join("target/debug/lvms");
+    // The stack's scenarios first, one at a time; then the tests that run operators of their own,
+    // side by side (the installed webhook refuses a second LVMCluster while the stack's exists
+    // only in its own namespace, and the stack's would be refused beside theirs). The benchmark
+    // runs only when asked for.
+    let passes: Vec<Vec<&str>> = match filter {
+        Some(f) => vec![vec![f, "--skip", "bench_"]],
+        None => vec![
+            vec!["stack_", "--test-threads=1", "--skip", "bench_"],
+            vec!["--skip", "stack_", "--skip", "bench_"],
+        ],
+    };
+    run_passes(repo, &lvms, &passes, &[])
+}
+
+/// `cargo xtask e2e --bench`: the `bench_` tests with a release build of lvms, their output shown.
+pub fn bench(repo: &Path) -> Result<ExitCode> {
+    let built = Command::new(env!("CARGO"))
+        .args(["build", "--release", "-p", "lvms"])
+        .current_dir(repo)
+        .status()
+        .context("cargo build --release -p lvms")?;
+    if !built.success() {
+        bail!("building lvms (release) failed");
+    }
+    let lvms = repo.join("target/release/lvms");
+    let passes = vec![vec!["bench_", "--test-threads=1", "--nocapture"]];
+    run_passes(repo, &lvms, &passes, &[("LVMS_E2E_BENCH", "1")])
+}
+
+fn run_passes(
+    repo: &Path,
+    lvms: &Path,
+    passes: &[Vec<&str>],
+    env: &[(&str, &str)],
+) -> Result<ExitCode> {
     let started = Instant::now();
     let suite = build_suite(repo)?;
-    let lvms = repo.join("target/debug/lvms");
     let (assets, control_plane, exec_port, node_vm) = start_cluster(repo, "cluster")?;
     println!(
         "e2e: node VM up after {:.0} s",
         started.elapsed().as_secs_f64()
     );
-    // The stack's scenarios first, one at a time; then the tests that run operators of their own,
-    // side by side (the installed webhook refuses a second LVMCluster while the stack's exists
-    // only in its own namespace, and the stack's would be refused beside theirs).
-    let passes: Vec<Vec<&str>> = match filter {
-        Some(f) => vec![vec![f]],
-        None => vec![vec!["stack_", "--test-threads=1"], vec!["--skip", "stack_"]],
-    };
     let mut summaries = Vec::new();
     let mut failed_pass = false;
     for args in passes {
-        match run_pass(
-            repo,
-            &suite,
-            &args,
-            &control_plane,
-            &assets,
-            &lvms,
-            exec_port,
-        )? {
+        let mut cmd = Command::new(&suite);
+        cmd.args(args)
+            .env("KUBECONFIG", &control_plane.kubeconfig)
+            .env("LVMS_K8S_ASSETS", &assets)
+            .env("LVMS_E2E_LVMS", lvms)
+            .env("LVMS_E2E_VM", format!("127.0.0.1:{exec_port}"))
+            .env(
+                "LVMS_E2E_VM_SERVER",
+                format!("https://{}:{}", cluster::VM_HOST_ADDR, control_plane.port),
+            )
+            .env("LVMS_E2E_AUDIT_LOG", &control_plane.audit_log)
+            .envs(env.iter().copied());
+        match run_pass(repo, cmd)? {
             (ok, Some(summary)) => {
                 failed_pass |= !ok;
                 summaries.push(summary);
@@ -175,29 +211,12 @@ pub fn run(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
     })
 }
 
-/// One run of the suite with `args`; (whether it exited 0, its libtest summary line).
-fn run_pass(
-    repo: &Path,
-    suite: &Path,
-    args: &[&str],
-    control_plane: &ControlPlane,
-    assets: &Path,
-    lvms: &Path,
-    exec_port: u16,
-) -> Result<(bool, Option<String>)> {
-    let mut cmd = Command::new(suite);
+/// One run of the suite `cmd` (its arguments and the cluster's environment set); whether it exited
+/// 0, and its libtest summary line.
+fn run_pass(repo: &Path, mut cmd: Command) -> Result<(bool, Option<String>)> {
     cmd.args(["--color", "never"])
-        .args(args)
         .current_dir(repo.join("crates/operator"))
         .env("LVMS_E2E", "1")
-        .env("KUBECONFIG", &control_plane.kubeconfig)
-        .env("LVMS_K8S_ASSETS", assets)
-        .env("LVMS_E2E_LVMS", lvms)
-        .env("LVMS_E2E_VM", format!("127.0.0.1:{exec_port}"))
-        .env(
-            "LVMS_E2E_VM_SERVER",
-            format!("https://{}:{}", cluster::VM_HOST_ADDR, control_plane.port),
-        )
         .env("LVMS_E2E_WORK", repo.join("target/e2e/work"))
         .env("RUST_BACKTRACE", "1")
         .stdout(Stdio::piped())
@@ -234,6 +253,10 @@ pub fn serve_cluster(repo: &Path) -> Result<ExitCode> {
         cluster::VM_HOST_ADDR,
         control_plane.port,
         repo.join("target/e2e/dev-work").display(),
+    );
+    println!(
+        "cluster: LVMS_E2E_AUDIT_LOG={}",
+        control_plane.audit_log.display()
     );
     loop {
         std::thread::sleep(std::time::Duration::from_secs(3600));

@@ -24,6 +24,7 @@
 //!   (`LVMS_E2E_DEVICE`; skipped otherwise), an LVMCluster becomes Ready and a PVC Bound.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod bench;
 mod cleanup;
 mod crds;
 mod installed;

@@ -519,6 +519,16 @@ impl Stack {
         p.start(&self.work);
     }
 
+    /// The pid of the host process `name`, while it runs.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        let processes = self.processes.lock().unwrap();
+        processes
+            .iter()
+            .find(|p| p.name == name)
+            .and_then(|p| p.child.as_ref())
+            .map(Child::id)
+    }
+
     /// Restarts the host process `name` with `extra` after its usual arguments (none: as it was
     /// started), as a Deployment rolled out with new flags.
     pub fn restart_with(&mut self, name: &str, extra: &[&str]) {
