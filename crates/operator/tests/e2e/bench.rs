@@ -197,7 +197,7 @@ async fn standalone_create_volume(stack: &Stack) -> (f64, f64) {
     let config = format!(
         "deviceClasses:\n  - name: bench\n    default: true\n    fstype: xfs\n    deviceSelector:\n      \
          paths: [{STANDALONE_DISK}]\n    thinPoolConfig:\n      name: pool\n      sizePercent: 90\n      \
-         overprovisionRatio: 10\n"
+         overprovisionRatio: 10\n      metadataSizeCalculationPolicy: Host\n"
     );
     let (code, out) = stack
         .vm
