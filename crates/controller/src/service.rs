@@ -376,6 +376,14 @@ impl Controller for ClusterController {
         }))
     }
 
+    async fn get_snapshot(
+        &self,
+        request: Request<GetSnapshotRequest>,
+    ) -> Result<Response<GetSnapshotResponse>, Status> {
+        let svc = self.by_id(&request.get_ref().snapshot_id);
+        svc.get_snapshot(request).await
+    }
+
     async fn controller_expand_volume(
         &self,
         request: Request<ControllerExpandVolumeRequest>,

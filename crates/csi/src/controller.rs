@@ -922,6 +922,15 @@ impl<B: Backend> Controller for ControllerService<B> {
         }))
     }
 
+    async fn get_snapshot(
+        &self,
+        _request: Request<csi::GetSnapshotRequest>,
+    ) -> Result<Response<csi::GetSnapshotResponse>, Status> {
+        Err(Status::unimplemented(
+            "GetSnapshot: GET_SNAPSHOT is not offered",
+        ))
+    }
+
     #[tracing::instrument(skip_all, fields(volume_id = %request.get_ref().volume_id))]
     async fn controller_expand_volume(
         &self,
