@@ -9,7 +9,7 @@
 //!   the serving node with the most room (from the capacity annotations, ADR 0009).
 //! - Calls naming a volume or snapshot id: the node of its `LogicalVolume`. An id no node holds is
 //!   answered by the service of no node (`""`), which knows no volume: `DeleteVolume` is OK,
-//!   `ControllerExpandVolume` NOT_FOUND, as the spec asks.
+//!   `ControllerExpandVolume` and `GetSnapshot` NOT_FOUND, as the spec asks.
 //! - `ListVolumes`/`ListSnapshots`: every node's entries, merged by id and paged here.
 //! - `GetCapacity`: the node of the topology segment; without one, the sum over serving nodes.
 
@@ -374,6 +374,14 @@ impl Controller for ClusterController {
             entries,
             next_token,
         }))
+    }
+
+    async fn get_snapshot(
+        &self,
+        request: Request<GetSnapshotRequest>,
+    ) -> Result<Response<GetSnapshotResponse>, Status> {
+        let svc = self.by_id(&request.get_ref().snapshot_id);
+        svc.get_snapshot(request).await
     }
 
     async fn controller_expand_volume(

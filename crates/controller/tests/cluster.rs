@@ -10,8 +10,9 @@ use lvms_api::topolvm::LogicalVolume;
 use lvms_controller::{backend::NodeBackend, service::ClusterController, view::View};
 use lvms_csi::{
     csi::{
-        CapacityRange, ControllerExpandVolumeRequest, CreateSnapshotRequest, DeleteVolumeRequest,
-        GetCapacityRequest, ListVolumesRequest, VolumeCapability, VolumeContentSource,
+        CapacityRange, ControllerExpandVolumeRequest, CreateSnapshotRequest, DeleteSnapshotRequest,
+        DeleteVolumeRequest, GetCapacityRequest, GetSnapshotRequest, ListSnapshotsRequest,
+        ListVolumesRequest, VolumeCapability, VolumeContentSource,
         controller_client::ControllerClient, volume_capability::access_mode::Mode,
         volume_content_source,
     },
@@ -321,6 +322,98 @@ async fn snapshot_restore_expand_and_delete_follow_the_volume_to_its_node() {
         .await
         .unwrap_err();
     assert_eq!(missing.code(), Code::NotFound);
+}
+
+#[tokio::test]
+async fn get_snapshot_is_answered_from_the_snapshot_node_as_list_snapshots_lists_it() {
+    let mut c = cluster().await;
+    let mut ids_on = HashMap::new();
+    for (name, node) in [("src-a", "node-a"), ("src-b", "node-b")] {
+        let vol = c
+            .client
+            .create_volume(on_node(create(name, GIB), node))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        ids_on.insert(node, vol.volume_id);
+    }
+    let snap = c
+        .client
+        .create_snapshot(CreateSnapshotRequest {
+            source_volume_id: ids_on["node-b"].clone(),
+            name: "snap-b".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    c.client
+        .create_snapshot(CreateSnapshotRequest {
+            source_volume_id: ids_on["node-a"].clone(),
+            name: "snap-a".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let get = |c: &Cluster, id: &str| {
+        let mut client = c.client.clone();
+        let req = GetSnapshotRequest {
+            snapshot_id: id.into(),
+            ..Default::default()
+        };
+        async move { client.get_snapshot(req).await }
+    };
+
+    let got = get(&c, &snap.snapshot_id)
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert_eq!(got.snapshot_id, ids::snapshot_lv_name("snap-b"));
+    assert_eq!(got.source_volume_id, ids_on["node-b"]);
+    assert_eq!(got.size_bytes, GIB);
+    assert!(got.ready_to_use && got.creation_time.is_some());
+    assert_eq!(got, snap);
+    let listed = c
+        .client
+        .list_snapshots(ListSnapshotsRequest {
+            snapshot_id: snap.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .entries;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].snapshot.as_ref(), Some(&got));
+
+    for (id, want) in [
+        (String::new(), Code::InvalidArgument),
+        (ids::snapshot_lv_name("never"), Code::NotFound),
+        // A volume is not a snapshot.
+        (ids_on["node-b"].clone(), Code::NotFound),
+    ] {
+        let err = get(&c, &id).await.unwrap_err();
+        assert_eq!(err.code(), want, "{id}: {err:?}");
+    }
+
+    c.client
+        .delete_snapshot(DeleteSnapshotRequest {
+            snapshot_id: snap.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(c.api.get(&lv_path(&snap.snapshot_id)).is_none());
+    let err = get(&c, &snap.snapshot_id).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    // The other node's snapshot is still there.
+    get(&c, &ids::snapshot_lv_name("snap-a")).await.unwrap();
 }
 
 #[tokio::test]

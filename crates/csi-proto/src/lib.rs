@@ -1,6 +1,7 @@
 //! The Container Storage Interface, package `csi.v1`, generated from the vendored `proto/csi.proto`
 //! (version and sha256 in `proto/VERSION.md`): messages, `*_server` traits and `*_client` clients for
-//! the Identity, Controller, GroupController, SnapshotMetadata (where present) and Node services.
+//! the Identity, Controller, GroupController, SnapshotMetadata and Node services (lvms-rs serves Identity,
+//! Controller and Node).
 
 /// `csi.v1`.
 #[allow(
@@ -21,7 +22,7 @@ mod tests {
 
     /// The sha256 recorded in `proto/VERSION.md`.
     const RECORDED_SHA256: &str =
-        "02b49729cf98fa0aed5e0ce241da0fa1cbf2682c9b5cc74a519655ba54abe276";
+        "5b81236a3809f3ff0b877ff9b82215d0b74a8e291d7f3ec6ee1a44f537c0f86a";
 
     #[test]
     fn vendored_proto_matches_the_recorded_sha256() {
@@ -41,7 +42,8 @@ mod tests {
     #[test]
     fn generated_types_carry_the_spec_fields_lvms_uses() {
         use super::v1::{
-            ControllerServiceCapability, NodeServiceCapability, PluginCapability, VolumeCapability,
+            ControllerServiceCapability, GetSnapshotRequest, GetSnapshotResponse,
+            NodeServiceCapability, PluginCapability, Snapshot, VolumeCapability,
             controller_service_capability, node_service_capability, plugin_capability,
             volume_capability,
         };
@@ -62,6 +64,18 @@ mod tests {
             controller_service_capability::rpc::Type::SingleNodeMultiWriter as i32,
             13
         );
+        // v1.12.0: GET_SNAPSHOT = 15, and ControllerGetSnapshot's messages.
+        assert_eq!(
+            controller_service_capability::rpc::Type::GetSnapshot as i32,
+            15
+        );
+        let _ = GetSnapshotRequest {
+            snapshot_id: String::new(),
+            secrets: Default::default(),
+        };
+        let _ = GetSnapshotResponse {
+            snapshot: Some(Snapshot::default()),
+        };
         assert_eq!(
             node_service_capability::rpc::Type::VolumeCondition as i32,
             4

@@ -11,7 +11,7 @@ use lvms_csi::{
     csi::{
         ControllerExpandVolumeRequest, ControllerGetVolumeRequest, ControllerPublishVolumeRequest,
         CreateSnapshotRequest, CreateVolumeRequest, DeleteSnapshotRequest, DeleteVolumeRequest,
-        GetCapacityRequest, GetPluginCapabilitiesRequest, GetPluginInfoRequest,
+        GetCapacityRequest, GetPluginCapabilitiesRequest, GetPluginInfoRequest, GetSnapshotRequest,
         ListSnapshotsRequest, ListVolumesRequest, ProbeRequest, Topology, TopologyRequirement,
         ValidateVolumeCapabilitiesRequest, VolumeCapability, controller_service_capability,
         plugin_capability, volume_capability::access_mode::Mode, volume_content_source,
@@ -247,6 +247,9 @@ async fn controller_advertises_exactly_the_issue_capabilities_and_no_publish() {
         assert!(caps.contains(&(t as i32)), "{t:?} missing");
     }
     assert!(!caps.contains(&(Type::PublishUnpublishVolume as i32)));
+    assert!(!caps.contains(&(Type::ModifyVolume as i32)));
+    // Served, not advertised while csi-sanity v5.4.0 rejects it (see `controller::CAPABILITIES`).
+    assert!(!caps.contains(&(Type::GetSnapshot as i32)));
     assert_eq!(caps.len(), 10);
     let (c, _) = code(
         d.controller
@@ -254,6 +257,45 @@ async fn controller_advertises_exactly_the_issue_capabilities_and_no_publish() {
             .await,
     );
     assert_eq!(c, Code::Unimplemented);
+    let (c, _) = code(
+        d.controller
+            .controller_modify_volume(lvms_csi::csi::ControllerModifyVolumeRequest::default())
+            .await,
+    );
+    assert_eq!(c, Code::Unimplemented);
+    // GetSnapshot is served (for when GET_SNAPSHOT is advertised): an unknown id is NOT_FOUND.
+    let (c, m) = code(
+        d.controller
+            .get_snapshot(GetSnapshotRequest {
+                snapshot_id: ids::snapshot_lv_name("gone"),
+                ..GetSnapshotRequest::default()
+            })
+            .await,
+    );
+    assert_eq!(c, Code::NotFound, "{m}");
+}
+
+#[tokio::test]
+async fn the_group_controller_and_snapshot_metadata_services_are_not_served() {
+    use lvms_csi::csi::{
+        GetMetadataAllocatedRequest, GroupControllerGetCapabilitiesRequest,
+        group_controller_client::GroupControllerClient,
+        snapshot_metadata_client::SnapshotMetadataClient,
+    };
+    let d = Driver::start().await;
+    let channel = server::connect(&d.socket).await.unwrap();
+    let (c, m) = code(
+        SnapshotMetadataClient::new(channel.clone())
+            .get_metadata_allocated(GetMetadataAllocatedRequest::default())
+            .await,
+    );
+    assert_eq!(c, Code::Unimplemented, "{m}");
+    let (c, m) = code(
+        GroupControllerClient::new(channel)
+            .group_controller_get_capabilities(GroupControllerGetCapabilitiesRequest {})
+            .await,
+    );
+    assert_eq!(c, Code::Unimplemented, "{m}");
 }
 
 // CreateVolume: arguments
@@ -776,6 +818,86 @@ async fn list_snapshots_filters_by_id_and_source() {
     )
     .await;
     assert!(none.is_empty());
+}
+
+#[tokio::test]
+async fn get_snapshot_answers_what_list_snapshots_lists_for_the_id() {
+    let mut d = Driver::start().await;
+    let vol = volume_id(&mut d, create("a", GIB)).await;
+    let made = d
+        .controller
+        .create_snapshot(CreateSnapshotRequest {
+            source_volume_id: vol.clone(),
+            name: "sa".into(),
+            ..CreateSnapshotRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    snapshot_id(&mut d, "other", &vol).await;
+    let get = |d: &mut Driver, id: &str| {
+        let mut c = d.controller.clone();
+        let req = GetSnapshotRequest {
+            snapshot_id: id.into(),
+            ..GetSnapshotRequest::default()
+        };
+        async move { c.get_snapshot(req).await }
+    };
+    let got = get(&mut d, &made.snapshot_id)
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert_eq!(got.snapshot_id, made.snapshot_id);
+    assert_eq!(got.source_volume_id, vol);
+    assert_eq!(got.size_bytes, GIB);
+    assert!(got.ready_to_use && got.creation_time.is_some());
+    assert_eq!(got, made);
+    let listed = d
+        .controller
+        .list_snapshots(ListSnapshotsRequest {
+            snapshot_id: made.snapshot_id.clone(),
+            ..ListSnapshotsRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .entries;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].snapshot.as_ref(), Some(&got));
+
+    for (id, want, needle) in [
+        (
+            String::new(),
+            Code::InvalidArgument,
+            "snapshot_id is required",
+        ),
+        ("x".repeat(129), Code::InvalidArgument, "at most 128"),
+        (
+            ids::snapshot_lv_name("gone"),
+            Code::NotFound,
+            "does not exist",
+        ),
+        ("not-an-id".to_owned(), Code::NotFound, "does not exist"),
+        // A volume is not a snapshot.
+        (vol.clone(), Code::NotFound, "does not exist"),
+    ] {
+        let (c, m) = code(get(&mut d, &id).await);
+        assert_eq!((c, m.contains(needle)), (want, true), "{id}: {m}");
+    }
+
+    d.controller
+        .delete_snapshot(DeleteSnapshotRequest {
+            snapshot_id: made.snapshot_id.clone(),
+            ..DeleteSnapshotRequest::default()
+        })
+        .await
+        .unwrap();
+    let (c, m) = code(get(&mut d, &made.snapshot_id).await);
+    assert_eq!(c, Code::NotFound, "{m}");
 }
 
 #[tokio::test]

@@ -11,11 +11,11 @@ use lvms_csi::{
     backend::ClassInfo,
     controller::ControllerService,
     csi::{
-        CapacityRange, ControllerExpandVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest,
-        DeleteSnapshotRequest, DeleteVolumeRequest, ListVolumesRequest, NodeExpandVolumeRequest,
-        NodeGetVolumeStatsRequest, NodePublishVolumeRequest, NodeStageVolumeRequest,
-        NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
-        VolumeContentSource,
+        CapacityRange, ControllerExpandVolumeRequest, ControllerGetVolumeRequest,
+        CreateSnapshotRequest, CreateVolumeRequest, DeleteSnapshotRequest, DeleteVolumeRequest,
+        GetSnapshotRequest, ListVolumesRequest, NodeExpandVolumeRequest, NodeGetVolumeStatsRequest,
+        NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
+        NodeUnstageVolumeRequest, VolumeCapability, VolumeContentSource,
         controller_client::ControllerClient,
         node_client::NodeClient,
         volume_capability::{self, AccessMode, BlockVolume, MountVolume, access_mode::Mode},
@@ -299,6 +299,35 @@ async fn driver_thin_xfs_volume_lives_through_snapshot_restore_larger_and_online
         .unwrap()
         .snapshot_id;
     std::fs::write(format!("{target}/data"), "after the snapshot").unwrap();
+    let got = d
+        .controller
+        .get_snapshot(GetSnapshotRequest {
+            snapshot_id: snap.clone(),
+            ..GetSnapshotRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert_eq!(
+        (got.snapshot_id.as_str(), got.source_volume_id.as_str()),
+        (snap.as_str(), vol.as_str())
+    );
+    // The source's size (xfs volumes are made at least 300 MiB, so not the 256 MiB asked for).
+    let source_size = d
+        .controller
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: vol.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .capacity_bytes;
+    assert_eq!(got.size_bytes, source_size);
+    assert!(got.ready_to_use && got.creation_time.is_some_and(|t| t.seconds > 0));
 
     // Restore into a larger volume: the data of the snapshot, the filesystem grown to the volume.
     let restored = create_id(
@@ -386,6 +415,15 @@ async fn driver_thin_xfs_volume_lives_through_snapshot_restore_larger_and_online
             .await
             .unwrap();
     }
+    let gone = d
+        .controller
+        .get_snapshot(GetSnapshotRequest {
+            snapshot_id: snap.clone(),
+            ..GetSnapshotRequest::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
     delete(&mut d, &restored).await;
     delete(&mut d, &vol).await;
     let left = sh(&format!("lvm lvs --noheadings -o lv_name {}", s.thin));
