@@ -268,6 +268,14 @@ fn rss(status: &str) -> (f64, f64) {
 /// 500 volumes (LogicalVolume objects the agent makes LVs for), then the resident memory of the
 /// agent in the VM and of the operator and the CSI controller here.
 async fn memory_with_volumes(stack: &Stack, client: &Client) {
+    let agent_status = || async {
+        stack
+            .vm
+            .ok("cat /proc/$(pgrep -f '[ ]node --metrics-port 8081' | head -n1)/status")
+            .await
+    };
+    let (rss_now, hwm) = rss(&agent_status().await);
+    println!("bench: node agent before the volumes: RSS {rss_now:.1} MiB, peak {hwm:.1} MiB");
     let objects = Api::<LogicalVolume>::all(client.clone());
     let sfx = support::suffix();
     let started = Instant::now();
@@ -320,11 +328,7 @@ async fn memory_with_volumes(stack: &Stack, client: &Client) {
     );
     // A sweep of every periodic loop (capacity every 10 s, status) with all of them present.
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let agent = stack
-        .vm
-        .ok("cat /proc/$(pgrep -f '[ ]node --metrics-port 8081' | head -n1)/status")
-        .await;
-    let (rss_now, hwm) = rss(&agent);
+    let (rss_now, hwm) = rss(&agent_status().await);
     println!(
         "bench: node agent with {VOLUMES} volumes: RSS {rss_now:.1} MiB, peak {hwm:.1} MiB (target 15 MiB)"
     );
