@@ -55,7 +55,7 @@ async fn bench_provisioning_idle_requests_and_memory_on_the_real_control_plane()
     let stack = guard.as_ref().unwrap();
     let (client, ns) = scenario(stack, "lvms-e2e-bench").await;
 
-    idle_requests(&client).await;
+    idle_requests().await;
     let bound = pvc_to_bound(&client, &ns.name).await;
     let (create, probe) = standalone_create_volume(stack).await;
     println!(
@@ -103,7 +103,7 @@ fn audit_line(line: &str) -> Option<(String, String, String, String)> {
 type Counts = BTreeMap<(String, String), (u64, u64, BTreeMap<String, u64>)>;
 
 /// The requests of one idle minute (the LVMCluster Ready, no claim changing), per component.
-async fn idle_requests(_client: &Client) {
+async fn idle_requests() {
     let log = std::path::PathBuf::from(
         std::env::var("LVMS_E2E_AUDIT_LOG").expect("LVMS_E2E_AUDIT_LOG (set by cargo xtask e2e)"),
     );
