@@ -4,19 +4,18 @@
 //! a process group of its own that is killed when it ends, and the control plane is dropped.
 
 use std::{
-    io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::{Ipv4Addr, TcpStream},
+    io::{BufRead as _, BufReader},
     os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Command, ExitCode, Stdio},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use anyhow::{Context, Result, bail};
 
 use crate::{
     cluster::{self, ControlPlane},
-    vm::{self, VmSpec},
+    guest, vm,
 };
 
 /// Builds the tests and the lvms binary; returns the e2e test binary's path.
@@ -48,67 +47,18 @@ const SIDECARS: &[&str] = &[
     "snapshot-controller",
 ];
 
-/// The guest port of [`crate::guest`]'s command server.
-const GUEST_PORT: u16 = 7000;
-
 /// The disk the e2e VM attaches for the `LVMCluster` (`/dev/disk/by-id/virtio-e2e0` inside).
 const E2E_DISKS: [&str; 2] = ["e2e0=4096", "e2e1=2048"];
 
 /// Boots the VM that plays the node (real LVM, the node agent) and waits for its command server.
 fn start_node_vm(repo: &Path, exec_port: u16) -> Result<vm::RunningVm> {
-    let xtask = std::env::current_exe().context("the xtask executable")?;
     let kernel = vm::prepare(repo)?;
-    let spec = VmSpec {
-        name: "e2e".into(),
-        // e2e0 for the LVMCluster; e2e1 for the standalone driver the benchmark compares with.
-        disks: E2E_DISKS
-            .iter()
-            .map(|d| crate::parse_disk(repo, d))
-            .collect::<Result<_>>()?,
-        memory_mib: 2048,
-        cpus: 2,
-        net: true,
-        forwards: vec![(exec_port, GUEST_PORT)],
-        command: format!(
-            "{} guest-serve {GUEST_PORT}",
-            vm::shell_quote(&xtask.to_string_lossy())
-        ),
-        cwd: repo.to_path_buf(),
-        env: vec![("RUST_BACKTRACE".into(), "1".into())],
-        timeout: Duration::from_secs(60 * 60),
-    };
-    let vm = vm::start(repo, &kernel, spec)?;
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        if guest_exec(exec_port, "true").is_ok_and(|code| code == 0) {
-            return Ok(vm);
-        }
-        if Instant::now() > deadline {
-            bail!("the e2e VM's command server did not answer within 300 s");
-        }
-        std::thread::sleep(Duration::from_secs(1));
-    }
-}
-
-/// Runs `cmd` in the VM; its exit code.
-fn guest_exec(port: u16, cmd: &str) -> Result<i64> {
-    let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    writeln!(stream, "{}", serde_json::json!({ "cmd": cmd }))?;
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply)?;
-    let reply: serde_json::Value = serde_json::from_str(&reply)?;
-    reply["code"].as_i64().context("no exit code in the reply")
-}
-
-fn poweroff(port: u16) {
-    if let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) {
-        let _ = writeln!(
-            stream,
-            "{}",
-            serde_json::json!({"cmd": "", "poweroff": true})
-        );
-    }
+    // e2e0 for the LVMCluster; e2e1 for the standalone driver the benchmark compares with.
+    let disks = E2E_DISKS
+        .iter()
+        .map(|d| crate::parse_disk(repo, d))
+        .collect::<Result<_>>()?;
+    guest::start_served(repo, &kernel, "e2e", disks, 2, exec_port)
 }
 
 /// The assets, a control plane under `target/e2e/<name>`, and the node VM with its command port.
@@ -195,7 +145,7 @@ fn run_passes(
             }
         }
     }
-    poweroff(exec_port);
+    guest::poweroff(exec_port);
     let _ = node_vm.wait();
     drop(control_plane);
     let (passed, failed, ignored) = crate::sum_summaries(&summaries);

@@ -5,6 +5,7 @@ mod e2e;
 mod guest;
 mod helm;
 mod sanity;
+mod shared;
 mod vm;
 
 use std::{
@@ -43,11 +44,17 @@ enum Task {
         #[arg(trailing_var_arg = true, required = true)]
         command: Vec<String>,
     },
-    /// Every test: host unit tests (`cargo test --workspace`), the real-LVM suite in the VM,
-    /// csi-sanity against the standalone driver in the VM, and the e2e suite on a real control plane.
+    /// Every test: host unit tests (`cargo test --workspace`), the real-LVM suite in the VM, the
+    /// two-node shared-LUN tests, csi-sanity against the standalone driver in the VM, and the e2e suite on a real control plane.
     Test,
     /// Build the real-LVM integration tests (`tests/vm_*.rs`) and run them inside the VM.
     VmTest {
+        /// Only tests whose name contains this.
+        filter: Option<String>,
+    },
+    /// Two VMs sharing one disk image as two nodes see one SAN LUN: the `shared_vms` tests
+    /// (sanlock and lvmlockd in each guest, shared device classes).
+    VmShared {
         /// Only tests whose name contains this.
         filter: Option<String>,
     },
@@ -148,12 +155,14 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
             }
             let vm = vm_test(&repo, None)?;
             phases.done("VM suite");
+            let two_nodes = shared::run(&repo, None)?;
+            phases.done("two-node shared VMs");
             let sanity = sanity::run(&repo)?;
             phases.done("csi-sanity");
             let e2e = e2e::run(&repo, None)?;
             phases.done("e2e on a real control plane");
             phases.print();
-            let all = [vm, sanity, e2e];
+            let all = [vm, two_nodes, sanity, e2e];
             Ok(if all.iter().all(|c| *c == ExitCode::SUCCESS) {
                 ExitCode::SUCCESS
             } else {
@@ -163,6 +172,10 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
         Task::VmTest { filter } => {
             deps()?;
             vm_test(&repo, filter.as_deref())
+        }
+        Task::VmShared { filter } => {
+            deps()?;
+            shared::run(&repo, filter.as_deref())
         }
         Task::Demo => {
             deps()?;
@@ -262,6 +275,9 @@ const DEPS: &[(&str, &str)] = &[
     ("/usr/bin/etcd", "etcd-server"),
     ("/usr/bin/curl", "curl"),
     ("/usr/bin/xz", "xz-utils"),
+    // Shared device classes: the lock daemons run in the guests as host services would.
+    ("/usr/sbin/sanlock", "sanlock"),
+    ("/usr/sbin/lvmlockd", "lvm2-lockd"),
     // pip installs the gRPC C-core client (grpcio) the CSI contract tests run.
     (
         "/usr/lib/python3/dist-packages/pip/__init__.py",

@@ -14,6 +14,22 @@ pub const VG_OWNER_TAG: &str = "lvms";
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeConfig {
     pub device_classes: Vec<DeviceClassConfig>,
+    /// This node's part in shared device classes (standalone mode; the node agent gets the same from
+    /// the API). Required when a class is shared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared: Option<SharedNodeConfig>,
+}
+
+/// What a node needs to take part in shared device classes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SharedNodeConfig {
+    /// This node's sanlock host id, 1–2000, unique among every node that sees the LUNs.
+    pub host_id: u16,
+    /// Whether this node may create a shared volume group that does not exist yet. Exactly one node
+    /// should (on Kubernetes a Lease picks it): LVM does not protect the first `vgcreate --shared`.
+    #[serde(default)]
+    pub create_volume_groups: bool,
 }
 
 impl NodeConfig {
@@ -55,6 +71,91 @@ pub struct DeviceClassConfig {
     /// when the volume group is made (`Static`). No effect when paths are listed.
     #[serde(default)]
     pub device_discovery_policy: DiscoveryPolicy,
+    /// `nodeLocal` (the default; `local` is accepted too) or `shared`: one volume group on LUNs that
+    /// several nodes see, under lvmlockd and sanlock.
+    #[serde(default, skip_serializing_if = "AccessPolicy::is_node_local")]
+    pub device_access_policy: AccessPolicy,
+    /// Settings of a shared class (defaults when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_config: Option<SharedConfig>,
+}
+
+impl DeviceClassConfig {
+    /// Whether the class is a shared-LUN class.
+    pub fn is_shared(&self) -> bool {
+        self.device_access_policy == AccessPolicy::Shared
+    }
+
+    /// The shared settings in effect (defaults when absent).
+    pub fn shared_or_default(&self) -> SharedConfig {
+        self.shared_config.unwrap_or_default()
+    }
+}
+
+/// Whether a class's volume group is on one node's disks or on LUNs many nodes see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum AccessPolicy {
+    #[default]
+    #[serde(rename = "nodeLocal", alias = "local")]
+    NodeLocal,
+    #[serde(rename = "shared")]
+    Shared,
+}
+
+impl AccessPolicy {
+    pub fn is_node_local(&self) -> bool {
+        *self == Self::NodeLocal
+    }
+}
+
+/// How a shared class makes volumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum SharedVolumeMode {
+    /// Linear volumes, created inactive and activated where they are staged.
+    #[default]
+    Linear,
+    /// One thin pool per volume, active on one node at a time.
+    Thin,
+}
+
+/// Whether new linear volumes of a shared class are zeroed before first use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum WipePolicy {
+    /// Zero the whole volume (a shared LUN holds earlier tenants' data).
+    #[default]
+    Full,
+    /// Hand the volume out as LVM allocated it: fast, may expose old data.
+    UnsafeFast,
+}
+
+/// sanlock's default I/O timeout in seconds.
+pub const DEFAULT_IO_TIMEOUT_SECONDS: u16 = 10;
+
+/// Settings of a shared device class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SharedConfig {
+    #[serde(default)]
+    pub volume_mode: SharedVolumeMode,
+    #[serde(default)]
+    pub wipe_policy: WipePolicy,
+    /// sanlock's I/O timeout for the class's lockspace, 5–60 s.
+    #[serde(default = "default_io_timeout")]
+    pub io_timeout_seconds: u16,
+}
+
+impl Default for SharedConfig {
+    fn default() -> Self {
+        Self {
+            volume_mode: SharedVolumeMode::default(),
+            wipe_policy: WipePolicy::default(),
+            io_timeout_seconds: DEFAULT_IO_TIMEOUT_SECONDS,
+        }
+    }
+}
+
+fn default_io_timeout() -> u16 {
+    DEFAULT_IO_TIMEOUT_SECONDS
 }
 
 /// How a device class without device paths finds its disks.

@@ -10,5 +10,6 @@ pub mod model;
 pub mod names;
 pub mod plan;
 pub mod pool_fit;
+pub mod shared;
 pub mod size;
 pub mod webhook;

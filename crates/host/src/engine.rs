@@ -399,6 +399,8 @@ mod tests {
             }),
             raid_config: None,
             device_discovery_policy: Default::default(),
+            device_access_policy: Default::default(),
+            shared_config: None,
             default: true,
             fstype: Some(Fstype::Xfs),
         }

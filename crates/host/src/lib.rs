@@ -14,6 +14,7 @@ pub mod fake;
 pub mod fs;
 pub mod lvm;
 pub mod runner;
+pub mod shared;
 pub mod shell;
 pub mod validate;
 

@@ -48,6 +48,9 @@
 //! [`RealRunner`], and so does everything once the shell has failed its start-up check (logged once, see
 //! [`LvmShell::fallback_reason`]).
 //!
+//! Commands with a `--devicesfile` (those of shared classes, [`crate::shared`], which may wait for sanlock for
+//! minutes) run as separate processes.
+//!
 //! Commands on physical volumes and devices (`pvs`, `pvcreate`, `vgcreate`, `vgextend`, …) run as separate
 //! processes too, and the shell is restarted after those that change something: lvm2 keeps device sizes
 //! cached in the shell until a volume-group lock is released, so a shell can see a re-attached or resized
@@ -188,6 +191,13 @@ fn shell_line(cmd: &Command) -> std::result::Result<String, &'static str> {
     if DEVICE_READS.contains(&first.as_str()) || changes_devices(cmd) {
         return Err(
             "a command on physical volumes or devices, whose sizes the lvm shell may have cached",
+        );
+    }
+    if cmd.args.iter().any(|a| a == "--devicesfile") {
+        // Shared classes (crate::shared): lock-start and activations wait for sanlock, which would
+        // hold up every other command queued behind the shell.
+        return Err(
+            "a command with its own devices file (a shared class's), which may wait for locks",
         );
     }
     if cmd.args.len() > MAX_WORDS {
@@ -970,6 +980,17 @@ mod tests {
             assert!(shell_line(&lvm(&[first, "vg1"])).is_err(), "{first:?}");
         }
         assert!(shell_line(&lvm(&["lvs", "a\nb"])).is_err());
+        assert!(
+            shell_line(&lvm(&[
+                "lvchange",
+                "--devicesfile",
+                "lvms-san.devices",
+                "-aey",
+                "san/v"
+            ]))
+            .is_err(),
+            "a shared class's command runs on its own"
+        );
         for device_command in [
             "pvs", "pvcreate", "pvremove", "pvresize", "vgcreate", "vgextend", "vgreduce",
         ] {

@@ -15,11 +15,13 @@ use lvms_core::{
     lvattr::LvAttr,
     model::BlockDevice,
     plan::{ClassState, DeviceVerdict},
+    shared::State as SharedState,
     size::ByteSize,
 };
 use lvms_host::{
     engine::{ConvergeReport, NodeHost, RealNodeHost, converge_among},
     runner::RealRunner,
+    shared::{RealSharedHost, SharedReport},
 };
 
 #[derive(Parser)]
@@ -316,29 +318,71 @@ pub(crate) async fn bind_metrics(port: u16) -> Result<tokio::net::TcpListener> {
 async fn cmd_converge(config: &std::path::Path, output: Output) -> Result<()> {
     let config = load_config(config)?;
     let host = RealNodeHost::new(Arc::new(RealRunner));
-    let mut reports = Vec::new();
+    let shared_host = RealSharedHost::new(Arc::new(RealRunner));
+    let mut json = Vec::new();
+    let mut failed: Vec<&str> = Vec::new();
     for class in &config.device_classes {
-        let others = config.paths_of_others(&class.name);
-        reports.push(converge_among(&host, class, &others).await?);
-    }
-    if output == Output::Json {
-        println!("{}", serde_json::to_string_pretty(&reports)?);
-    } else {
-        for r in &reports {
-            print_report(r);
+        let ready = if class.is_shared() {
+            let r =
+                lvms_host::shared::converge(&shared_host, class, config.shared.as_ref()).await?;
+            if output == Output::Json {
+                json.push(serde_json::to_value(&r)?);
+            } else {
+                print_shared_report(&r);
+            }
+            r.is_joined()
+        } else {
+            let others = config.paths_of_others(&class.name);
+            let r = converge_among(&host, class, &others).await?;
+            if output == Output::Json {
+                json.push(serde_json::to_value(&r)?);
+            } else {
+                print_report(&r);
+            }
+            r.is_ready()
+        };
+        if !ready {
+            failed.push(&class.name);
         }
     }
-    let failed: Vec<&str> = reports
-        .iter()
-        .filter(|r| !r.is_ready())
-        .map(|r| r.device_class.as_str())
-        .collect();
+    if output == Output::Json {
+        println!("{}", serde_json::to_string_pretty(&json)?);
+    }
     anyhow::ensure!(
         failed.is_empty(),
         "device classes not ready: {}",
         failed.join(", ")
     );
     Ok(())
+}
+
+fn print_shared_report(r: &SharedReport) {
+    let state = match &r.plan.state {
+        SharedState::Joined => "Joined".to_owned(),
+        SharedState::Waiting { reason } => format!("Waiting: {reason}"),
+        SharedState::Failed { reason } => format!("Failed: {reason}"),
+    };
+    let host_id = r
+        .host_id
+        .map_or_else(|| "none".to_owned(), |id| id.to_string());
+    println!(
+        "device class {} (shared, sanlock host id {host_id}): {state}",
+        r.device_class
+    );
+    for f in &r.lock_start_failures {
+        println!("  lock-start failed: {f}");
+    }
+    if r.executed.is_empty() {
+        println!("  actions: none");
+    } else {
+        println!("  actions executed:");
+        for a in &r.executed {
+            println!(
+                "    {}",
+                serde_json::to_string(a).unwrap_or_else(|_| format!("{a:?}"))
+            );
+        }
+    }
 }
 
 fn print_report(r: &ConvergeReport) {

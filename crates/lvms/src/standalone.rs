@@ -23,6 +23,7 @@ use lvms_host::{
     fs::Filesystems,
     lvm::Lvm,
     runner::RealRunner,
+    shared::{self, RealSharedHost},
     shell::LvmShell,
 };
 
@@ -104,10 +105,25 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
         let runner = runner.clone();
         let config = config.clone();
         tokio::spawn(async move {
-            let host = RealNodeHost::new(runner);
+            let host = RealNodeHost::new(runner.clone());
+            let shared_host = RealSharedHost::new(runner);
             loop {
                 let mut ready = true;
                 for class in &config.device_classes {
+                    if class.is_shared() {
+                        match shared::converge(&shared_host, class, config.shared.as_ref()).await {
+                            Ok(report) if report.is_joined() => {}
+                            Ok(report) => {
+                                ready = false;
+                                tracing::warn!(device_class = %class.name, state = ?report.plan.state, "shared device class not joined");
+                            }
+                            Err(e) => {
+                                ready = false;
+                                tracing::warn!(device_class = %class.name, error = %e, "converging the shared class failed");
+                            }
+                        }
+                        continue;
+                    }
                     let others = config.paths_of_others(&class.name);
                     match converge_among(&host, class, &others).await {
                         Ok(report) if report.is_ready() => {}

@@ -187,6 +187,8 @@ pub fn device_class_config(vg: &LVMVolumeGroup) -> Result<DeviceClassConfig, Str
             Some(DeviceDiscoveryPolicy::Dynamic) => DiscoveryPolicy::Dynamic,
             Some(DeviceDiscoveryPolicy::Static) | None => DiscoveryPolicy::Static,
         },
+        device_access_policy: Default::default(),
+        shared_config: None,
     })
 }
 

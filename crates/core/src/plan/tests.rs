@@ -167,6 +167,8 @@ fn class(name: &str, paths: &[String]) -> DeviceClassConfig {
         default: false,
         fstype: Some(Fstype::Xfs),
         device_discovery_policy: DiscoveryPolicy::Static,
+        device_access_policy: Default::default(),
+        shared_config: None,
     }
 }
 

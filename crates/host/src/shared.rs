@@ -1,0 +1,593 @@
+//! Shared volume groups on the machine: `lvmlockd` + `sanlock`, one devices file per class, and the
+//! node side of [`lvms_core::shared`] (observe, execute, converge).
+//!
+//! Every LVM command of a shared class carries [`SharedLvm::scope_args`]: `--config
+//! "global/use_lvmlockd=1 local/host_id=<id>"` (the host id reaches lvmlockd with the lock-start; no host
+//! file is edited) and `--devicesfile lvms-<class>.devices`, so the class's commands see only its LUNs and
+//! the local classes' commands (run without lvmlockd) skip the shared volume group altogether. These
+//! commands never go through the long-lived `lvm` shell (see [`crate::shell`]): lock-start takes 20 s
+//! to minutes and would hold up every other command.
+//!
+//! | operation | already done | how it is known |
+//! |---|---|---|
+//! | `add_device` | LVM's own (adding a listed device again changes nothing) | |
+//! | `create_volume_group` | the plan only asks when LVM sees no such group | `vgs` first |
+//! | `lock_start` | started: `Ok` (LVM's own) | |
+//! | `lock_stop` | not started: `Ok` | `lvmlockctl --info` first |
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
+
+use lvms_core::{
+    config::{DeviceClassConfig, SharedNodeConfig},
+    shared::{self, Action, Daemon, Daemons, Observed, Plan, SharedVg, State},
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    Error, Result,
+    devices::Devices,
+    lvm::{LVM, classify, split_tags},
+    runner::{Command, DEFAULT_TIMEOUT, Output, Runner},
+    validate,
+};
+
+/// Lock-start and `vgcreate --shared` wait for sanlock to acquire the host's lease: 20 s to 3 min
+/// (measured 23–30 s in the test VM).
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Plans executed at most per converge (devices file, volume group, lockspace, and spare rounds for a
+/// host that changes meanwhile).
+pub const MAX_ROUNDS: usize = 6;
+
+/// LVM and lock commands for shared classes.
+#[derive(Debug, Clone)]
+pub struct SharedLvm<R> {
+    runner: R,
+}
+
+/// Which way an LV of a shared volume group is activated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `-aey`: only this host; LVM refuses every other host while it is active.
+    Exclusive,
+    /// `-asy`: this host and others in shared mode (linear LVs only).
+    Shared,
+}
+
+#[derive(Deserialize)]
+struct Report<T> {
+    report: Vec<T>,
+}
+
+#[derive(Deserialize)]
+struct VgSection {
+    #[serde(default)]
+    vg: Vec<VgRow>,
+}
+
+#[derive(Deserialize)]
+struct VgRow {
+    vg_name: String,
+    #[serde(default)]
+    vg_lock_type: String,
+    #[serde(default)]
+    vg_tags: String,
+}
+
+#[derive(Deserialize)]
+struct PvSection {
+    #[serde(default)]
+    pv: Vec<PvRow>,
+}
+
+#[derive(Deserialize)]
+struct PvRow {
+    pv_name: String,
+    #[serde(default)]
+    vg_name: String,
+}
+
+/// Parses `lvmlockctl --info`: the volume groups whose lockspace this host has started
+/// (`VG <name> lock_type=sanlock <uuid>` lines).
+pub fn parse_lockctl_info(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next() == Some("VG")).then_some(())?;
+            let name = words.next()?;
+            words
+                .next()
+                .is_some_and(|w| w.starts_with("lock_type="))
+                .then(|| name.to_owned())
+        })
+        .collect()
+}
+
+/// Parses `lvmdevices --devicesfile F` (lines `Device /dev/vda IDTYPE=… IDNAME=… DEVNAME=/dev/vda
+/// PVID=…`): the device names listed.
+pub fn parse_devices_file_listing(text: &str) -> BTreeSet<String> {
+    text.split_whitespace()
+        .filter_map(|w| w.strip_prefix("DEVNAME="))
+        .filter(|d| d.starts_with('/'))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn parse_json<T: for<'de> Deserialize<'de>>(cmd: &Command, text: &str) -> Result<Vec<T>> {
+    serde_json::from_str::<Report<T>>(text)
+        .map(|r| r.report)
+        .map_err(|e| Error::Parse {
+            argv: cmd.argv(),
+            detail: e.to_string(),
+        })
+}
+
+impl<R: Runner> SharedLvm<R> {
+    pub fn new(runner: R) -> Self {
+        Self { runner }
+    }
+
+    /// The arguments that scope an LVM command to shared class `class` (see the module docs).
+    pub fn scope_args(class: &str, host_id: Option<u16>) -> Vec<String> {
+        let mut config = "global/use_lvmlockd=1".to_owned();
+        if let Some(id) = host_id {
+            config.push_str(&format!(" local/host_id={id}"));
+        }
+        vec![
+            "--config".to_owned(),
+            config,
+            "--devicesfile".to_owned(),
+            shared::devices_file(class),
+        ]
+    }
+
+    async fn run(&self, program: &str, args: Vec<String>, timeout: Duration) -> Result<Output> {
+        let cmd = Command::new(program, args).timeout(timeout);
+        self.runner.run(&cmd).await
+    }
+
+    async fn lvm(
+        &self,
+        class: &str,
+        host_id: Option<u16>,
+        subcommand: &str,
+        rest: &[&str],
+        timeout: Duration,
+    ) -> Result<Output> {
+        validate::lvm_name(class)?;
+        let mut args = vec![subcommand.to_owned()];
+        args.extend(Self::scope_args(class, host_id));
+        args.extend(rest.iter().map(|s| (*s).to_owned()));
+        let cmd = Command::new(LVM, args).timeout(timeout);
+        let out = self.runner.run(&cmd).await?;
+        if out.success() {
+            Ok(out)
+        } else {
+            Err(classify(&cmd, out))
+        }
+    }
+
+    /// Whether `sanlock` and `lvmlockd` run on the host (asked through their own clients).
+    pub async fn daemons(&self) -> Daemons {
+        Daemons {
+            sanlock: self.daemon("sanlock", &["client", "status"]).await,
+            lvmlockd: self.daemon("lvmlockctl", &["--info"]).await,
+        }
+    }
+
+    async fn daemon(&self, program: &str, args: &[&str]) -> Daemon {
+        let args = args.iter().map(|s| (*s).to_owned()).collect();
+        match self.run(program, args, DEFAULT_TIMEOUT).await {
+            Ok(out) if out.success() => Daemon::Running,
+            Ok(out) => Daemon::Stopped(format!(
+                "`{program}` exited with {}: {}",
+                out.code
+                    .map_or_else(|| "a signal".into(), |c| c.to_string()),
+                out.stderr.trim()
+            )),
+            Err(Error::Spawn { .. }) => Daemon::Missing,
+            Err(e) => Daemon::Stopped(e.to_string()),
+        }
+    }
+
+    /// The volume groups whose lockspace this host has started.
+    pub async fn started_lockspaces(&self) -> Result<BTreeSet<String>> {
+        let out = self
+            .run("lvmlockctl", vec!["--info".into()], DEFAULT_TIMEOUT)
+            .await?;
+        if !out.success() {
+            return Err(out.into_error(&Command::new("lvmlockctl", ["--info"])));
+        }
+        Ok(parse_lockctl_info(&out.stdout))
+    }
+
+    /// The device names class `class`'s devices file lists (none when it does not exist yet).
+    pub async fn devices_file(&self, class: &str) -> Result<BTreeSet<String>> {
+        validate::lvm_name(class)?;
+        let args = vec![
+            "lvmdevices".to_owned(),
+            "--devicesfile".to_owned(),
+            shared::devices_file(class),
+        ];
+        let cmd = Command::new(LVM, args).timeout(DEFAULT_TIMEOUT);
+        let out = self.runner.run(&cmd).await?;
+        if out.success() {
+            return Ok(parse_devices_file_listing(&out.stdout));
+        }
+        // lvm2 2.03.16: "Devices file does not exist." (exit 5) before the first device is added.
+        if out.stderr.contains("Devices file does not exist") {
+            return Ok(BTreeSet::new());
+        }
+        Err(classify(&cmd, out))
+    }
+
+    /// Adds `path` to class `class`'s devices file (creating the file).
+    pub async fn add_device(&self, class: &str, path: &str) -> Result<()> {
+        validate::lvm_name(class)?;
+        validate::device_path(path)?;
+        let args = vec![
+            "lvmdevices".to_owned(),
+            "--devicesfile".to_owned(),
+            shared::devices_file(class),
+            "--adddev".to_owned(),
+            path.to_owned(),
+        ];
+        let cmd = Command::new(LVM, args).timeout(DEFAULT_TIMEOUT);
+        let out = self.runner.run(&cmd).await?;
+        if out.success() {
+            Ok(())
+        } else {
+            Err(classify(&cmd, out))
+        }
+    }
+
+    /// The class's volume group as seen through its devices file, with lvmlockd.
+    pub async fn vg(&self, class: &str) -> Result<Option<SharedVg>> {
+        let vgs = match self
+            .lvm(
+                class,
+                None,
+                "vgs",
+                &[
+                    "--reportformat",
+                    "json",
+                    "-o",
+                    "vg_name,vg_lock_type,vg_tags",
+                    class,
+                ],
+                DEFAULT_TIMEOUT,
+            )
+            .await
+        {
+            Ok(out) => out,
+            Err(Error::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let cmd = Command::new(LVM, ["vgs"]);
+        let Some(row) = parse_json::<VgSection>(&cmd, &vgs.stdout)?
+            .into_iter()
+            .flat_map(|s| s.vg)
+            .find(|r| r.vg_name == class)
+        else {
+            return Ok(None);
+        };
+        let pvs = self
+            .pvs(class)
+            .await?
+            .into_iter()
+            .filter(|(_, vg)| vg == class)
+            .map(|(pv, _)| pv)
+            .collect();
+        Ok(Some(SharedVg {
+            name: row.vg_name,
+            lock_type: row.vg_lock_type,
+            tags: split_tags(&row.vg_tags),
+            pvs,
+        }))
+    }
+
+    /// Physical volumes the class's devices file lets LVM see: (device, volume group or "").
+    pub async fn pvs(&self, class: &str) -> Result<Vec<(String, String)>> {
+        let out = self
+            .lvm(
+                class,
+                None,
+                "pvs",
+                &["--reportformat", "json", "-o", "pv_name,vg_name"],
+                DEFAULT_TIMEOUT,
+            )
+            .await?;
+        let cmd = Command::new(LVM, ["pvs"]);
+        Ok(parse_json::<PvSection>(&cmd, &out.stdout)?
+            .into_iter()
+            .flat_map(|s| s.pv)
+            .map(|r| (r.pv_name, r.vg_name))
+            .collect())
+    }
+
+    /// `vgcreate --shared`: makes the volume group and its `lvmlock` LV, and starts this host's
+    /// lockspace.
+    pub async fn create_volume_group(
+        &self,
+        name: &str,
+        pvs: &[String],
+        tags: &[String],
+        host_id: u16,
+    ) -> Result<()> {
+        pvs.iter().try_for_each(|p| validate::device_path(p))?;
+        tags.iter().try_for_each(|t| validate::lvm_tag(t))?;
+        let mut rest: Vec<&str> = vec!["--shared"];
+        for t in tags {
+            rest.extend(["--addtag", t]);
+        }
+        rest.push(name);
+        rest.extend(pvs.iter().map(String::as_str));
+        self.lvm(name, Some(host_id), "vgcreate", &rest, LOCK_TIMEOUT)
+            .await
+            .map(drop)
+    }
+
+    /// `vgchange --lock-start`: joins the volume group's lockspace with `host_id`.
+    pub async fn lock_start(&self, vg: &str, host_id: u16) -> Result<()> {
+        self.lvm(
+            vg,
+            Some(host_id),
+            "vgchange",
+            &["--lock-start", vg],
+            LOCK_TIMEOUT,
+        )
+        .await
+        .map(drop)
+    }
+
+    /// `vgchange --lock-stop`: leaves the lockspace (LVM refuses while an LV is active).
+    pub async fn lock_stop(&self, vg: &str) -> Result<()> {
+        if !self.started_lockspaces().await?.contains(vg) {
+            return Ok(());
+        }
+        self.lvm(vg, None, "vgchange", &["--lock-stop", vg], LOCK_TIMEOUT)
+            .await
+            .map(drop)
+    }
+
+    /// Activates `vg/lv` on this host.
+    pub async fn activate(&self, vg: &str, lv: &str, how: Activation) -> Result<()> {
+        validate::lvm_name(lv)?;
+        let flag = match how {
+            Activation::Exclusive => "-aey",
+            Activation::Shared => "-asy",
+        };
+        let target = format!("{vg}/{lv}");
+        self.lvm(vg, None, "lvchange", &[flag, &target], LOCK_TIMEOUT)
+            .await
+            .map(drop)
+    }
+
+    /// Deactivates `vg/lv` on this host (which releases its lock).
+    pub async fn deactivate(&self, vg: &str, lv: &str) -> Result<()> {
+        validate::lvm_name(lv)?;
+        let target = format!("{vg}/{lv}");
+        self.lvm(vg, None, "lvchange", &["-an", &target], LOCK_TIMEOUT)
+            .await
+            .map(drop)
+    }
+}
+
+/// What [`converge`] ended with, for one shared class on this node.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SharedReport {
+    pub device_class: String,
+    pub host_id: Option<u16>,
+    /// Actions executed, in order (lock-start retries included).
+    pub executed: Vec<Action>,
+    /// The last plan's state and device visibility.
+    pub plan: Plan,
+    /// Failed lock-start attempts, with LVM's answer.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lock_start_failures: Vec<String>,
+}
+
+impl SharedReport {
+    pub fn is_joined(&self) -> bool {
+        self.plan.state == State::Joined
+    }
+}
+
+/// What the shared-class engine needs from the machine.
+pub trait SharedHost: Send + Sync {
+    fn observe(
+        &self,
+        class: &DeviceClassConfig,
+        node: Option<&SharedNodeConfig>,
+    ) -> impl Future<Output = Result<Observed>> + Send;
+    fn execute(&self, action: &Action) -> impl Future<Output = Result<()>> + Send;
+    /// Waits before a retry (a real sleep; tests skip it).
+    fn pause(&self, d: Duration) -> impl Future<Output = ()> + Send;
+}
+
+/// [`SharedHost`] on the real machine.
+#[derive(Debug, Clone)]
+pub struct RealSharedHost<R> {
+    lvm: SharedLvm<R>,
+    devices: Devices<R>,
+}
+
+impl<R: Runner + Clone> RealSharedHost<R> {
+    pub fn new(runner: R) -> Self {
+        Self {
+            lvm: SharedLvm::new(runner.clone()),
+            devices: Devices::new(runner),
+        }
+    }
+}
+
+impl<R: Runner> RealSharedHost<R> {
+    pub fn lvm(&self) -> &SharedLvm<R> {
+        &self.lvm
+    }
+}
+
+impl<R: Runner> SharedHost for RealSharedHost<R> {
+    async fn observe(
+        &self,
+        class: &DeviceClassConfig,
+        node: Option<&SharedNodeConfig>,
+    ) -> Result<Observed> {
+        let mut resolved = BTreeMap::new();
+        for path in &class.device_selector.paths {
+            resolved.insert(path.clone(), self.devices.resolve_path(path).await);
+        }
+        let daemons = self.lvm.daemons().await;
+        let base = Observed {
+            daemons: daemons.clone(),
+            host_id: node.map(|n| n.host_id),
+            may_create: node.is_some_and(|n| n.create_volume_groups),
+            resolved: resolved.clone(),
+            devices_file: BTreeSet::new(),
+            vg: None,
+            orphan_pvs: BTreeSet::new(),
+            signatures: BTreeMap::new(),
+            lockspace_started: false,
+        };
+        // Without both daemons nothing below can be read (and the plan stops there).
+        if daemons.sanlock != Daemon::Running || daemons.lvmlockd != Daemon::Running {
+            return Ok(base);
+        }
+        let devices_file = self.lvm.devices_file(&class.name).await?;
+        let vg = if devices_file.is_empty() {
+            None
+        } else {
+            self.lvm.vg(&class.name).await?
+        };
+        let mut orphan_pvs = BTreeSet::new();
+        let mut signatures = BTreeMap::new();
+        if vg.is_none() {
+            if !devices_file.is_empty() {
+                orphan_pvs = self
+                    .lvm
+                    .pvs(&class.name)
+                    .await?
+                    .into_iter()
+                    .filter(|(_, vg)| vg.is_empty())
+                    .map(|(pv, _)| pv)
+                    .collect();
+            }
+            for canonical in resolved.values().flatten() {
+                if let Some(sig) = self.devices.probe_signature(canonical).await? {
+                    signatures.insert(canonical.clone(), sig);
+                }
+            }
+        }
+        let lockspace_started = self.lvm.started_lockspaces().await?.contains(&class.name);
+        Ok(Observed {
+            devices_file,
+            vg,
+            orphan_pvs,
+            signatures,
+            lockspace_started,
+            ..base
+        })
+    }
+
+    async fn execute(&self, action: &Action) -> Result<()> {
+        match action {
+            Action::AddToDevicesFile { file, path } => {
+                let class = file
+                    .strip_prefix("lvms-")
+                    .and_then(|f| f.strip_suffix(".devices"))
+                    .ok_or_else(|| Error::InvalidArgument(format!("devices file {file:?}")))?;
+                self.lvm.add_device(class, path).await
+            }
+            Action::CreateVolumeGroup {
+                name,
+                pvs,
+                tags,
+                host_id,
+            } => {
+                self.lvm
+                    .create_volume_group(name, pvs, tags, *host_id)
+                    .await
+            }
+            Action::StartLockspace { vg, host_id } => self.lvm.lock_start(vg, *host_id).await,
+        }
+    }
+
+    async fn pause(&self, d: Duration) {
+        tokio::time::sleep(d).await;
+    }
+}
+
+/// Converges shared class `class` on this node: plan, execute, observe again, until the lockspace is
+/// joined or the plan stops (waiting or failed). A failed lock-start is retried after
+/// [`shared::lock_start_delay`]; when those are used up the report says why, and the next converge
+/// starts again.
+#[tracing::instrument(skip_all, fields(device_class = %class.name))]
+pub async fn converge<H: SharedHost>(
+    host: &H,
+    class: &DeviceClassConfig,
+    node: Option<&SharedNodeConfig>,
+) -> Result<SharedReport> {
+    let mut executed = Vec::new();
+    let mut lock_start_failures = Vec::new();
+    for _ in 0..MAX_ROUNDS {
+        let observed = host.observe(class, node).await?;
+        let plan = shared::plan(class, &observed);
+        if plan.actions.is_empty() {
+            return Ok(SharedReport {
+                device_class: class.name.clone(),
+                host_id: observed.host_id,
+                executed,
+                plan,
+                lock_start_failures,
+            });
+        }
+        for action in &plan.actions {
+            tracing::info!(?action, "executing");
+            let mut attempt = 0;
+            loop {
+                match host.execute(action).await {
+                    Ok(()) => break,
+                    Err(e) if matches!(action, Action::StartLockspace { .. }) => {
+                        attempt += 1;
+                        lock_start_failures.push(e.to_string());
+                        let Some(delay) = shared::lock_start_delay(attempt) else {
+                            return Ok(SharedReport {
+                                device_class: class.name.clone(),
+                                host_id: observed.host_id,
+                                executed,
+                                plan: Plan {
+                                    actions: Vec::new(),
+                                    state: State::Waiting {
+                                        reason: format!(
+                                            "lock-start of {} failed {attempt} times, retrying at the \
+                                             next converge (after an unclean shutdown sanlock can \
+                                             take minutes): {e}",
+                                            class.name
+                                        ),
+                                    },
+                                    devices_visible: true,
+                                },
+                                lock_start_failures,
+                            });
+                        };
+                        tracing::warn!(attempt, ?delay, error = %e, "lock-start failed, retrying");
+                        host.pause(delay).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            executed.push(action.clone());
+        }
+    }
+    Err(Error::NotConverged {
+        device_class: class.name.clone(),
+        rounds: MAX_ROUNDS,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,289 @@
+use std::sync::Mutex;
+
+use lvms_core::config::{AccessPolicy, DeviceSelector, DiscoveryPolicy};
+
+use super::*;
+use crate::fake::FakeRunner;
+
+const SCOPE: [&str; 4] = [
+    "--config",
+    "global/use_lvmlockd=1",
+    "--devicesfile",
+    "lvms-san.devices",
+];
+
+fn with_scope<'a>(sub: &'a str, host_id: Option<&'a str>, rest: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec!["lvm", sub];
+    match host_id {
+        Some(cfg) => v.extend(["--config", cfg, "--devicesfile", "lvms-san.devices"]),
+        None => v.extend(SCOPE),
+    }
+    v.extend(rest);
+    v
+}
+
+#[test]
+fn lockctl_info_lists_started_lockspaces_only() {
+    let text = "VG san lock_type=sanlock QsiIvE-LSed\nLS sanlock lvm_san\nLK VG un ver 0\n\
+                LK GL un ver 0\nVG other lock_type=sanlock abc\n";
+    assert_eq!(
+        parse_lockctl_info(text),
+        BTreeSet::from(["san".to_owned(), "other".to_owned()])
+    );
+    assert!(parse_lockctl_info("").is_empty());
+}
+
+#[test]
+fn devices_file_listing_gives_device_names() {
+    let text = "  Device /dev/vda IDTYPE=sys_serial IDNAME=lun0 DEVNAME=/dev/vda PVID=abc\n\
+                  Device /dev/vdb IDTYPE=devname IDNAME=/dev/vdb DEVNAME=/dev/vdb PVID=.\n";
+    assert_eq!(
+        parse_devices_file_listing(text),
+        BTreeSet::from(["/dev/vda".to_owned(), "/dev/vdb".to_owned()])
+    );
+}
+
+#[tokio::test]
+async fn a_missing_program_is_missing_and_a_failing_one_stopped() {
+    let fake = FakeRunner::new();
+    fake.expect(&["sanlock", "client", "status"]).spawn_fails();
+    fake.expect(&["lvmlockctl", "--info"])
+        .fails(1, "Cannot connect to lvmlockd.");
+    let d = SharedLvm::new(fake.clone()).daemons().await;
+    assert_eq!(d.sanlock, Daemon::Missing);
+    assert!(
+        matches!(&d.lvmlockd, Daemon::Stopped(s) if s.contains("Cannot connect")),
+        "{d:?}"
+    );
+    fake.assert_done();
+}
+
+#[tokio::test]
+async fn create_volume_group_is_shared_tagged_scoped_and_carries_the_host_id() {
+    let fake = FakeRunner::new();
+    fake.expect(&with_scope(
+        "vgcreate",
+        Some("global/use_lvmlockd=1 local/host_id=3"),
+        &["--shared", "--addtag", "lvms", "san", "/dev/vdb"],
+    ))
+    .succeeds();
+    SharedLvm::new(fake.clone())
+        .create_volume_group("san", &["/dev/vdb".into()], &["lvms".into()], 3)
+        .await
+        .unwrap();
+    let call = &fake.calls()[0];
+    assert_eq!(call.timeout, LOCK_TIMEOUT);
+    fake.assert_done();
+}
+
+#[tokio::test]
+async fn activation_modes_and_lock_stop_when_started_only() {
+    let fake = FakeRunner::new();
+    fake.expect(&with_scope("lvchange", None, &["-aey", "san/v1"]))
+        .succeeds();
+    fake.expect(&with_scope("lvchange", None, &["-asy", "san/v1"]))
+        .fails(
+            5,
+            "  LV locked by other host: san/v1\n  Failed to lock logical volume san/v1.",
+        );
+    fake.expect(&with_scope("lvchange", None, &["-an", "san/v1"]))
+        .succeeds();
+    fake.expect(&["lvmlockctl", "--info"]).stdout("");
+    let lvm = SharedLvm::new(fake.clone());
+    lvm.activate("san", "v1", Activation::Exclusive)
+        .await
+        .unwrap();
+    assert!(lvm.activate("san", "v1", Activation::Shared).await.is_err());
+    lvm.deactivate("san", "v1").await.unwrap();
+    lvm.lock_stop("san").await.unwrap();
+    fake.assert_done();
+}
+
+#[tokio::test]
+async fn vg_reads_lock_type_tags_and_pvs_through_the_devices_file() {
+    let fake = FakeRunner::new();
+    fake.expect(&with_scope(
+        "vgs",
+        None,
+        &[
+            "--reportformat",
+            "json",
+            "-o",
+            "vg_name,vg_lock_type,vg_tags",
+            "san",
+        ],
+    ))
+    .stdout(r#"{"report":[{"vg":[{"vg_name":"san","vg_lock_type":"sanlock","vg_tags":"lvms"}]}]}"#);
+    fake.expect(&with_scope(
+        "pvs",
+        None,
+        &["--reportformat", "json", "-o", "pv_name,vg_name"],
+    ))
+    .stdout(r#"{"report":[{"pv":[{"pv_name":"/dev/vdb","vg_name":"san"}]}]}"#);
+    fake.expect(&with_scope(
+        "vgs",
+        None,
+        &[
+            "--reportformat",
+            "json",
+            "-o",
+            "vg_name,vg_lock_type,vg_tags",
+            "san",
+        ],
+    ))
+    .fails(
+        5,
+        "  Volume group \"san\" not found\n  Cannot process volume group san",
+    );
+    let lvm = SharedLvm::new(fake.clone());
+    assert_eq!(
+        lvm.vg("san").await.unwrap(),
+        Some(SharedVg {
+            name: "san".into(),
+            lock_type: "sanlock".into(),
+            tags: vec!["lvms".into()],
+            pvs: vec!["/dev/vdb".into()],
+        })
+    );
+    assert_eq!(lvm.vg("san").await.unwrap(), None);
+    fake.assert_done();
+}
+
+/// A scripted host: observations in order, every executed action recorded, lock-start failing
+/// `lock_start_failures` times.
+struct Script {
+    observations: Mutex<Vec<Observed>>,
+    executed: Mutex<Vec<Action>>,
+    lock_start_failures: Mutex<u32>,
+    pauses: Mutex<Vec<Duration>>,
+}
+
+impl SharedHost for Script {
+    async fn observe(
+        &self,
+        _: &DeviceClassConfig,
+        _: Option<&SharedNodeConfig>,
+    ) -> Result<Observed> {
+        let mut o = self.observations.lock().unwrap();
+        Ok(if o.len() > 1 {
+            o.remove(0)
+        } else {
+            o[0].clone()
+        })
+    }
+    async fn execute(&self, action: &Action) -> Result<()> {
+        self.executed.lock().unwrap().push(action.clone());
+        let mut left = self.lock_start_failures.lock().unwrap();
+        if matches!(action, Action::StartLockspace { .. }) && *left > 0 {
+            *left -= 1;
+            return Err(Error::CommandFailed {
+                argv: crate::error::Argv(vec!["lvm".into(), "vgchange".into()]),
+                code: Some(5),
+                stderr: "prepare_lockspace_san stat error 2 disk_path /dev/mapper/san-lvmlock"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+    async fn pause(&self, d: Duration) {
+        self.pauses.lock().unwrap().push(d);
+    }
+}
+
+fn class() -> DeviceClassConfig {
+    DeviceClassConfig {
+        name: "san".into(),
+        device_selector: DeviceSelector {
+            paths: vec!["/dev/disk/by-id/lun".into()],
+            ..Default::default()
+        },
+        thin_pool_config: None,
+        raid_config: None,
+        default: false,
+        fstype: None,
+        device_discovery_policy: DiscoveryPolicy::Static,
+        device_access_policy: AccessPolicy::Shared,
+        shared_config: None,
+    }
+}
+
+fn joined_after(lockspace_started: bool) -> Observed {
+    Observed {
+        daemons: Daemons {
+            sanlock: Daemon::Running,
+            lvmlockd: Daemon::Running,
+        },
+        host_id: Some(2),
+        may_create: false,
+        resolved: [(
+            "/dev/disk/by-id/lun".to_owned(),
+            Some("/dev/vdb".to_owned()),
+        )]
+        .into(),
+        devices_file: ["/dev/vdb".to_owned()].into(),
+        vg: Some(SharedVg {
+            name: "san".into(),
+            lock_type: "sanlock".into(),
+            tags: vec!["lvms".into()],
+            pvs: vec!["/dev/vdb".into()],
+        }),
+        orphan_pvs: BTreeSet::new(),
+        signatures: BTreeMap::new(),
+        lockspace_started,
+    }
+}
+
+fn script(failures: u32) -> Script {
+    Script {
+        observations: Mutex::new(vec![joined_after(false), joined_after(true)]),
+        executed: Mutex::new(vec![]),
+        lock_start_failures: Mutex::new(failures),
+        pauses: Mutex::new(vec![]),
+    }
+}
+
+#[tokio::test]
+async fn a_failed_first_lock_start_is_retried_and_joins() {
+    let host = script(1);
+    let node = SharedNodeConfig {
+        host_id: 2,
+        create_volume_groups: false,
+    };
+    let report = converge(&host, &class(), Some(&node)).await.unwrap();
+    assert!(report.is_joined(), "{report:?}");
+    assert_eq!(host.executed.lock().unwrap().len(), 2);
+    assert_eq!(*host.pauses.lock().unwrap(), [Duration::from_secs(1)]);
+    assert_eq!(report.lock_start_failures.len(), 1);
+    assert!(report.lock_start_failures[0].contains("prepare_lockspace_san"));
+}
+
+#[tokio::test]
+async fn lock_start_gives_up_after_its_retries_and_says_it_will_try_again() {
+    let host = script(100);
+    let report = converge(&host, &class(), None).await.unwrap();
+    assert!(!report.is_joined());
+    // 1 try + 5 retries.
+    assert_eq!(host.executed.lock().unwrap().len(), 6);
+    match &report.plan.state {
+        State::Waiting { reason } => {
+            assert!(
+                reason.contains("failed 6 times") && reason.contains("next converge"),
+                "{reason}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_devices_file_not_made_yet_lists_nothing() {
+    let fake = FakeRunner::new();
+    fake.expect(&["lvm", "lvmdevices", "--devicesfile", "lvms-san.devices"])
+        .fails(5, "  Devices file does not exist.");
+    fake.expect(&["lvm", "lvmdevices", "--devicesfile", "lvms-san.devices"])
+        .fails(5, "  Some other failure.");
+    let lvm = SharedLvm::new(fake.clone());
+    assert!(lvm.devices_file("san").await.unwrap().is_empty());
+    assert!(lvm.devices_file("san").await.is_err());
+    fake.assert_done();
+}
