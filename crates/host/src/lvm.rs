@@ -35,7 +35,7 @@
 mod errors;
 mod report;
 
-use std::time::Duration;
+use std::{collections::BTreeSet, time::Duration};
 
 use lvms_core::{
     config::RaidType,
@@ -114,10 +114,20 @@ pub struct LvSpec {
 }
 
 /// LVM commands over a [`Runner`].
+///
+/// # Shared volume groups
+/// Volume groups named in [`Lvm::with_shared`] belong to shared classes: a command on one of them
+/// carries [`crate::shared::SharedLvm::scope_args`] (lvmlockd and the class's devices file) right after
+/// its subcommand. The volume group a command acts on is its last argument (`vg` or `vg/lv`): every
+/// method here builds its command that way, except those that end in device paths (`pvcreate`,
+/// `vgcreate`, `vgextend`, `vgreduce`), which shared classes never run through this type. The
+/// all-group reports (`vgs()`, `lvs(None)`) add one scoped report per shared volume group that
+/// exists, since without lvmlockd LVM skips those groups.
 #[derive(Debug, Clone)]
 pub struct Lvm<R> {
     runner: R,
     timeout: Duration,
+    shared: BTreeSet<String>,
 }
 
 /// What [`Lvm::extend`] grows.
@@ -207,7 +217,20 @@ impl<R: Runner> Lvm<R> {
         Self {
             runner,
             timeout: DEFAULT_TIMEOUT,
+            shared: BTreeSet::new(),
         }
+    }
+
+    /// The volume groups of shared classes (see the type's documentation).
+    #[must_use]
+    pub fn with_shared(mut self, vgs: impl IntoIterator<Item = String>) -> Self {
+        self.shared = vgs.into_iter().collect();
+        self
+    }
+
+    /// Whether `vg` is a shared class's volume group.
+    pub fn is_shared(&self, vg: &str) -> bool {
+        self.shared.contains(vg)
     }
 
     /// The timeout of every `lvm` call (default [`DEFAULT_TIMEOUT`]).
@@ -221,8 +244,39 @@ impl<R: Runner> Lvm<R> {
         &self.runner
     }
 
-    fn command(&self, args: Vec<String>) -> Command {
+    fn command(&self, mut args: Vec<String>) -> Command {
+        let target = args
+            .last()
+            .and_then(|a| a.split('/').next())
+            .filter(|vg| self.shared.contains(*vg))
+            .map(str::to_owned);
+        if let (Some(vg), true) = (target, args.len() > 1) {
+            let scope = crate::shared::SharedLvm::<R>::scope_args(&vg, None);
+            args.splice(1..1, scope);
+            return Command::new(LVM, args).timeout(crate::shared::LOCK_TIMEOUT);
+        }
         Command::new(LVM, args).timeout(self.timeout)
+    }
+
+    /// `report` of each shared volume group that exists, appended to `out`.
+    async fn shared_reports<T>(
+        &self,
+        subcommand: &str,
+        fields: &str,
+        parse: fn(&str) -> std::result::Result<Vec<T>, ReportError>,
+        out: &mut Vec<T>,
+    ) -> Result<()> {
+        for vg in &self.shared {
+            match self
+                .report(report_args(subcommand, fields, Some(vg.clone())), parse)
+                .await
+            {
+                Ok(more) => out.extend(more),
+                Err(Error::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// Runs `lvm args...`; a non-zero exit becomes the classified error.
@@ -264,8 +318,12 @@ impl<R: Runner> Lvm<R> {
     /// Every volume group.
     #[tracing::instrument(level = "debug", skip(self))]
     pub async fn vgs(&self) -> Result<Vec<VolumeGroup>> {
-        self.report(report_args("vgs", VG_FIELDS, None), parse_vgs)
-            .await
+        let mut vgs = self
+            .report(report_args("vgs", VG_FIELDS, None), parse_vgs)
+            .await?;
+        self.shared_reports("vgs", VG_FIELDS, parse_vgs, &mut vgs)
+            .await?;
+        Ok(vgs)
     }
 
     /// One volume group, `None` if it does not exist.
@@ -292,11 +350,17 @@ impl<R: Runner> Lvm<R> {
         if let Some(vg) = vg {
             validate::lvm_name(vg)?;
         }
-        self.report(
-            report_args("lvs", LV_FIELDS, vg.map(str::to_owned)),
-            parse_lvs,
-        )
-        .await
+        let mut lvs = self
+            .report(
+                report_args("lvs", LV_FIELDS, vg.map(str::to_owned)),
+                parse_lvs,
+            )
+            .await?;
+        if vg.is_none() {
+            self.shared_reports("lvs", LV_FIELDS, parse_lvs, &mut lvs)
+                .await?;
+        }
+        Ok(lvs)
     }
 
     /// One logical volume, `None` if it (or its volume group) does not exist.

@@ -1285,3 +1285,76 @@ async fn lv_tags_use_lvchange() {
     ));
     fake.assert_done();
 }
+
+// ---- shared volume groups ----
+
+fn scoped(mut argv: Vec<&'static str>, vg: &'static str) -> Vec<String> {
+    let file: &'static str = Box::leak(format!("lvms-{vg}.devices").into_boxed_str());
+    argv.splice(
+        2..2,
+        ["--config", "global/use_lvmlockd=1", "--devicesfile", file],
+    );
+    s(&argv)
+}
+
+#[tokio::test]
+async fn commands_on_a_shared_volume_group_carry_lvmlockd_and_its_devices_file() {
+    let fake = FakeRunner::new();
+    let lvm = Lvm::new(fake.clone()).with_shared(["san".to_owned()]);
+    let argv = scoped(lvs_argv("san/v1"), "san");
+    fake.expect(&argv.iter().map(String::as_str).collect::<Vec<_>>())
+        .stdout(r#"{"report":[{"lv":[]}]}"#);
+    assert_eq!(lvm.lv("san", "v1").await.unwrap(), None);
+    // A local group's command is left as it is.
+    fake.expect(&lvs_argv("vg1/v1"))
+        .stdout(r#"{"report":[{"lv":[]}]}"#);
+    assert_eq!(lvm.lv("vg1", "v1").await.unwrap(), None);
+    // A mutation too, with the lock timeout (activations may wait for sanlock).
+    fake.expect(&[
+        "lvm",
+        "lvchange",
+        "--config",
+        "global/use_lvmlockd=1",
+        "--devicesfile",
+        "lvms-san.devices",
+        "--addtag",
+        "t1",
+        "san/v1",
+    ])
+    .succeeds();
+    lvm.lv_add_tag("san", "v1", "t1").await.unwrap();
+    let calls = fake.calls();
+    assert_eq!(calls[2].timeout, crate::shared::LOCK_TIMEOUT);
+    assert_ne!(calls[1].timeout, crate::shared::LOCK_TIMEOUT);
+    fake.assert_done();
+}
+
+#[tokio::test]
+async fn all_group_reports_add_each_existing_shared_group() {
+    let fake = FakeRunner::new();
+    let lvm = Lvm::new(fake.clone()).with_shared(["san".to_owned(), "later".to_owned()]);
+    let mut all = vgs_argv("x");
+    all.pop();
+    fake.expect(&all).stdout(one_vg("vg1", 0));
+    // In name order; a shared group not made yet is skipped.
+    let later = scoped(vgs_argv("later"), "later");
+    fake.expect(&later.iter().map(String::as_str).collect::<Vec<_>>())
+        .fails(
+            5,
+            "  Volume group \"later\" not found\n  Cannot process volume group later",
+        );
+    let san = scoped(vgs_argv("san"), "san");
+    fake.expect(&san.iter().map(String::as_str).collect::<Vec<_>>())
+        .stdout(one_vg("san", 1));
+    let names: Vec<String> = lvm
+        .vgs()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    assert_eq!(names, ["vg1", "san"]);
+    let timeouts: Vec<_> = fake.calls().iter().map(|c| c.timeout).collect();
+    assert_eq!(timeouts[1], crate::shared::LOCK_TIMEOUT);
+    fake.assert_done();
+}
