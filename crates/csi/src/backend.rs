@@ -26,6 +26,18 @@ pub struct ClassInfo {
     /// The filesystem made on a blank volume of the class whose request names none (`None`: the
     /// driver's default).
     pub fstype: Option<lvms_core::config::Fstype>,
+    /// A shared class's settings; `None` for a class on this node's own disks.
+    pub shared: Option<lvms_core::config::SharedConfig>,
+}
+
+impl ClassInfo {
+    /// Whether volumes of the class can be active on several nodes at once (shared linear): the
+    /// only ones that may be staged MULTI_NODE_* (block only).
+    pub fn multi_node(&self) -> bool {
+        self.shared
+            .is_some_and(|s| s.volume_mode == lvms_core::config::SharedVolumeMode::Linear)
+            && self.thin_pool.is_none()
+    }
 }
 
 impl ClassInfo {
@@ -50,6 +62,7 @@ impl ClassInfo {
                     stripe_size: r.stripe_size.map(|s| s.0),
                 }),
             fstype: c.fstype,
+            shared: c.is_shared().then(|| c.shared_or_default()),
         }
     }
 }
@@ -203,6 +216,32 @@ pub trait Backend: Send + Sync + 'static {
     /// Activates the volume so its block device exists (thin snapshots and what was restored from
     /// them skip activation by default); returns the device path.
     fn activate(&self, id: &str) -> impl Future<Output = Result<String>> + Send;
+
+    /// [`Backend::activate`] for a stage in `multi_node` mode or not. Volumes of a shared class are
+    /// activated exclusively for one node (LVM then refuses every other node) or shared for several
+    /// (block volumes of a shared linear class only); volumes of local classes cannot be multi-node.
+    fn activate_for(
+        &self,
+        id: &str,
+        multi_node: bool,
+    ) -> impl Future<Output = Result<String>> + Send {
+        async move {
+            if multi_node {
+                return Err(BackendError::InvalidArgument(format!(
+                    "volume {id} lives on one node: MULTI_NODE_* access needs a block volume of a shared \
+                     device class"
+                )));
+            }
+            self.activate(id).await
+        }
+    }
+
+    /// Undoes [`Backend::activate_for`] once the volume is unstaged: a shared class's volume is
+    /// deactivated so that another node can take it. Local volumes stay active.
+    fn release(&self, id: &str) -> impl Future<Output = Result<()>> + Send {
+        let _ = id;
+        async { Ok(()) }
+    }
 
     /// How full `class`'s volume group and thin pool are, for metrics and alerts; `None` where the
     /// backend does not see the disks (the cluster controller).

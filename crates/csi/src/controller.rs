@@ -150,17 +150,47 @@ fn require(field: &str, value: &str) -> Result<(), RpcError> {
 
 /// Checks one capability: an access type, a single-node access mode, a supported filesystem.
 pub fn check_capability(cap: &VolumeCapability) -> Result<(), String> {
+    check_capability_for(cap, None)
+}
+
+/// [`check_capability`] for a volume of `class`: a shared linear class's block volumes may also be
+/// MULTI_NODE_* (RWX block, as KubeVirt live migration needs); filesystems are always single-node.
+pub fn check_capability_for(
+    cap: &VolumeCapability,
+    class: Option<&ClassInfo>,
+) -> Result<(), String> {
     let mode = cap
         .access_mode
         .as_ref()
         .map(|m| Mode::try_from(m.mode).unwrap_or(Mode::Unknown))
         .ok_or("a volume capability has no access_mode")?;
+    let block = matches!(
+        cap.access_type,
+        Some(volume_capability::AccessType::Block(_))
+    );
     match mode {
         Mode::SingleNodeWriter
         | Mode::SingleNodeReaderOnly
         | Mode::SingleNodeSingleWriter
         | Mode::SingleNodeMultiWriter => {}
         Mode::Unknown => return Err("access mode UNKNOWN is not supported".to_owned()),
+        other if class.is_some_and(ClassInfo::multi_node) => {
+            if !block {
+                return Err(format!(
+                    "access mode {} is not supported for a filesystem: filesystem volumes are \
+                     single-node; use a block volume for multi-node access",
+                    other.as_str_name()
+                ));
+            }
+        }
+        other if class.is_some_and(|c| c.shared.is_some()) => {
+            return Err(format!(
+                "access mode {} is not supported: thin volumes of shared device class {} are active \
+                 on one node at a time; use a linear shared class for multi-node block volumes",
+                other.as_str_name(),
+                class.map_or("", |c| c.name.as_str())
+            ));
+        }
         other => {
             return Err(format!(
                 "access mode {} is not supported: LVM volumes live on one node; use a SINGLE_NODE_* mode",
@@ -184,12 +214,26 @@ pub fn check_capability(cap: &VolumeCapability) -> Result<(), String> {
     }
 }
 
-fn check_capabilities(caps: &[VolumeCapability]) -> Result<(), RpcError> {
+fn is_multi_node(cap: &VolumeCapability) -> bool {
+    cap.access_mode.as_ref().is_some_and(|m| {
+        matches!(
+            Mode::try_from(m.mode),
+            Ok(Mode::MultiNodeReaderOnly
+                | Mode::MultiNodeSingleWriter
+                | Mode::MultiNodeMultiWriter)
+        )
+    })
+}
+
+fn check_capabilities(
+    caps: &[VolumeCapability],
+    class: Option<&ClassInfo>,
+) -> Result<(), RpcError> {
     if caps.is_empty() {
         return Err(RpcError::invalid("volume_capabilities is required"));
     }
     caps.iter()
-        .try_for_each(check_capability)
+        .try_for_each(|c| check_capability_for(c, class))
         .map_err(RpcError::invalid)
 }
 
@@ -417,9 +461,24 @@ impl<B: Backend> ControllerService<B> {
 
     async fn create_volume_inner(&self, req: CreateVolumeRequest) -> Result<csi::Volume, RpcError> {
         require("name", &req.name)?;
-        check_capabilities(&req.volume_capabilities)?;
+        // Multi-node modes depend on the class: those are checked once it is known.
+        let single: Vec<VolumeCapability> = req
+            .volume_capabilities
+            .iter()
+            .filter(|c| !is_multi_node(c))
+            .cloned()
+            .collect();
+        if single.len() == req.volume_capabilities.len() {
+            check_capabilities(&single, None)?;
+        } else {
+            single
+                .iter()
+                .try_for_each(check_capability)
+                .map_err(RpcError::invalid)?;
+        }
         let params = params::parse(&req.parameters).map_err(RpcError::invalid)?;
         let class = self.class(params.class.as_deref())?;
+        check_capabilities(&req.volume_capabilities, Some(&class))?;
         if let Some(req_topo) = &req.accessibility_requirements
             && !req_topo.requisite.is_empty()
             && !req_topo.requisite.iter().any(|t| self.is_here(t))

@@ -17,6 +17,9 @@ pub const OWNER_TAG: &str = lvms_core::config::VG_OWNER_TAG;
 pub const NAME_TAG_PREFIX: &str = "lvms.name=";
 /// Prefix of the tag carrying the content source: `vol:<id>` or `snap:<id>`.
 pub const SOURCE_TAG_PREFIX: &str = "lvms.src=";
+/// Tag on a shared class's linear LV that has not been zeroed yet (`wipePolicy: Full`): the first
+/// stage zeroes it, then removes the tag; a crash in between zeroes it again.
+pub const UNWIPED_TAG: &str = "lvms.unwiped";
 /// Tag on snapshot LVs.
 pub const SNAPSHOT_TAG: &str = "lvms.snapshot";
 /// Prefix of the tag carrying the creation time (seconds since the Unix epoch).

@@ -74,12 +74,14 @@ use std::{
 
 use lvms_core::{
     capacity::{ThinPoolUsage, max_volume_size, min_volume_size, thick_available, thin_capacity},
+    config::{SharedVolumeMode, WipePolicy},
     lvattr::{LvAttr, LvHealth},
     model::{LogicalVolume, VolumeGroup},
     size::{ByteSize, round_up_to_extent},
 };
 use lvms_host::{
-    lvm::{Layout, LvSpec, Lvm, Removal},
+    devices::zero_out,
+    lvm::{Activation, Layout, LvSpec, Lvm, Removal},
     runner::Runner,
 };
 use tokio::{sync::Mutex, time::Instant};
@@ -321,6 +323,11 @@ impl<R: Runner> LocalBackend<R> {
     pub fn with_clock(mut self, clock: fn() -> u64) -> Self {
         self.clock = clock;
         self
+    }
+
+    /// Whether a class is shared (its volume group changes under other nodes' hands).
+    fn has_shared(&self) -> bool {
+        self.classes.iter().any(|c| c.shared.is_some())
     }
 
     /// The LVM commands this backend runs.
@@ -731,13 +738,21 @@ impl<R: Runner> Backend for LocalBackend<R> {
         if !is_our_id(id) {
             return Ok(None);
         }
+        if self.has_shared() {
+            // Other nodes make and remove the shared classes' volumes: a miss is checked afresh.
+            return Ok(self.locate(id).await?.as_ref().map(to_volume));
+        }
         let report = self.report().await?;
         Ok(report.find(id).filter(|lv| is_ours(lv)).map(to_volume))
     }
 
     #[tracing::instrument(skip(self), fields(node = %self.node_id))]
     async fn list(&self) -> Result<Vec<Volume>> {
-        let report = self.report().await?;
+        let report = if self.has_shared() {
+            self.fresh_report().await?
+        } else {
+            self.report().await?
+        };
         let mut out: Vec<Volume> = report
             .lvs
             .iter()
@@ -785,6 +800,42 @@ impl<R: Runner> Backend for LocalBackend<R> {
                 self.create_or_adopt(
                     self.lvm
                         .thin_lv_create(&class.name, pool, &lv_name, size, &tags),
+                    &class.name,
+                    &lv_name,
+                    &req.name,
+                )
+                .await
+            }
+            None if class.shared.is_some() => {
+                let shared = class.shared.unwrap_or_default();
+                if shared.volume_mode == SharedVolumeMode::Thin {
+                    return Err(BackendError::InvalidArgument(format!(
+                        "device class {} makes thin volumes (one thin pool per volume), which lvms-rs \
+                         does not make yet: set sharedConfig.volumeMode: Linear",
+                        class.name
+                    )));
+                }
+                if req.lv_type.is_some_and(|t| t != LvType::Linear) {
+                    return Err(BackendError::InvalidArgument(format!(
+                        "device class {} is shared: its volumes are linear (striped and RAID volumes \
+                         cannot be active on several hosts)",
+                        class.name
+                    )));
+                }
+                let mut tags = tags;
+                if shared.wipe_policy == WipePolicy::Full {
+                    tags.push(ids::UNWIPED_TAG.to_owned());
+                }
+                let spec = LvSpec {
+                    vg: class.name.clone(),
+                    name: lv_name.clone(),
+                    size,
+                    layout: Layout::Linear,
+                    tags,
+                };
+                // Inactive: a new LV would otherwise be active, and locked, on this node only.
+                self.create_or_adopt(
+                    self.lvm.lv_create_inactive(&spec),
                     &class.name,
                     &lv_name,
                     &req.name,
@@ -985,6 +1036,50 @@ impl<R: Runner> Backend for LocalBackend<R> {
     }
 
     #[tracing::instrument(skip(self), fields(node = %self.node_id))]
+    async fn activate_for(&self, id: &str, multi_node: bool) -> Result<String> {
+        let lv = self.locate(id).await?.ok_or_else(|| {
+            BackendError::NotFound(format!(
+                "volume or snapshot {id} does not exist on node {}",
+                self.node_id
+            ))
+        })?;
+        if self.class(&lv.vg_name)?.shared.is_some() {
+            return self.activate_shared(&lv, multi_node).await;
+        }
+        if multi_node {
+            return Err(BackendError::InvalidArgument(format!(
+                "volume {id} lives on node {}: MULTI_NODE_* access needs a block volume of a shared \
+                 device class",
+                self.node_id
+            )));
+        }
+        self.activate(id).await
+    }
+
+    #[tracing::instrument(skip(self), fields(node = %self.node_id))]
+    async fn release(&self, id: &str) -> Result<()> {
+        let Some(lv) = self.locate(id).await? else {
+            return Ok(());
+        };
+        if self.class(&lv.vg_name)?.shared.is_none() {
+            return Ok(());
+        }
+        let _queued = self.lock_vg(&lv.vg_name).await?;
+        self.mutate(self.lvm.lv_deactivate(&lv.vg_name, id))
+            .await
+            .map_err(host)?;
+        let changed = Changed {
+            lvs: vec![id],
+            ..Changed::default()
+        };
+        if let Err(e) = self.patch(&lv.vg_name, changed).await {
+            tracing::warn!(volume_id = id, error = %e, "could not read back after deactivating; the next read takes a full report");
+        }
+        tracing::info!(volume_id = id, "deactivated: another node may use it now");
+        Ok(())
+    }
+
+    #[tracing::instrument(skip(self), fields(node = %self.node_id))]
     async fn activate(&self, id: &str) -> Result<String> {
         let missing = || {
             BackendError::NotFound(format!(
@@ -1009,6 +1104,74 @@ impl<R: Runner> Backend for LocalBackend<R> {
             tracing::warn!(volume_id = id, error = %e, "could not read back after activating; the next read takes a full report");
         }
         Ok(format!("/dev/{}/{id}", lv.vg_name))
+    }
+}
+
+impl<R: Runner> LocalBackend<R> {
+    /// Activates a shared class's volume for this stage: exclusively (`ey`) for one node, shared
+    /// (`sy`) for several. A volume still carrying [`ids::UNWIPED_TAG`] is zeroed first, exclusively,
+    /// then the tag removed (a crash in between zeroes it again at the next stage). The LV is read
+    /// afresh: another node may have changed it since the cached report.
+    async fn activate_shared(&self, lv: &LogicalVolume, multi_node: bool) -> Result<String> {
+        let (vg, id) = (lv.vg_name.as_str(), lv.name.as_str());
+        let class = self.class(vg)?;
+        if multi_node && !class.multi_node() {
+            return Err(BackendError::InvalidArgument(format!(
+                "volume {id} of device class {vg} can be active on one node at a time: MULTI_NODE_* \
+                 access needs a linear volume of a shared class"
+            )));
+        }
+        let _queued = self.lock_vg(vg).await?;
+        let device = format!("/dev/{vg}/{id}");
+        let fresh = self
+            .mutate(self.lvm.lv(vg, id))
+            .await
+            .map_err(host)?
+            .filter(|l| is_ours(l))
+            .ok_or_else(|| {
+                BackendError::NotFound(format!("volume {id} no longer exists in {vg}"))
+            })?;
+        if has_tag(&fresh, ids::UNWIPED_TAG) {
+            self.mutate(self.lvm.lv_activate_shared(vg, id, Activation::Exclusive))
+                .await
+                .map_err(host)?;
+            tracing::info!(
+                volume_id = id,
+                "zeroing a new volume of a shared class before first use"
+            );
+            self.mutate(zero_out(self.lvm.runner(), &device))
+                .await
+                .map_err(host)?;
+            self.mutate(self.lvm.lv_del_tag(vg, id, ids::UNWIPED_TAG))
+                .await
+                .map_err(host)?;
+            if multi_node {
+                self.mutate(self.lvm.lv_deactivate(vg, id))
+                    .await
+                    .map_err(host)?;
+            }
+        }
+        let how = if multi_node {
+            Activation::Shared
+        } else {
+            Activation::Exclusive
+        };
+        self.mutate(self.lvm.lv_activate_shared(vg, id, how))
+            .await
+            .map_err(|e| match e {
+                lvms_host::Error::InUse(m) => BackendError::Conflict(format!(
+                    "volume {id} is in use on another node ({m}): unstage it there first"
+                )),
+                other => host(other),
+            })?;
+        let changed = Changed {
+            lvs: vec![id],
+            ..Changed::default()
+        };
+        if let Err(e) = self.patch(vg, changed).await {
+            tracing::warn!(volume_id = id, error = %e, "could not read back after activating; the next read takes a full report");
+        }
+        Ok(device)
     }
 }
 

@@ -256,6 +256,13 @@ pub enum UnstageError {
     /// Mounts kept appearing at the path (INTERNAL).
     #[error("{0} is still mounted after {MAX_STACKED_MOUNTS} unmounts")]
     StillMounted(String),
+    /// Deactivating a shared class's volume failed (open elsewhere on this node: FAILED_PRECONDITION).
+    #[error("deactivating volume {id}")]
+    Release {
+        id: String,
+        #[source]
+        source: BackendError,
+    },
 }
 
 impl UnstageError {
@@ -265,6 +272,7 @@ impl UnstageError {
             Self::Foreign(_) => Code::FailedPrecondition,
             Self::Unmount(_, e) => host_code(e),
             Self::StillMounted(_) => Code::Internal,
+            Self::Release { source, .. } => backend_code(source),
         }
     }
 }
@@ -601,14 +609,14 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
                 Err(e) => return Err(StageError::StagingPath(staging.to_owned(), e)),
             }
         }
-        let device =
-            self.backend
-                .activate(&vol.id)
-                .await
-                .map_err(|source| StageError::Activate {
-                    id: vol.id.clone(),
-                    source,
-                })?;
+        let device = self
+            .backend
+            .activate_for(&vol.id, cap.multi_node())
+            .await
+            .map_err(|source| StageError::Activate {
+                id: vol.id.clone(),
+                source,
+            })?;
         let ids = device_ids(&device)?.ok_or_else(|| RequestError::Device {
             device: device.clone(),
             source: io::Error::new(io::ErrorKind::NotFound, "no such device after activation"),
@@ -690,7 +698,7 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
     }
 
     /// `NodeUnstageVolume`: unmounts the volume's filesystem from the staging path; nothing mounted is
-    /// fine. The LV stays active.
+    /// fine. A local LV stays active; a shared class's LV is deactivated, so another node can take it.
     #[tracing::instrument(skip_all, fields(volume_id = %req.volume_id, staging = %req.staging_target_path))]
     pub async fn unstage(
         &self,
@@ -705,6 +713,12 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
         for _ in 0..MAX_STACKED_MOUNTS {
             match table::decide_unmount(&self.mounts().await?, ids.as_ref(), staging) {
                 Unmount::Nothing => {
+                    self.backend.release(&vol.id).await.map_err(|source| {
+                        UnstageError::Release {
+                            id: vol.id.clone(),
+                            source,
+                        }
+                    })?;
                     tracing::info!("unstaged");
                     return Ok(NodeUnstageVolumeResponse {});
                 }

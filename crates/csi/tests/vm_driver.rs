@@ -100,6 +100,7 @@ async fn start(s: &Setup, socket: &std::path::Path) -> Driver {
                 default: true,
                 layout: lvms_csi::backend::LvType::Linear,
                 fstype: None,
+                shared: None,
             },
             ClassInfo {
                 name: s.thick.clone(),
@@ -110,6 +111,7 @@ async fn start(s: &Setup, socket: &std::path::Path) -> Driver {
                 // A blank volume whose capability names no filesystem gets the class's, not the
                 // driver's default (xfs below).
                 fstype: Some(Fstype::Ext4),
+                shared: None,
             },
         ],
         Lvm::new(Arc::new(LvmShell::new())),

@@ -36,6 +36,7 @@ mod vm_local {
             default: true,
             layout: LvType::Linear,
             fstype: None,
+            shared: None,
         }
     }
 
@@ -47,6 +48,7 @@ mod vm_local {
             default: false,
             layout: LvType::Linear,
             fstype: None,
+            shared: None,
         }
     }
 

@@ -170,6 +170,22 @@ pub async fn probe_signature<R: Runner>(runner: &R, dev: &str) -> Result<Option<
     interpret_blkid(&cmd, out)
 }
 
+/// How long zeroing a volume may take (`blkdiscard --zeroout` of a large LUN-backed LV).
+pub const ZERO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60 * 60);
+
+/// Writes zeros over all of `dev` (`blkdiscard --zeroout`, which lets the device zero ranges itself
+/// where it can). Destroys its data: only for a volume of ours that holds none yet.
+pub async fn zero_out<R: Runner>(runner: &R, dev: &str) -> Result<()> {
+    validate::device_path(dev)?;
+    let cmd = Command::new("blkdiscard", ["--zeroout", dev]).timeout(ZERO_TIMEOUT);
+    let out = runner.run(&cmd).await?;
+    if out.success() {
+        Ok(())
+    } else {
+        Err(busy_or_failed(&cmd, out))
+    }
+}
+
 /// A failed command, as [`Error::InUse`] when the kernel said the device is busy.
 fn busy_or_failed(cmd: &Command, out: Output) -> Error {
     if out.stderr.contains("Device or resource busy") {

@@ -102,6 +102,15 @@ pub enum Layout {
     },
 }
 
+/// How an LV of a shared volume group is activated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `ey`: only this host; LVM refuses every other host while it is active.
+    Exclusive,
+    /// `sy`: this host and others in shared mode (linear LVs only).
+    Shared,
+}
+
 /// A (non-thin) logical volume to create.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LvSpec {
@@ -634,6 +643,23 @@ impl<R: Runner> Lvm<R> {
     /// wipe a stale signature found in the newly allocated extents.
     #[tracing::instrument(level = "debug", skip(self))]
     pub async fn lv_create(&self, spec: &LvSpec) -> Result<()> {
+        let args = self.lv_create_args(spec, &["--wipesignatures", "y"])?;
+        self.exec(args).await.map(drop)
+    }
+
+    /// [`Lvm::lv_create`], leaving the LV inactive (`--activate n --zero n --wipesignatures n`: LVM can
+    /// neither zero nor wipe an LV it does not activate). For shared volume groups, where a new LV would
+    /// otherwise be active (and locked) on the creating node; the LV is wiped where it is first used.
+    #[tracing::instrument(level = "debug", skip(self))]
+    pub async fn lv_create_inactive(&self, spec: &LvSpec) -> Result<()> {
+        let args = self.lv_create_args(
+            spec,
+            &["--activate", "n", "--zero", "n", "--wipesignatures", "n"],
+        )?;
+        self.exec(args).await.map(drop)
+    }
+
+    fn lv_create_args(&self, spec: &LvSpec, activation: &[&str]) -> Result<Vec<String>> {
         check_vg_lv(&spec.vg, &spec.name)?;
         check_tags(&spec.tags)?;
         check_size("logical volume size", spec.size)?;
@@ -691,15 +717,11 @@ impl<R: Runner> Lvm<R> {
                 }
             }
         }
-        args.extend([
-            "--size".to_owned(),
-            size_arg(spec.size),
-            "--wipesignatures".to_owned(),
-            "y".to_owned(),
-        ]);
+        args.extend(["--size".to_owned(), size_arg(spec.size)]);
+        args.extend(activation.iter().map(|a| (*a).to_owned()));
         push_tags(&mut args, &spec.tags);
         args.extend(["--name".to_owned(), spec.name.clone(), spec.vg.clone()]);
-        self.exec(args).await.map(drop)
+        Ok(args)
     }
 
     /// Creates a thin volume: `lvcreate --yes --type thin --virtualsize <n>b --thinpool <pool>
@@ -875,6 +897,25 @@ impl<R: Runner> Lvm<R> {
             args.push("--ignoreactivationskip".to_owned());
         }
         args.push(lv_path(vg, name));
+        self.exec(args).await.map(drop)
+    }
+
+    /// Activates an LV of a shared volume group: `lvchange --activate ey|sy <vg>/<lv>`. LVM refuses
+    /// (`LV locked by other host`, [`Error::InUse`]) while another host holds it in a mode that excludes
+    /// this one.
+    #[tracing::instrument(level = "debug", skip(self))]
+    pub async fn lv_activate_shared(&self, vg: &str, name: &str, how: Activation) -> Result<()> {
+        check_vg_lv(vg, name)?;
+        let mode = match how {
+            Activation::Exclusive => "ey",
+            Activation::Shared => "sy",
+        };
+        let args = vec![
+            "lvchange".to_owned(),
+            "--activate".to_owned(),
+            mode.to_owned(),
+            lv_path(vg, name),
+        ];
         self.exec(args).await.map(drop)
     }
 

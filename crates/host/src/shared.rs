@@ -48,15 +48,6 @@ pub struct SharedLvm<R> {
     runner: R,
 }
 
-/// Which way an LV of a shared volume group is activated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activation {
-    /// `-aey`: only this host; LVM refuses every other host while it is active.
-    Exclusive,
-    /// `-asy`: this host and others in shared mode (linear LVs only).
-    Shared,
-}
-
 #[derive(Deserialize)]
 struct Report<T> {
     report: Vec<T>,
@@ -349,28 +340,6 @@ impl<R: Runner> SharedLvm<R> {
             return Ok(());
         }
         self.lvm(vg, None, "vgchange", &["--lock-stop", vg], LOCK_TIMEOUT)
-            .await
-            .map(drop)
-    }
-
-    /// Activates `vg/lv` on this host.
-    pub async fn activate(&self, vg: &str, lv: &str, how: Activation) -> Result<()> {
-        validate::lvm_name(lv)?;
-        let flag = match how {
-            Activation::Exclusive => "-aey",
-            Activation::Shared => "-asy",
-        };
-        let target = format!("{vg}/{lv}");
-        self.lvm(vg, None, "lvchange", &[flag, &target], LOCK_TIMEOUT)
-            .await
-            .map(drop)
-    }
-
-    /// Deactivates `vg/lv` on this host (which releases its lock).
-    pub async fn deactivate(&self, vg: &str, lv: &str) -> Result<()> {
-        validate::lvm_name(lv)?;
-        let target = format!("{vg}/{lv}");
-        self.lvm(vg, None, "lvchange", &["-an", &target], LOCK_TIMEOUT)
             .await
             .map(drop)
     }

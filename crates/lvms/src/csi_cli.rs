@@ -67,6 +67,10 @@ enum Mode {
     SingleNodeReaderOnly,
     SingleNodeSingleWriter,
     SingleNodeMultiWriter,
+    /// Block volumes of a shared linear class only.
+    MultiNodeReaderOnly,
+    MultiNodeSingleWriter,
+    MultiNodeMultiWriter,
 }
 
 impl Access {
@@ -77,6 +81,9 @@ impl Access {
             Mode::SingleNodeReaderOnly => M::SingleNodeReaderOnly,
             Mode::SingleNodeSingleWriter => M::SingleNodeSingleWriter,
             Mode::SingleNodeMultiWriter => M::SingleNodeMultiWriter,
+            Mode::MultiNodeReaderOnly => M::MultiNodeReaderOnly,
+            Mode::MultiNodeSingleWriter => M::MultiNodeSingleWriter,
+            Mode::MultiNodeMultiWriter => M::MultiNodeMultiWriter,
         };
         VolumeCapability {
             access_mode: Some(volume_capability::AccessMode { mode: mode as i32 }),

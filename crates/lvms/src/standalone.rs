@@ -84,7 +84,13 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
     let backend = Arc::new(LocalBackend::new(
         node_id.clone(),
         classes,
-        Lvm::new(Arc::new(LvmShell::new())),
+        Lvm::new(Arc::new(LvmShell::new())).with_shared(
+            config
+                .device_classes
+                .iter()
+                .filter(|c| c.is_shared())
+                .map(|c| c.name.clone()),
+        ),
     ));
     let converged = Converged::default();
     let socket = PathBuf::from(

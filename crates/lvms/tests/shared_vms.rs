@@ -145,9 +145,12 @@ fn actions(report: &Value) -> Vec<String> {
         .collect()
 }
 
+// The tests share the two VMs and run in name order (one thread): t1 creates the volume group, the
+// next ones use it.
+
 #[test]
 #[ignore = "two VMs on one LUN: cargo xtask vm-shared"]
-fn two_nodes_create_the_shared_volume_group_once_and_both_join() {
+fn t1_two_nodes_create_the_shared_volume_group_once_and_both_join() {
     let [n1, n2] = Node::all();
     let dir = scratch();
     let c1 = config(&dir, "node1", &shared_config(1, true, true));
@@ -249,4 +252,195 @@ fn two_nodes_create_the_shared_volume_group_once_and_both_join() {
     // The volume group seen without lvmlockd (as local classes look): invisible, so never claimed.
     let plain = n2.ok("lvm vgs --reportformat json -o vg_name");
     assert!(!plain.contains(CLASS), "{plain}");
+}
+
+const SOCKET: &str = "/run/lvms-shared.sock";
+
+impl Node {
+    /// `lvms csi --endpoint SOCKET <args>`.
+    fn csi(&self, args: &str) -> Ran {
+        self.sh(&format!(
+            "{} csi --endpoint {SOCKET} {args}",
+            env!("CARGO_BIN_EXE_lvms")
+        ))
+    }
+
+    #[track_caller]
+    fn csi_ok(&self, args: &str) -> String {
+        let r = self.csi(args);
+        assert_eq!(
+            r.code, 0,
+            "{}: lvms csi {args}:\n{}\n{}",
+            self.name, r.out, r.err
+        );
+        r.out.trim().to_owned()
+    }
+
+    /// Starts `lvms standalone` in the background and waits until it probes ready.
+    fn start_standalone(&self, config: &std::path::Path) {
+        self.ok(&format!(
+            "setsid {} standalone --config {} --endpoint {SOCKET} --node-id {} \
+             >/run/lvms-standalone.log 2>&1 </dev/null &",
+            env!("CARGO_BIN_EXE_lvms"),
+            config.display(),
+            self.name
+        ));
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while self.csi("probe").code != 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{}: lvms standalone not ready in 300 s:\n{}",
+                self.name,
+                self.sh("cat /run/lvms-standalone.log").out
+            );
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    }
+
+    fn stop_standalone(&self) {
+        self.sh("pkill -f 'lvms standalone' ; sleep 1");
+    }
+}
+
+/// Both nodes joined (t1 made the group; this only checks, so a test can run alone after it).
+fn joined(n1: &Node, n2: &Node, dir: &std::path::Path) -> (PathBuf, PathBuf) {
+    let c1 = config(dir, "node1", &shared_config(1, true, false));
+    let c2 = config(dir, "node2", &shared_config(2, false, false));
+    for (n, c) in [(n1, &c1), (n2, &c2)] {
+        n.start_lock_daemons();
+        let (ok, reports, err) = n.converge(c);
+        assert!(ok, "{}: {reports:?}\n{err}", n.name);
+    }
+    (c1, c2)
+}
+
+/// Writes `mib` MiB of random data to the start of `dev` (direct I/O); their sha256.
+fn write_random(n: &Node, dev: &str, mib: u32) -> String {
+    n.ok(&format!(
+        "dd if=/dev/urandom of=/run/pattern bs=1M count={mib} status=none && \
+         dd if=/run/pattern of={dev} bs=1M oflag=direct status=none && \
+         sha256sum /run/pattern | cut -d' ' -f1"
+    ))
+    .trim()
+    .to_owned()
+}
+
+/// The sha256 of the first `mib` MiB of `dev` (direct I/O).
+fn read_sum(n: &Node, dev: &str, mib: u32) -> String {
+    n.ok(&format!(
+        "dd if={dev} bs=1M count={mib} iflag=direct status=none | sha256sum | cut -d' ' -f1"
+    ))
+    .trim()
+    .to_owned()
+}
+
+fn device(id: &str) -> String {
+    format!("/dev/{CLASS}/{id}")
+}
+
+#[test]
+#[ignore = "two VMs on one LUN: cargo xtask vm-shared"]
+fn t2_a_volume_is_exclusive_to_the_node_that_stages_it_and_moves_with_its_data() {
+    let [n1, n2] = Node::all();
+    let dir = scratch();
+    let (c1, c2) = joined(&n1, &n2, &dir);
+    n1.start_standalone(&c1);
+    n2.start_standalone(&c2);
+
+    // A volume made on node 1 is seen on node 2, inactive on both.
+    let id = n1.csi_ok("--output id create-volume --name rwo --size 64Mi --class san --block");
+    n2.csi_ok(&format!("get-volume {id}"));
+    let attr = |n: &Node| {
+        n.ok(&format!(
+        "lvm lvs --config global/use_lvmlockd=1 --devicesfile lvms-{CLASS}.devices --noheadings -o lv_attr {CLASS}/{id}"
+    )).trim().to_owned()
+    };
+    assert_eq!(attr(&n1).chars().nth(4), Some('-'), "created inactive");
+
+    // Staged on node 1: exclusive there, refused on node 2.
+    n1.csi_ok(&format!("stage {id} --staging-path /run/st --block"));
+    assert_eq!(attr(&n1).chars().nth(4), Some('a'));
+    // Data compared by checksum: the guests share the host's files over 9p with cache=loose, so a
+    // file one guest writes can look stale to the other.
+    let written = write_random(&n1, &device(&id), 4);
+    let refused = n2.csi(&format!("stage {id} --staging-path /run/st --block"));
+    assert_ne!(refused.code, 0);
+    assert!(
+        refused.err.contains("FailedPrecondition") && refused.err.contains("another node"),
+        "{}",
+        refused.err
+    );
+
+    // Unstaged on node 1 (deactivated), staged on node 2: the data moved with it.
+    let t = Instant::now();
+    n1.csi_ok(&format!("unstage {id} --staging-path /run/st"));
+    assert_eq!(attr(&n1).chars().nth(4), Some('-'));
+    n2.csi_ok(&format!("stage {id} --staging-path /run/st --block"));
+    println!(
+        "vm-shared: a linear volume moved from node 1 to node 2 (unstage + stage) in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        read_sum(&n2, &device(&id), 4),
+        written,
+        "the data moved with the volume"
+    );
+    n2.csi_ok(&format!("unstage {id} --staging-path /run/st"));
+
+    // Its extents held the pattern; a new volume there is zeroed before anyone reads it
+    // (wipePolicy Full, the default).
+    n1.csi_ok(&format!("delete-volume {id}"));
+    let id2 = n1.csi_ok("--output id create-volume --name fresh --size 64Mi --class san --block");
+    n2.csi_ok(&format!("stage {id2} --staging-path /run/st --block"));
+    n2.ok(&format!("cmp -n 67108864 {} /dev/zero", device(&id2)));
+    n2.csi_ok(&format!("unstage {id2} --staging-path /run/st"));
+    n2.csi_ok(&format!("delete-volume {id2}"));
+    n1.stop_standalone();
+    n2.stop_standalone();
+}
+
+#[test]
+#[ignore = "two VMs on one LUN: cargo xtask vm-shared"]
+fn t3_a_multi_node_block_volume_is_active_on_both_nodes_and_filesystems_stay_single_node() {
+    let [n1, n2] = Node::all();
+    let dir = scratch();
+    let (c1, c2) = joined(&n1, &n2, &dir);
+    n1.start_standalone(&c1);
+    n2.start_standalone(&c2);
+    let rwx = "--block --mode multi-node-multi-writer";
+    let id = n1.csi_ok(&format!(
+        "--output id create-volume --name rwx --size 32Mi --class san {rwx}"
+    ));
+    n1.csi_ok(&format!("stage {id} --staging-path /run/st {rwx}"));
+    n2.csi_ok(&format!("stage {id} --staging-path /run/st {rwx}"));
+    let written = write_random(&n1, &device(&id), 2);
+    assert_eq!(
+        read_sum(&n2, &device(&id), 2),
+        written,
+        "node 2 reads what node 1 wrote"
+    );
+    let written = write_random(&n2, &device(&id), 2);
+    assert_eq!(
+        read_sum(&n1, &device(&id), 2),
+        written,
+        "and the other way round"
+    );
+    // Exclusive access is refused while both hold it shared.
+    n1.csi_ok(&format!("unstage {id} --staging-path /run/st"));
+    let refused = n1.csi(&format!("stage {id} --staging-path /run/st --block"));
+    assert_ne!(refused.code, 0, "exclusive while node 2 holds it shared");
+    n2.csi_ok(&format!("unstage {id} --staging-path /run/st"));
+    n1.csi_ok(&format!("delete-volume {id}"));
+
+    // A multi-node filesystem volume is INVALID_ARGUMENT.
+    let r = n1.csi(
+        "create-volume --name fs --size 300Mi --class san --fs xfs --mode multi-node-multi-writer",
+    );
+    assert!(
+        r.err.contains("InvalidArgument") && r.err.contains("filesystem volumes are single-node"),
+        "{}",
+        r.err
+    );
+    n1.stop_standalone();
+    n2.stop_standalone();
 }

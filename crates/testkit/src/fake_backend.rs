@@ -55,6 +55,7 @@ impl FakeBackend {
                     default: true,
                     layout: lvms_csi::backend::LvType::Linear,
                     fstype: None,
+                    shared: None,
                 },
                 ClassInfo {
                     name: "thick".into(),
@@ -63,6 +64,7 @@ impl FakeBackend {
                     default: false,
                     layout: lvms_csi::backend::LvType::Linear,
                     fstype: None,
+                    shared: None,
                 },
             ],
             state: Mutex::new(state),

@@ -97,6 +97,7 @@ fn classes() -> Vec<ClassInfo> {
         default: true,
         layout: lvms_csi::backend::LvType::Linear,
         fstype: None,
+        shared: None,
     }]
 }
 

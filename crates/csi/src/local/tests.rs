@@ -30,6 +30,7 @@ fn classes() -> Vec<ClassInfo> {
             default: true,
             layout: crate::backend::LvType::Linear,
             fstype: None,
+            shared: None,
         },
         ClassInfo {
             name: "thick".into(),
@@ -38,6 +39,7 @@ fn classes() -> Vec<ClassInfo> {
             default: false,
             layout: crate::backend::LvType::Linear,
             fstype: None,
+            shared: None,
         },
     ]
 }
@@ -910,6 +912,7 @@ async fn capacity_from_a_recorded_report_thin_and_thick() {
             default: true,
             layout: crate::backend::LvType::Linear,
             fstype: None,
+            shared: None,
         },
         ClassInfo {
             name: "foreign".into(),
@@ -918,6 +921,7 @@ async fn capacity_from_a_recorded_report_thin_and_thick() {
             default: false,
             layout: crate::backend::LvType::Linear,
             fstype: None,
+            shared: None,
         },
     ];
     let b = LocalBackend::new("node-a", classes, Lvm::new(fake.clone()));

@@ -80,9 +80,20 @@ impl Capability {
         )
     }
 
-    /// The mode is read-only (SINGLE_NODE_READER_ONLY).
+    /// The mode is read-only (SINGLE_NODE_READER_ONLY, MULTI_NODE_READER_ONLY).
     pub fn reader_only(&self) -> bool {
-        self.mode == Mode::SingleNodeReaderOnly
+        matches!(
+            self.mode,
+            Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly
+        )
+    }
+
+    /// A MULTI_NODE_* mode (only ever with block access, see [`capability`]).
+    pub fn multi_node(&self) -> bool {
+        matches!(
+            self.mode,
+            Mode::MultiNodeReaderOnly | Mode::MultiNodeSingleWriter | Mode::MultiNodeMultiWriter
+        )
     }
 
     /// The flags contain `ro`.
@@ -172,11 +183,17 @@ pub fn capability(cap: Option<&VolumeCapability>) -> Result<Capability, Invalid>
         .mode;
     let mode = Mode::try_from(mode_value)
         .map_err(|_| arg(format!("access mode {mode_value} is not a CSI access mode")))?;
+    let block = matches!(cap.access_type, Some(AccessType::Block(_)));
     match mode {
         Mode::Unknown => return Err(arg("volume_capability.access_mode is required".to_owned())),
+        // Only block volumes of a shared class may be multi-node; the class is checked once the
+        // volume is looked up (`Capability::multi_node`).
+        Mode::MultiNodeReaderOnly | Mode::MultiNodeSingleWriter | Mode::MultiNodeMultiWriter
+            if block => {}
         Mode::MultiNodeReaderOnly | Mode::MultiNodeSingleWriter | Mode::MultiNodeMultiWriter => {
             return Err(arg(format!(
-                "access mode {} is not supported: volumes are local to one node",
+                "access mode {} is not supported for a filesystem: filesystem volumes are single-node; \
+                 only block volumes of a shared device class can be used from several nodes",
                 mode.as_str_name()
             )));
         }
@@ -439,7 +456,19 @@ mod tests {
             Mode::MultiNodeSingleWriter,
             Mode::MultiNodeMultiWriter,
         ] {
-            assert!(invalid(Some(&mount_cap("", &[], mode))).contains(mode.as_str_name()));
+            let m = invalid(Some(&mount_cap("", &[], mode)));
+            assert!(
+                m.contains(mode.as_str_name()) && m.contains("filesystem volumes are single-node"),
+                "{m}"
+            );
+            // A block volume may be multi-node; the class decides after the lookup.
+            let multi = VolumeCapability {
+                access_type: Some(AccessType::Block(BlockVolume {})),
+                access_mode: Some(AccessMode { mode: mode as i32 }),
+            };
+            let c = capability(Some(&multi)).unwrap();
+            assert!(c.multi_node() && !c.exclusive());
+            assert_eq!(c.reader_only(), mode == Mode::MultiNodeReaderOnly);
         }
         assert!(invalid(Some(&mount_cap("", &[], Mode::Unknown))).contains("access_mode"));
         assert!(invalid(Some(&mount_cap("btrfs", &[], Mode::SingleNodeWriter))).contains("btrfs"));

@@ -521,6 +521,7 @@ async fn stage_without_a_capability_fstype_formats_with_the_volume_class_fstype_
         default: false,
         layout: crate::backend::LvType::Linear,
         fstype,
+        shared: None,
     };
     // (the class's fstype, the driver default, the capability's fs_type) -> what is made.
     for (class_fs, default, asked, made) in [

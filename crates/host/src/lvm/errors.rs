@@ -22,6 +22,9 @@ const IN_USE: &[&str] = &[
     // vgremove of a VG that still has LVs, answered "n" because stdin is /dev/null:
     // "Volume group "vg3" not removed".
     "not removed",
+    // Shared volume groups: an LV another host has active (exclusively, or shared when asking for
+    // exclusive): "LV locked by other host: vg/lv".
+    "locked by other host",
 ];
 
 /// "Volume group "vg1" has insufficient free space (385 extents): 2560 required.",

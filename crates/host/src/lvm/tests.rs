@@ -1358,3 +1358,70 @@ async fn all_group_reports_add_each_existing_shared_group() {
     assert_eq!(timeouts[1], crate::shared::LOCK_TIMEOUT);
     fake.assert_done();
 }
+
+#[tokio::test]
+async fn shared_linear_volumes_are_created_inactive_and_activated_by_mode() {
+    let fake = FakeRunner::new();
+    let lvm = Lvm::new(fake.clone()).with_shared(["san".to_owned()]);
+    let scope = [
+        "--config",
+        "global/use_lvmlockd=1",
+        "--devicesfile",
+        "lvms-san.devices",
+    ];
+    let mut create = vec!["lvm", "lvcreate"];
+    create.extend(scope);
+    create.extend([
+        "--yes",
+        "--type",
+        "linear",
+        "--size",
+        "1048576b",
+        "--activate",
+        "n",
+        "--zero",
+        "n",
+        "--wipesignatures",
+        "n",
+        "--addtag",
+        "lvms",
+        "--name",
+        "v1",
+        "san",
+    ]);
+    fake.expect(&create).succeeds();
+    for mode in ["ey", "sy"] {
+        let mut argv = vec!["lvm", "lvchange"];
+        argv.extend(scope);
+        argv.extend(["--activate", mode, "san/v1"]);
+        fake.expect(&argv).succeeds();
+    }
+    let mut refused = vec!["lvm", "lvchange"];
+    refused.extend(scope);
+    refused.extend(["--activate", "ey", "san/v1"]);
+    fake.expect(&refused).fails(
+        5,
+        "  LV locked by other host: san/v1\n  Failed to lock logical volume san/v1.",
+    );
+    lvm.lv_create_inactive(&LvSpec {
+        vg: "san".into(),
+        name: "v1".into(),
+        size: 1 << 20,
+        layout: Layout::Linear,
+        tags: vec!["lvms".into()],
+    })
+    .await
+    .unwrap();
+    lvm.lv_activate_shared("san", "v1", Activation::Exclusive)
+        .await
+        .unwrap();
+    lvm.lv_activate_shared("san", "v1", Activation::Shared)
+        .await
+        .unwrap();
+    let err = lvm
+        .lv_activate_shared("san", "v1", Activation::Exclusive)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InUse(_)), "{err:?}");
+    fake.assert_done();
+}

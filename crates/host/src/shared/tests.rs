@@ -77,24 +77,15 @@ async fn create_volume_group_is_shared_tagged_scoped_and_carries_the_host_id() {
 }
 
 #[tokio::test]
-async fn activation_modes_and_lock_stop_when_started_only() {
+async fn lock_stop_only_when_started() {
     let fake = FakeRunner::new();
-    fake.expect(&with_scope("lvchange", None, &["-aey", "san/v1"]))
-        .succeeds();
-    fake.expect(&with_scope("lvchange", None, &["-asy", "san/v1"]))
-        .fails(
-            5,
-            "  LV locked by other host: san/v1\n  Failed to lock logical volume san/v1.",
-        );
-    fake.expect(&with_scope("lvchange", None, &["-an", "san/v1"]))
-        .succeeds();
     fake.expect(&["lvmlockctl", "--info"]).stdout("");
+    fake.expect(&["lvmlockctl", "--info"])
+        .stdout("VG san lock_type=sanlock x\nLS sanlock lvm_san\n");
+    fake.expect(&with_scope("vgchange", None, &["--lock-stop", "san"]))
+        .succeeds();
     let lvm = SharedLvm::new(fake.clone());
-    lvm.activate("san", "v1", Activation::Exclusive)
-        .await
-        .unwrap();
-    assert!(lvm.activate("san", "v1", Activation::Shared).await.is_err());
-    lvm.deactivate("san", "v1").await.unwrap();
+    lvm.lock_stop("san").await.unwrap();
     lvm.lock_stop("san").await.unwrap();
     fake.assert_done();
 }

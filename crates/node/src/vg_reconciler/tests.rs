@@ -109,6 +109,7 @@ async fn the_backend_follows_the_ready_classes() {
         default: false,
         layout: lvms_csi::backend::LvType::Linear,
         fstype: None,
+        shared: None,
     };
     ctx.record("a", Some(ready("a")), Some(class("a")))
         .await

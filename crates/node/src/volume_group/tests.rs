@@ -86,6 +86,7 @@ fn the_engine_config_carries_every_field_with_the_apis_defaults() {
             default: true,
             layout: lvms_csi::backend::LvType::Linear,
             fstype: None,
+            shared: None,
         }
     );
 
