@@ -1127,7 +1127,7 @@ impl<R: Runner> LocalBackend<R> {
             .mutate(self.lvm.lv(vg, id))
             .await
             .map_err(host)?
-            .filter(|l| is_ours(l))
+            .filter(is_ours)
             .ok_or_else(|| {
                 BackendError::NotFound(format!("volume {id} no longer exists in {vg}"))
             })?;
