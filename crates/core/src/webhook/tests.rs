@@ -1935,6 +1935,7 @@ fn every_lvms_sample_passes_validate_create() {
             "lvmcluster_multiple_classes_with_paths.yaml",
             "lvmcluster_raid1.yaml",
             "lvmcluster_raid10_all_fields.yaml",
+            "lvmcluster_shared.yaml",
             "lvmcluster_single_class_thin_pool.yaml",
             "lvmcluster_static_discovery.yaml",
             "lvmcluster_storage_class_options_all.yaml",
