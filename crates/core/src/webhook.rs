@@ -794,8 +794,9 @@ fn check_storage_class_options(options: &StorageClassOptions, at: &str, review: 
 /// Whether `path` names a device by a name that is the same on every node (rule 32).
 pub fn is_stable_device_path(path: &str) -> bool {
     STABLE_DEVICE_DIRS.iter().any(|dir| {
-        path.strip_prefix(dir)
-            .is_some_and(|name| !name.is_empty() && !name.contains('/') && name != "..")
+        path.strip_prefix(dir).is_some_and(|name| {
+            !name.is_empty() && !name.contains('/') && name != "." && name != ".."
+        })
     })
 }
 

@@ -1465,6 +1465,7 @@ fn stable_device_paths_are_by_id_and_mapper_names() {
     assert!(!is_stable_device_path("/dev/disk/by-uuid/1234"));
     assert!(!is_stable_device_path("/dev/mapper/a/b"));
     assert!(!is_stable_device_path("/dev/disk/by-id/.."));
+    assert!(!is_stable_device_path("/dev/mapper/."));
 }
 
 #[test]
@@ -1798,6 +1799,26 @@ fn rule_43_volume_mode_change_is_rejected_at_its_field() {
         &["lvms-san", "volumeMode: Linear"],
     );
     assert_clean(&update(mode(None), mode(Some("Linear"))));
+}
+
+proptest! {
+    #[test]
+    fn a_shared_path_under_dev_is_accepted_exactly_when_it_is_a_by_id_or_mapper_name(
+        dir in prop_oneof![
+            Just("disk/by-id/"), Just("mapper/"), Just("disk/by-path/"), Just("disk/by-uuid/"),
+            Just(""), Just("disk/")
+        ],
+        name in "[a-z0-9:._-]{1,20}(/[a-z0-9]{1,4})?",
+    ) {
+        let path = format!("/dev/{dir}{name}");
+        let review = create(with_shared(|c| c["deviceSelector"]["paths"] = json!([path.clone()])));
+        let stable = matches!(dir, "disk/by-id/" | "mapper/") && !name.contains('/') && name != "." && name != "..";
+        prop_assert_eq!(review.allowed(), stable, "{}: {:#?}", path, review.errors);
+        if !stable {
+            let field = format!("{SAN}.deviceSelector.paths[0]");
+            prop_assert!(review.errors.iter().all(|e| e.field == field), "{:#?}", review.errors);
+        }
+    }
 }
 
 #[test]
