@@ -147,8 +147,40 @@ pub const DEVICE_CLASS_PARAMETER: &str = "topolvm.io/device-class";
 pub const LVCREATE_OPTION_CLASS_PARAMETER: &str = "topolvm.io/lvcreate-option-class";
 /// Standard CSI StorageClass parameter for the filesystem type.
 pub const FSTYPE_PARAMETER: &str = "csi.storage.k8s.io/fstype";
+/// StorageClass parameter of a shared class's StorageClass: the default volume mode of its
+/// volumes, `linear` or `thin` (from `sharedConfig.volumeMode`, see
+/// [`SharedVolumeMode::parameter_value`]).
+pub const VOLUME_MODE_PARAMETER: &str = "lvms.topolvm.io/volume-mode";
 /// StorageClass parameters `storageClassOptions.additionalParameters` may not set.
-pub const RESERVED_STORAGE_CLASS_PARAMETERS: [&str; 2] = [DEVICE_CLASS_PARAMETER, FSTYPE_PARAMETER];
+pub const RESERVED_STORAGE_CLASS_PARAMETERS: [&str; 3] = [
+    DEVICE_CLASS_PARAMETER,
+    FSTYPE_PARAMETER,
+    VOLUME_MODE_PARAMETER,
+];
+/// Prefix of the CSI topology keys of shared classes (see [`shared_topology_key`]).
+pub const SHARED_TOPOLOGY_PREFIX: &str = "shared.lvms.topolvm.io/";
+
+/// The CSI topology key of the shared device class `class` (`shared.lvms.topolvm.io/<class>`),
+/// with the value `"true"` on the nodes that joined its lockspace; PVs of the class get node
+/// affinity on it. The class name is the key's name part, so a shared class's name has at most 63
+/// characters.
+pub fn shared_topology_key(class: &str) -> String {
+    format!("{SHARED_TOPOLOGY_PREFIX}{class}")
+}
+
+// ---------------------------------------------------------------------------------------------
+// sanlock host ids
+// ---------------------------------------------------------------------------------------------
+
+/// The ConfigMap, in the operator's namespace, that records each node's sanlock host id: data
+/// `<node>: "<id>"`. Host ids are unique among the nodes of the cluster and kept while the node's
+/// lease may still be alive.
+pub const SANLOCK_HOST_IDS_CONFIGMAP: &str = "lvms-sanlock-host-ids";
+/// Smallest sanlock host id.
+pub const MIN_SANLOCK_HOST_ID: i32 = 1;
+/// Largest sanlock host id (sanlock's limit; a 4k-sector LUN with `sanlock_align_size=2` allows
+/// only 500).
+pub const MAX_SANLOCK_HOST_ID: i32 = 2000;
 
 /// StorageClasses and VolumeSnapshotClasses are named `lvms-<device class>`.
 pub const STORAGE_CLASS_PREFIX: &str = "lvms-";
@@ -197,6 +229,17 @@ mod tests {
         assert!(!is_reserved_storage_class_label(
             "app.kubernetes.io/instance"
         ));
+    }
+
+    #[test]
+    fn shared_topology_key_names_the_class() {
+        assert_eq!(shared_topology_key("san"), "shared.lvms.topolvm.io/san");
+        assert!(shared_topology_key("san").starts_with(SHARED_TOPOLOGY_PREFIX));
+    }
+
+    #[test]
+    fn volume_mode_parameter_is_reserved() {
+        assert!(RESERVED_STORAGE_CLASS_PARAMETERS.contains(&VOLUME_MODE_PARAMETER));
     }
 
     #[test]

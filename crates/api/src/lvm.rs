@@ -64,6 +64,12 @@ pub const DEFAULT_METADATA_SIZE: &str = "1Gi";
 pub const MIN_METADATA_SIZE: &str = "2Mi";
 /// Largest `metadataSize` lvm2 accepts.
 pub const MAX_METADATA_SIZE: &str = "16Gi";
+/// `sharedConfig.ioTimeoutSeconds` when unset: sanlock's own default I/O timeout.
+pub const DEFAULT_IO_TIMEOUT_SECONDS: i32 = 10;
+/// Smallest `sharedConfig.ioTimeoutSeconds`.
+pub const MIN_IO_TIMEOUT_SECONDS: i32 = 5;
+/// Largest `sharedConfig.ioTimeoutSeconds`.
+pub const MAX_IO_TIMEOUT_SECONDS: i32 = 60;
 /// Condition type: the operator's own objects (StorageClasses, DaemonSet, ...) are reconciled.
 pub const CONDITION_RESOURCES_AVAILABLE: &str = "ResourcesAvailable";
 /// Condition type: every selected node reports every volume group ready.
@@ -130,6 +136,15 @@ pub struct Storage {
 #[x_kube(validation = Rule::new(
     "has(oldSelf.storageClassOptions) && has(oldSelf.storageClassOptions.additionalParameters) && size(oldSelf.storageClassOptions.additionalParameters) > 0 ? (has(self.storageClassOptions) && has(self.storageClassOptions.additionalParameters) && self.storageClassOptions.additionalParameters == oldSelf.storageClassOptions.additionalParameters) : (!has(self.storageClassOptions) || !has(self.storageClassOptions.additionalParameters) || size(self.storageClassOptions.additionalParameters) == 0)"
 ).message("storageClassOptions.additionalParameters is immutable once set: StorageClass parameters cannot change; delete and recreate the LVMCluster to change them").field_path(".storageClassOptions.additionalParameters"))]
+#[x_kube(validation = Rule::new(
+    "(has(self.deviceAccessPolicy) && self.deviceAccessPolicy == 'shared') == (has(oldSelf.deviceAccessPolicy) && oldSelf.deviceAccessPolicy == 'shared')"
+).message("deviceAccessPolicy cannot change between shared and nodeLocal (unset and local mean nodeLocal) on an existing device class, whose volume group is already made one way: restore it, or remove the device class and add a new one under another name").field_path(".deviceAccessPolicy"))]
+#[x_kube(validation = Rule::new(
+    "(has(self.sharedConfig) && has(self.sharedConfig.ioTimeoutSeconds) ? self.sharedConfig.ioTimeoutSeconds : 10) == (has(oldSelf.sharedConfig) && has(oldSelf.sharedConfig.ioTimeoutSeconds) ? oldSelf.sharedConfig.ioTimeoutSeconds : 10)"
+).message("sharedConfig.ioTimeoutSeconds is immutable (unset means 10): it is fixed when the sanlock lockspace is made; restore it, or remove the device class and add a new one under another name").field_path(".sharedConfig.ioTimeoutSeconds"))]
+#[x_kube(validation = Rule::new(
+    "(has(self.sharedConfig) && has(self.sharedConfig.volumeMode) ? self.sharedConfig.volumeMode : 'Linear') == (has(oldSelf.sharedConfig) && has(oldSelf.sharedConfig.volumeMode) ? oldSelf.sharedConfig.volumeMode : 'Linear')"
+).message("sharedConfig.volumeMode is immutable (unset means Linear): it is a StorageClass parameter, and StorageClasses cannot change; restore it, or delete and recreate the LVMCluster to change it").field_path(".sharedConfig.volumeMode"))]
 pub struct DeviceClass {
     /// Name of the device class, of its volume group and (prefixed with `lvms-`) of its
     /// StorageClass. A DNS label.
@@ -165,12 +180,42 @@ pub struct DeviceClass {
     /// Overrides for the StorageClass rendered for this class.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_options: Option<StorageClassOptions>,
+    /// `nodeLocal` (default; `local` is accepted as the same): each selected node has its own
+    /// volume group on its own devices. `shared`: one volume group on SAN LUNs that every selected
+    /// node sees, under lvmlockd and sanlock (tech preview). Cannot change between the two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_access_policy: Option<DeviceAccessPolicy>,
+    /// Settings of a `shared` class; only allowed there. An lvms-rs extension: the enhancement
+    /// that names `deviceAccessPolicy` has no such field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_config: Option<SharedConfig>,
 }
 
 impl DeviceClass {
     /// The effective filesystem type (`xfs` when unset).
     pub fn fstype_or_default(&self) -> DeviceFilesystemType {
         self.filesystem_type.unwrap_or_default()
+    }
+
+    /// The effective access policy (`nodeLocal` when unset; `local` reads as `nodeLocal`).
+    pub fn access_policy_or_default(&self) -> DeviceAccessPolicy {
+        match self.device_access_policy {
+            Some(DeviceAccessPolicy::Shared) => DeviceAccessPolicy::Shared,
+            Some(DeviceAccessPolicy::NodeLocal | DeviceAccessPolicy::Local) | None => {
+                DeviceAccessPolicy::NodeLocal
+            }
+        }
+    }
+
+    /// Whether the class is `shared`: one volume group on LUNs many nodes see.
+    pub fn is_shared(&self) -> bool {
+        self.device_access_policy
+            .is_some_and(DeviceAccessPolicy::is_shared)
+    }
+
+    /// The effective shared settings (every default when `sharedConfig` is unset).
+    pub fn shared_config_or_default(&self) -> SharedConfig {
+        self.shared_config.clone().unwrap_or_default()
     }
 
     /// The explicit device paths (required and optional), in order.
@@ -196,6 +241,46 @@ pub struct DeviceSelector {
     /// Wipe filesystem and partition signatures on the selected devices before use. Destroys data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub force_wipe_devices_and_destroy_all_data: Option<bool>,
+}
+
+/// Settings of a `shared` device class (an lvms-rs extension).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SharedConfig {
+    /// Default volume mode of the class's StorageClass: `Linear` (default) volumes can be active on
+    /// several nodes at once (raw block, multi-node access); `Thin` volumes each get their own thin
+    /// pool, active on one node at a time, and can be snapshotted and cloned. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_mode: Option<SharedVolumeMode>,
+    /// Whether a new linear volume is zeroed before first use: `Full` (default) so that no
+    /// volume shows data of a volume deleted before it, or `UnsafeFast` (not zeroed; only where
+    /// every tenant of the LUN is trusted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wipe_policy: Option<WipePolicy>,
+    /// sanlock I/O timeout in seconds (5-60; 10 when unset). A node that loses the LUN is
+    /// considered dead after about 8 times this plus 60 seconds. Fixed when the lockspace is made,
+    /// so immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = MIN_IO_TIMEOUT_SECONDS, max = MAX_IO_TIMEOUT_SECONDS))]
+    pub io_timeout_seconds: Option<i32>,
+}
+
+impl SharedConfig {
+    /// The effective volume mode (`Linear` when unset).
+    pub fn volume_mode_or_default(&self) -> SharedVolumeMode {
+        self.volume_mode.unwrap_or_default()
+    }
+
+    /// The effective wipe policy (`Full` when unset).
+    pub fn wipe_policy_or_default(&self) -> WipePolicy {
+        self.wipe_policy.unwrap_or_default()
+    }
+
+    /// The effective sanlock I/O timeout ([`DEFAULT_IO_TIMEOUT_SECONDS`] when unset).
+    pub fn io_timeout_seconds_or_default(&self) -> i32 {
+        self.io_timeout_seconds
+            .unwrap_or(DEFAULT_IO_TIMEOUT_SECONDS)
+    }
 }
 
 /// A thin pool inside the volume group.
@@ -305,6 +390,80 @@ string_enum! {
         #[default]
         Xfs = "xfs",
         Ext4 = "ext4",
+    }
+}
+
+string_enum! {
+    /// Whether a device class's volume group is per node or shared by many nodes: `nodeLocal`
+    /// (the default when unset; `local` means the same), or `shared` (one volume group on LUNs
+    /// every selected node sees, under lvmlockd and sanlock; tech preview). Cannot change between
+    /// shared and nodeLocal.
+    pub enum DeviceAccessPolicy {
+        /// One volume group per node, on that node's devices (the meaning of unset).
+        NodeLocal = "nodeLocal",
+        /// The enhancement's alternate spelling of `nodeLocal`; means the same.
+        Local = "local",
+        /// One volume group on LUNs every selected node sees, under lvmlockd and sanlock.
+        Shared = "shared",
+    }
+}
+
+impl DeviceAccessPolicy {
+    /// Whether this is `shared`.
+    pub const fn is_shared(self) -> bool {
+        matches!(self, DeviceAccessPolicy::Shared)
+    }
+}
+
+string_enum! {
+    /// Default volume mode of a shared class's StorageClass: `Linear` (default; may be active on
+    /// several nodes, raw block) or `Thin` (a thin pool per volume, active on one node at a time).
+    /// Immutable.
+    #[derive(Default)]
+    pub enum SharedVolumeMode {
+        /// Linear LVs in the shared volume group; may be active on several nodes (block only).
+        #[default]
+        Linear = "Linear",
+        /// One thin pool per volume, active on one node at a time.
+        Thin = "Thin",
+    }
+}
+
+impl SharedVolumeMode {
+    /// The value of the StorageClass parameter [`crate::VOLUME_MODE_PARAMETER`].
+    pub const fn parameter_value(self) -> &'static str {
+        match self {
+            SharedVolumeMode::Linear => "linear",
+            SharedVolumeMode::Thin => "thin",
+        }
+    }
+}
+
+string_enum! {
+    /// Whether a new linear volume of a shared class is zeroed before first use: `Full` (default)
+    /// or `UnsafeFast` (not zeroed; a new volume may show a previous tenant's data).
+    #[derive(Default)]
+    pub enum WipePolicy {
+        /// Zeroed, so no volume shows data of one deleted before it.
+        #[default]
+        Full = "Full",
+        /// Not zeroed: fast, but a new volume may show a previous tenant's data.
+        UnsafeFast = "UnsafeFast",
+    }
+}
+
+string_enum! {
+    /// Whether a node takes part in a shared volume group's sanlock lockspace: `Joined`,
+    /// `Joining` or `NotJoined`.
+    #[derive(Default)]
+    pub enum LockspaceState {
+        /// Joined: the node may activate the volume group's LVs.
+        Joined = "Joined",
+        /// `vgchange --lock-start` is under way (may take minutes after an unclean shutdown).
+        Joining = "Joining",
+        /// Not joined; `reason` says why.
+        #[default]
+        NotJoined = "NotJoined",
     }
 }
 
@@ -448,6 +607,10 @@ pub struct DeviceClassStatus {
     /// One entry per node the class is selected on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub node_status: Vec<NodeStatus>,
+    /// For a shared class: the nodes that joined its lockspace (node status `lockspace: Joined`),
+    /// sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub joined_nodes: Vec<String>,
 }
 
 /// Observed state of one device class's volume group on one node.
@@ -501,6 +664,20 @@ pub struct LVMVolumeGroupSpec {
     /// As in the device class.
     #[serde(default, skip_serializing_if = "is_false")]
     pub default: bool,
+    /// As in the device class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_access_policy: Option<DeviceAccessPolicy>,
+    /// As in the device class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_config: Option<SharedConfig>,
+}
+
+impl LVMVolumeGroupSpec {
+    /// Whether the volume group is `shared`.
+    pub fn is_shared(&self) -> bool {
+        self.device_access_policy
+            .is_some_and(DeviceAccessPolicy::is_shared)
+    }
 }
 
 /// Status of an `LVMVolumeGroup` (empty: nodes report in `LVMVolumeGroupNodeStatus`).
@@ -565,6 +742,31 @@ pub struct VGStatus {
     /// device listed here is never wiped again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub wiped_devices: Vec<String>,
+    /// For a shared class: whether this node sees the LUNs and takes part in the lockspace.
+    // Boxed to keep `VGStatus` small for node-local classes, which have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared: Option<Box<SharedVGStatus>>,
+}
+
+/// One node's view of a shared volume group.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SharedVGStatus {
+    /// Whether this node sees every device of the class.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub devices_visible: bool,
+    /// Whether this node joined the volume group's sanlock lockspace.
+    #[serde(default)]
+    pub lockspace: LockspaceState,
+    /// This node's sanlock host id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_id: Option<i32>,
+    /// The lockspace's sanlock I/O timeout, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_timeout_seconds: Option<i32>,
+    /// Why the lockspace is not joined, in words, with the fix.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
 }
 
 /// A device the selector matched but that was not used.
@@ -688,6 +890,83 @@ mod tests {
             serde_json::to_value(&status).ok(),
             Some(
                 serde_json::json!({"node": "n1", "name": "vg1", "status": "Ready", "devices": ["/dev/vdb"]})
+            )
+        );
+    }
+
+    #[test]
+    fn unset_and_local_access_policies_mean_node_local() {
+        let mut class = DeviceClass::default();
+        assert!(!class.is_shared());
+        assert_eq!(
+            class.access_policy_or_default(),
+            DeviceAccessPolicy::NodeLocal
+        );
+        class.device_access_policy = Some(DeviceAccessPolicy::Local);
+        assert!(!class.is_shared());
+        assert_eq!(
+            class.access_policy_or_default(),
+            DeviceAccessPolicy::NodeLocal
+        );
+        class.device_access_policy = Some(DeviceAccessPolicy::Shared);
+        assert!(class.is_shared());
+        assert_eq!(class.access_policy_or_default(), DeviceAccessPolicy::Shared);
+        let values: Vec<&str> = DeviceAccessPolicy::ALL.iter().map(|p| p.as_str()).collect();
+        assert_eq!(values, ["nodeLocal", "local", "shared"]);
+    }
+
+    #[test]
+    fn shared_config_defaults_are_linear_full_and_ten_seconds() {
+        let config = DeviceClass::default().shared_config_or_default();
+        assert_eq!(config.volume_mode_or_default(), SharedVolumeMode::Linear);
+        assert_eq!(config.wipe_policy_or_default(), WipePolicy::Full);
+        assert_eq!(
+            config.io_timeout_seconds_or_default(),
+            DEFAULT_IO_TIMEOUT_SECONDS
+        );
+        assert_eq!(DEFAULT_IO_TIMEOUT_SECONDS, 10);
+        assert_eq!(SharedVolumeMode::Linear.parameter_value(), "linear");
+        assert_eq!(SharedVolumeMode::Thin.parameter_value(), "thin");
+    }
+
+    #[test]
+    fn shared_class_reads_its_json_names() {
+        let class: DeviceClass = serde_json::from_value(serde_json::json!({
+            "name": "san",
+            "deviceAccessPolicy": "shared",
+            "sharedConfig": {"volumeMode": "Thin", "wipePolicy": "UnsafeFast", "ioTimeoutSeconds": 20},
+        }))
+        .unwrap_or_default();
+        assert!(class.is_shared());
+        let config = class.shared_config_or_default();
+        assert_eq!(config.volume_mode_or_default(), SharedVolumeMode::Thin);
+        assert_eq!(config.wipe_policy_or_default(), WipePolicy::UnsafeFast);
+        assert_eq!(config.io_timeout_seconds_or_default(), 20);
+    }
+
+    #[test]
+    fn shared_node_status_omits_what_is_unset() {
+        let vg = VGStatus {
+            name: "san".into(),
+            shared: Some(Box::default()),
+            ..VGStatus::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&vg).ok(),
+            Some(serde_json::json!({"name": "san", "shared": {"lockspace": "NotJoined"}}))
+        );
+        let joined = SharedVGStatus {
+            devices_visible: true,
+            lockspace: LockspaceState::Joined,
+            host_id: Some(7),
+            io_timeout_seconds: Some(10),
+            reason: String::new(),
+        };
+        assert_eq!(
+            serde_json::to_value(&joined).ok(),
+            Some(
+                serde_json::json!({"devicesVisible": true, "lockspace": "Joined", "hostId": 7,
+                "ioTimeoutSeconds": 10})
             )
         );
     }

@@ -195,6 +195,74 @@ fn node_status_enums_match_lvms() {
         at(vg, "excluded.[]")["required"],
         json!(["name", "reasons"])
     );
+    assert_eq!(
+        enum_of(at(vg, "shared.lockspace")),
+        ["Joined", "Joining", "NotJoined"]
+    );
+    for (field, type_) in [
+        ("devicesVisible", "boolean"),
+        ("hostId", "integer"),
+        ("ioTimeoutSeconds", "integer"),
+        ("reason", "string"),
+    ] {
+        assert_eq!(at(vg, &format!("shared.{field}"))["type"], type_, "{field}");
+    }
+}
+
+#[test]
+fn shared_class_fields_and_bounds() {
+    let s = schema("LVMCluster");
+    assert_eq!(
+        enum_of(at(&s, &format!("{CLASS}.deviceAccessPolicy"))),
+        ["nodeLocal", "local", "shared"]
+    );
+    let shared = at(&s, &format!("{CLASS}.sharedConfig"));
+    assert_eq!(enum_of(at(shared, "volumeMode")), ["Linear", "Thin"]);
+    assert_eq!(enum_of(at(shared, "wipePolicy")), ["Full", "UnsafeFast"]);
+    let timeout = at(shared, "ioTimeoutSeconds");
+    assert_eq!(
+        (timeout["minimum"].as_f64(), timeout["maximum"].as_f64()),
+        (Some(5.0), Some(60.0))
+    );
+    // Unset stays unset: the accessors give the defaults, the CEL rules compare effective values.
+    for field in ["volumeMode", "wipePolicy", "ioTimeoutSeconds"] {
+        assert!(at(shared, field).get("default").is_none(), "{field}");
+    }
+    assert_eq!(
+        at(&s, "status.deviceClassStatuses.[].joinedNodes")["items"]["type"],
+        "string"
+    );
+    let vg = schema("LVMVolumeGroup");
+    assert_eq!(
+        enum_of(at(&vg, "spec.deviceAccessPolicy")),
+        ["nodeLocal", "local", "shared"]
+    );
+    assert_eq!(
+        at(&vg, "spec.sharedConfig.ioTimeoutSeconds")["maximum"].as_f64(),
+        Some(60.0)
+    );
+}
+
+#[test]
+fn the_cel_defaults_are_the_api_defaults() {
+    let s = schema("LVMCluster");
+    let class_rules = rules(at(&s, CLASS));
+    let timeout = class_rules
+        .iter()
+        .find(|r| r.contains("ioTimeoutSeconds"))
+        .expect("ioTimeoutSeconds rule");
+    assert!(
+        timeout.contains(&format!(": {}) ==", lvms_api::DEFAULT_IO_TIMEOUT_SECONDS)),
+        "{timeout}"
+    );
+    let mode = class_rules
+        .iter()
+        .find(|r| r.contains("volumeMode"))
+        .expect("volumeMode rule");
+    assert!(
+        mode.contains(&format!("'{}'", lvms_api::SharedVolumeMode::default())),
+        "{mode}"
+    );
 }
 
 #[test]
@@ -324,12 +392,15 @@ fn schema_rejects_out_of_bounds_values() {
 fn cel_rules_sit_on_the_device_class_and_its_fstype() {
     let s = schema("LVMCluster");
     let class_rules = rules(at(&s, CLASS));
-    assert_eq!(class_rules.len(), 4, "{class_rules:#?}");
+    assert_eq!(class_rules.len(), 7, "{class_rules:#?}");
     for field in [
         "raidConfig",
         "reclaimPolicy",
         "volumeBindingMode",
         "additionalParameters",
+        "deviceAccessPolicy",
+        "ioTimeoutSeconds",
+        "volumeMode",
     ] {
         assert!(
             class_rules
@@ -354,7 +425,10 @@ fn cel_rules_sit_on_the_device_class_and_its_fstype() {
             ".raidConfig",
             ".storageClassOptions.reclaimPolicy",
             ".storageClassOptions.volumeBindingMode",
-            ".storageClassOptions.additionalParameters"
+            ".storageClassOptions.additionalParameters",
+            ".deviceAccessPolicy",
+            ".sharedConfig.ioTimeoutSeconds",
+            ".sharedConfig.volumeMode",
         ]
     );
 }
@@ -373,7 +447,7 @@ fn no_other_cel_rules_than_the_documented_ones() {
             _ => 0,
         }
     }
-    assert_eq!(count(&schema("LVMCluster")), 5);
+    assert_eq!(count(&schema("LVMCluster")), 8);
     assert_eq!(count(&schema("LVMVolumeGroup")), 1);
     assert_eq!(count(&schema("LVMVolumeGroupNodeStatus")), 0);
     assert_eq!(count(&schema("LogicalVolume")), 0);
@@ -626,6 +700,122 @@ fn a_new_class_added_on_update_is_not_compared_with_anything() {
         .expect("list")
         .push(raid(json!({"type": "raid1"})));
     assert!(cel_errors("LVMCluster", &new, Some(&old)).is_empty());
+}
+
+fn shared(extra: Value) -> Value {
+    let mut class = json!({"name": "san", "deviceAccessPolicy": "shared",
+        "deviceSelector": {"paths": ["/dev/disk/by-id/wwn-0x1"]}});
+    if let (Some(c), Some(e)) = (class.as_object_mut(), extra.as_object()) {
+        c.extend(e.clone());
+    }
+    class
+}
+
+fn without_policy(mut class: Value) -> Value {
+    class
+        .as_object_mut()
+        .expect("object")
+        .remove("deviceAccessPolicy");
+    class
+}
+
+#[test]
+fn unset_access_policy_cannot_become_shared() {
+    let old = without_policy(shared(json!({})));
+    assert_rejected_with(
+        &update_errors(old, shared(json!({}))),
+        "deviceAccessPolicy cannot change between shared and nodeLocal",
+    );
+}
+
+#[test]
+fn shared_cannot_become_node_local_in_any_spelling() {
+    for new in [
+        without_policy(shared(json!({}))),
+        shared(json!({"deviceAccessPolicy": "local"})),
+        shared(json!({"deviceAccessPolicy": "nodeLocal"})),
+    ] {
+        assert_rejected_with(
+            &update_errors(shared(json!({})), new),
+            "remove the device class and add a new one",
+        );
+    }
+}
+
+#[test]
+fn local_node_local_and_unset_are_the_same_policy() {
+    let spellings = [
+        without_policy(shared(json!({}))),
+        shared(json!({"deviceAccessPolicy": "local"})),
+        shared(json!({"deviceAccessPolicy": "nodeLocal"})),
+    ];
+    for old in &spellings {
+        for new in &spellings {
+            let errors = update_errors(old.clone(), new.clone());
+            assert!(errors.is_empty(), "{old} -> {new}: {errors:?}");
+        }
+    }
+}
+
+#[test]
+fn io_timeout_change_is_rejected_and_unset_means_ten() {
+    let timeout = |t: Value| shared(json!({"sharedConfig": {"ioTimeoutSeconds": t}}));
+    assert_rejected_with(
+        &update_errors(timeout(json!(10)), timeout(json!(20))),
+        "sharedConfig.ioTimeoutSeconds is immutable",
+    );
+    assert_rejected_with(
+        &update_errors(shared(json!({})), timeout(json!(20))),
+        "sharedConfig.ioTimeoutSeconds is immutable",
+    );
+    assert!(update_errors(shared(json!({})), timeout(json!(10))).is_empty());
+    assert!(update_errors(timeout(json!(10)), shared(json!({"sharedConfig": {}}))).is_empty());
+}
+
+#[test]
+fn volume_mode_change_is_rejected_and_wipe_policy_may_change() {
+    let config = |c: Value| shared(json!({"sharedConfig": c}));
+    assert_rejected_with(
+        &update_errors(shared(json!({})), config(json!({"volumeMode": "Thin"}))),
+        "sharedConfig.volumeMode is immutable",
+    );
+    assert!(update_errors(shared(json!({})), config(json!({"volumeMode": "Linear"}))).is_empty());
+    assert!(
+        update_errors(
+            config(json!({"wipePolicy": "Full"})),
+            config(json!({"wipePolicy": "UnsafeFast"}))
+        )
+        .is_empty()
+    );
+}
+
+#[test]
+fn a_shared_class_added_on_update_is_not_compared_with_anything() {
+    let old = cluster(thin(json!({})));
+    let mut new = old.clone();
+    new["spec"]["storage"]["deviceClasses"]
+        .as_array_mut()
+        .expect("list")
+        .push(shared(json!({"sharedConfig": {"ioTimeoutSeconds": 30}})));
+    assert!(cel_errors("LVMCluster", &new, Some(&old)).is_empty());
+}
+
+#[test]
+fn io_timeout_range_is_enforced_by_the_schema() {
+    let s = schema("LVMCluster");
+    for (timeout, ok) in [(4, false), (5, true), (10, true), (60, true), (61, false)] {
+        let v = cluster(shared(
+            json!({"sharedConfig": {"ioTimeoutSeconds": timeout}}),
+        ));
+        assert_eq!(
+            schema_violations(&s, &v).is_empty(),
+            ok,
+            "ioTimeoutSeconds {timeout}: {:?}",
+            schema_violations(&s, &v)
+        );
+    }
+    let bad_policy = cluster(shared(json!({"deviceAccessPolicy": "Shared"})));
+    assert!(!schema_violations(&s, &bad_policy).is_empty());
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! LVMS's own example manifests (tests/samples, sources noted in each file) are accepted unchanged:
+//! LVMS's own example manifests (tests/samples, sources noted in each file; the few written by us
+//! say so) are accepted unchanged:
 //! they deserialise into our types, serialise back to exactly the same JSON, satisfy the generated
 //! schema's types, enums and bounds, and pass its CEL rules on create.
 
@@ -9,8 +10,8 @@ mod common;
 use common::{cel_errors, sample, samples, schema, schema_violations};
 use lvms_api::{
     ChunkSizeCalculationPolicy, DeviceDiscoveryPolicy, DeviceFilesystemType, LVMCluster,
-    LVMStateType, LogicalVolume, MetadataSizePolicy, RaidType, ReclaimPolicy, VGStatusType,
-    VolumeBindingMode,
+    LVMStateType, LogicalVolume, MetadataSizePolicy, RaidType, ReclaimPolicy, SharedVolumeMode,
+    VGStatusType, VolumeBindingMode, WipePolicy,
 };
 use serde_json::Value;
 
@@ -179,6 +180,21 @@ fn discovery_policy_sample_reads_the_policy() {
         c.spec.storage.device_classes[0].device_discovery_policy,
         Some(DeviceDiscoveryPolicy::Static)
     );
+}
+
+#[test]
+fn shared_sample_reads_the_policy_and_shared_config() {
+    let c = cluster("lvmcluster_shared.yaml");
+    let [local, san] = c.spec.storage.device_classes.as_slice() else {
+        panic!("two classes");
+    };
+    assert!(!local.is_shared());
+    assert!(san.is_shared());
+    let config = san.shared_config_or_default();
+    assert_eq!(config.volume_mode_or_default(), SharedVolumeMode::Linear);
+    assert_eq!(config.wipe_policy_or_default(), WipePolicy::Full);
+    assert_eq!(config.io_timeout_seconds_or_default(), 10);
+    assert_eq!(san.all_paths().count(), 2);
 }
 
 #[test]

@@ -11,7 +11,16 @@
 //!   5–11 RAID, 12–15 device paths, 16 fstype (enforced by the type, see below), 17 `chunkSize`,
 //!   18 `metadataSize`, 19 Dynamic discovery without paths warns, 20–21 StorageClass options;
 //! - update: rules 3–21 on the new object, then 22–30 comparing each class with the old class of
-//!   the same name.
+//!   the same name;
+//! - shared device classes (`deviceAccessPolicy: shared`), on create and update: 31 `paths`
+//!   required, 32 only stable paths (`/dev/disk/by-id/…`, `/dev/mapper/…`), 33 no
+//!   `optionalPaths`, 34 no `raidConfig`, 35 no `thinPoolConfig`, 36 no `Dynamic` discovery, 37 a
+//!   name of at most 63 characters, 38 no `forceWipeDevicesAndDestroyAllData` once the shared
+//!   volume group exists; for every class, 39 `sharedConfig` only on a shared class and 40 a
+//!   shared class's path in no other class, whatever the node selectors;
+//! - shared device classes, on update: 41 `deviceAccessPolicy` cannot change between shared and
+//!   node-local, 42 `sharedConfig.ioTimeoutSeconds` and 43 `sharedConfig.volumeMode` cannot change
+//!   (effective values: unset means 10 and `Linear`).
 //!
 //! Decisions (also in the module's tests):
 //! - Rule 16: `fstype` is [`lvms_api::DeviceFilesystemType`], so any value but `xfs`/`ext4` fails to
@@ -37,13 +46,30 @@
 //!   as "the effective `reclaimPolicy`, `volumeBindingMode`, `additionalParameters` and `fstype`
 //!   cannot change", of which "options added later must equal today's defaults" is the case where
 //!   the old class had no options. The CRD's CEL rules overlap; the webhook gives the same answer.
-//! - Rule 28 compares the effective flag: absent and `false` are the same.
+//! - Rule 28 compares the effective flag: absent and `false` are the same. On a shared class the
+//!   flag may be turned off (never on): rule 38 asks for exactly that once the volume group exists,
+//!   and a flag left on would have every node that joins later wipe the LUN it shares.
+//! - Rules 31–43 (ADR 0015): `local` and unset mean `nodeLocal`. `fstype` is allowed on shared
+//!   classes (filesystem volumes are single-node; multi-node access is block only). Rules 12, 13
+//!   and 19 leave shared classes to rules 31 and 36, so each problem is named once; the mutating
+//!   webhook does not add `deviceDiscoveryPolicy` to them. Rule 32 judges only paths rule 14
+//!   accepts.
+//! - Rule 38: the webhook cannot see LVM; [`Context::existing_shared_volume_groups`] holds the
+//!   classes whose shared volume group a node has reported ([`existing_shared_volume_groups`]).
+//!   The rule applies to every update that keeps the flag on, not only to the one that adds it,
+//!   since the flag stays dangerous as long as it is set.
+//! - Rule 40: a shared LUN is visible on every node, so it conflicts with any class naming the
+//!   same path, whatever its `nodeSelector` (rule 15 compares classes with equal selectors only;
+//!   this rule reports the rest). Paths are compared as written, as in rule 15.
+
+use std::collections::BTreeSet;
 
 use lvms_api::{
     ChunkSizeCalculationPolicy, DEFAULT_METADATA_SIZE, DeviceClass, DeviceDiscoveryPolicy,
-    LVMCluster, LVMClusterSpec, MAX_CHUNK_SIZE, MAX_METADATA_SIZE, MIN_CHUNK_SIZE,
-    MIN_METADATA_SIZE, MetadataSizePolicy, RESERVED_STORAGE_CLASS_PARAMETERS, RaidConfig, RaidType,
-    StorageClassOptions, ThinPoolConfig, is_reserved_storage_class_label, storage_class_name,
+    LVMCluster, LVMClusterSpec, LVMVolumeGroupNodeStatus, LockspaceState, MAX_CHUNK_SIZE,
+    MAX_METADATA_SIZE, MIN_CHUNK_SIZE, MIN_METADATA_SIZE, MetadataSizePolicy,
+    RESERVED_STORAGE_CLASS_PARAMETERS, RaidConfig, RaidType, StorageClassOptions, ThinPoolConfig,
+    VGStatusType, is_reserved_storage_class_label, storage_class_name,
 };
 use serde_json::{Value, json};
 
@@ -54,6 +80,14 @@ pub const MAX_RECOMMENDED_SIZE_PERCENT: i32 = 90;
 
 /// lvm2 thin pool chunk sizes are multiples of this.
 const CHUNK_SIZE_GRANULARITY: u64 = 64 * KIB;
+
+/// Where a shared class's devices may be named: directories whose names are the same on every
+/// node that sees the LUN.
+pub const STABLE_DEVICE_DIRS: [&str; 2] = ["/dev/disk/by-id/", "/dev/mapper/"];
+
+/// Longest name of a shared class: it becomes the name part of a label key (its topology key,
+/// [`lvms_api::shared_topology_key`]).
+pub const MAX_SHARED_CLASS_NAME: usize = 63;
 
 /// One rejected field.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,25 +138,60 @@ pub struct Context {
     pub operator_namespace: String,
     /// `namespace/name` of the LVMClusters that already exist, excluding the one under review.
     pub other_clusters: Vec<String>,
+    /// Device classes whose shared volume group some node has reported (rule 38); see
+    /// [`existing_shared_volume_groups`].
+    pub existing_shared_volume_groups: BTreeSet<String>,
 }
 
-/// Rules 1–21 for a new `LVMCluster`.
+/// The device classes whose volume group some node reports as existing, from the
+/// `LVMVolumeGroupNodeStatus` objects: an entry with a `shared` sub-status whose lockspace is
+/// `Joined`, or with status `Ready` or `Degraded`. (Rule 38 looks only at shared classes in it.)
+pub fn existing_shared_volume_groups(statuses: &[LVMVolumeGroupNodeStatus]) -> BTreeSet<String> {
+    statuses
+        .iter()
+        .flat_map(|s| &s.spec.lvm_vg_status)
+        .filter(|vg| {
+            vg.shared
+                .as_ref()
+                .is_some_and(|s| s.lockspace == LockspaceState::Joined)
+                || matches!(
+                    vg.status,
+                    Some(VGStatusType::Ready | VGStatusType::Degraded)
+                )
+        })
+        .filter(|vg| !vg.name.is_empty())
+        .map(|vg| vg.name.clone())
+        .collect()
+}
+
+/// Whether rule 38 needs [`Context::existing_shared_volume_groups`] for `cluster`: some shared
+/// class asks for its devices to be wiped. The caller may skip listing node statuses otherwise.
+pub fn needs_existing_shared_volume_groups(cluster: &LVMCluster) -> bool {
+    cluster
+        .spec
+        .storage
+        .device_classes
+        .iter()
+        .any(|c| c.is_shared() && force_wipe(c))
+}
+
+/// Rules 1–21 and 31–40 for a new `LVMCluster`.
 pub fn validate_create(new: &LVMCluster, ctx: &Context) -> Review {
     let mut review = Review::default();
     check_namespace(new, ctx, &mut review);
     check_single_cluster(ctx, &mut review);
-    check_spec(&new.spec, &mut review);
+    check_spec(&new.spec, ctx, &mut review);
     review
 }
 
-/// Rules 3–21 on `new`, then rules 22–30 comparing it with `old`. An update that leaves the spec
-/// unchanged is always allowed (see the module documentation).
-pub fn validate_update(old: &LVMCluster, new: &LVMCluster, _ctx: &Context) -> Review {
+/// Rules 3–21 and 31–40 on `new`, then rules 22–30 and 41–43 comparing it with `old`. An update
+/// that leaves the spec unchanged is always allowed (see the module documentation).
+pub fn validate_update(old: &LVMCluster, new: &LVMCluster, ctx: &Context) -> Review {
     let mut review = Review::default();
     if old.spec == new.spec {
         return review;
     }
-    check_spec(&new.spec, &mut review);
+    check_spec(&new.spec, ctx, &mut review);
     check_update(&old.spec, &new.spec, &mut review);
     review
 }
@@ -136,7 +205,9 @@ pub fn mutate_on_create(cluster: &LVMCluster) -> Vec<Value> {
         .device_classes
         .iter()
         .enumerate()
-        .filter(|(_, class)| class.device_discovery_policy.is_none() && !has_paths(class))
+        .filter(|(_, class)| {
+            class.device_discovery_policy.is_none() && !has_paths(class) && !class.is_shared()
+        })
         .map(|(i, _)| {
             json!({
                 "op": "add",
@@ -157,6 +228,15 @@ fn class_path(i: usize) -> String {
 
 fn has_paths(class: &DeviceClass) -> bool {
     class.all_paths().next().is_some()
+}
+
+/// The effective `forceWipeDevicesAndDestroyAllData`: absent is `false`.
+fn force_wipe(class: &DeviceClass) -> bool {
+    class
+        .device_selector
+        .as_ref()
+        .and_then(|s| s.force_wipe_devices_and_destroy_all_data)
+        .unwrap_or(false)
 }
 
 /// Rule 1.
@@ -188,13 +268,26 @@ fn check_single_cluster(ctx: &Context, review: &mut Review) {
     }
 }
 
-/// Rules 3–21 (16 is enforced by the type).
-fn check_spec(spec: &LVMClusterSpec, review: &mut Review) {
+/// Rules 3–21 (16 is enforced by the type) and 31–40.
+fn check_spec(spec: &LVMClusterSpec, ctx: &Context, review: &mut Review) {
     let classes = &spec.storage.device_classes;
     check_defaults(classes, review);
     check_paths_are_given(classes, review);
     for (i, class) in classes.iter().enumerate() {
         let at = class_path(i);
+        if class.is_shared() {
+            check_shared(class, &at, ctx, review);
+        } else if class.shared_config.is_some() {
+            // Rule 39.
+            review.error(
+                format!("{at}.sharedConfig"),
+                format!(
+                    "sharedConfig applies only to shared device classes, and device class {:?} is \
+                     node-local: set deviceAccessPolicy: shared or remove sharedConfig",
+                    class.name
+                ),
+            );
+        }
         if let Some(pool) = &class.thin_pool_config {
             check_thin_pool(class, pool, &at, review);
         }
@@ -208,6 +301,7 @@ fn check_spec(spec: &LVMClusterSpec, review: &mut Review) {
         }
     }
     check_duplicate_paths(classes, review);
+    check_shared_paths_elsewhere(classes, review);
 }
 
 /// Rule 3.
@@ -235,9 +329,12 @@ fn check_defaults(classes: &[DeviceClass], review: &mut Review) {
     }
 }
 
-/// Rules 12 and 13.
+/// Rules 12 and 13 (shared classes are rule 31's).
 fn check_paths_are_given(classes: &[DeviceClass], review: &mut Review) {
     for (i, class) in classes.iter().enumerate() {
+        if class.is_shared() {
+            continue;
+        }
         let at = class_path(i);
         match &class.device_selector {
             Some(selector) if selector.paths.is_empty() && selector.optional_paths.is_empty() => {
@@ -616,9 +713,12 @@ fn check_duplicate_paths(classes: &[DeviceClass], review: &mut Review) {
     }
 }
 
-/// Rule 19.
+/// Rule 19 (shared classes are rule 36's).
 fn check_discovery_policy(class: &DeviceClass, review: &mut Review) {
-    if class.device_discovery_policy == Some(DeviceDiscoveryPolicy::Dynamic) && !has_paths(class) {
+    if class.device_discovery_policy == Some(DeviceDiscoveryPolicy::Dynamic)
+        && !has_paths(class)
+        && !class.is_shared()
+    {
         review.warn(format!(
             "device class {:?} uses deviceDiscoveryPolicy Dynamic without paths: every unused device that \
              appears later on a selected node is added to its volume group; set deviceDiscoveryPolicy: \
@@ -640,10 +740,12 @@ fn check_storage_class_options(options: &StorageClassOptions, at: &str, review: 
                 "a StorageClass parameter needs a name: give the entry a non-empty key or remove it",
             );
         } else if RESERVED_STORAGE_CLASS_PARAMETERS.contains(&key.as_str()) {
-            let source = if key == lvms_api::FSTYPE_PARAMETER {
-                "the device class's fstype"
-            } else {
-                "the device class's name"
+            let source = match key.as_str() {
+                lvms_api::FSTYPE_PARAMETER => "the device class's fstype",
+                lvms_api::VOLUME_MODE_PARAMETER => {
+                    "sharedConfig.volumeMode (on shared device classes)"
+                }
+                _ => "the device class's name",
             };
             review.error(
                 field,
@@ -681,6 +783,155 @@ fn check_storage_class_options(options: &StorageClassOptions, at: &str, review: 
                      '-', '_' or '.', starting and ending with a letter or digit, or an empty value"
                 ),
             );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared device classes
+// ---------------------------------------------------------------------------------------------
+
+/// Whether `path` names a device by a name that is the same on every node (rule 32).
+pub fn is_stable_device_path(path: &str) -> bool {
+    STABLE_DEVICE_DIRS.iter().any(|dir| {
+        path.strip_prefix(dir).is_some_and(|name| {
+            !name.is_empty() && !name.contains('/') && name != "." && name != ".."
+        })
+    })
+}
+
+/// Rules 31–38 for one shared class.
+fn check_shared(class: &DeviceClass, at: &str, ctx: &Context, review: &mut Review) {
+    let name = &class.name;
+    let selector = class.device_selector.as_ref();
+    let paths = selector.map(|s| s.paths.as_slice()).unwrap_or_default();
+
+    // Rule 31.
+    if paths.is_empty() {
+        review.error(
+            format!("{at}.deviceSelector.paths"),
+            format!(
+                "shared device class {name:?} lists no devices, and shared classes never discover \
+                 them: list its LUNs under deviceSelector.paths by names that are the same on every \
+                 node, such as /dev/disk/by-id/wwn-<id> or /dev/mapper/<multipath alias>"
+            ),
+        );
+    }
+    // Rule 32 (paths rule 14 refuses are left to it).
+    for (j, path) in paths.iter().enumerate() {
+        let under_dev = path.strip_prefix("/dev/").is_some_and(|p| !p.is_empty());
+        if under_dev && !is_stable_device_path(path) {
+            review.error(
+                format!("{at}.deviceSelector.paths[{j}]"),
+                format!(
+                    "{path} may name another device on another node (names such as /dev/sdX, /dev/vdX \
+                     or /dev/disk/by-path/... depend on the order and the port each node finds the LUN \
+                     at), but every node of shared device class {name:?} must open the same LUN: name \
+                     it under /dev/disk/by-id/ (for example its wwn-... link) or /dev/mapper/ (a \
+                     multipath device)"
+                ),
+            );
+        }
+    }
+    // Rule 33.
+    if selector.is_some_and(|s| !s.optional_paths.is_empty()) {
+        review.error(
+            format!("{at}.deviceSelector.optionalPaths"),
+            format!(
+                "shared device class {name:?} has optionalPaths, but every node of a shared volume \
+                 group must see the same devices: move the LUNs to deviceSelector.paths, or remove \
+                 optionalPaths"
+            ),
+        );
+    }
+    // Rule 34.
+    if class.raid_config.is_some() {
+        review.error(
+            format!("{at}.raidConfig"),
+            format!(
+                "shared device class {name:?} has raidConfig, but LVM RAID volumes cannot be active on \
+                 more than one node: remove raidConfig and let the storage array provide redundancy, or \
+                 use a node-local device class for RAID"
+            ),
+        );
+    }
+    // Rule 35.
+    if class.thin_pool_config.is_some() {
+        review.error(
+            format!("{at}.thinPoolConfig"),
+            format!(
+                "shared device class {name:?} has thinPoolConfig, but a shared volume group has no \
+                 class-wide thin pool (one pool would be active on one node only): remove \
+                 thinPoolConfig, and set sharedConfig.volumeMode: Thin to give each volume its own thin \
+                 pool"
+            ),
+        );
+    }
+    // Rule 36.
+    if class.device_discovery_policy == Some(DeviceDiscoveryPolicy::Dynamic) {
+        review.error(
+            format!("{at}.deviceDiscoveryPolicy"),
+            format!(
+                "shared device class {name:?} has deviceDiscoveryPolicy Dynamic, but shared classes \
+                 never discover devices (another node's LUNs would be claimed): remove \
+                 deviceDiscoveryPolicy and list the LUNs under deviceSelector.paths"
+            ),
+        );
+    }
+    // Rule 37.
+    if name.len() > MAX_SHARED_CLASS_NAME {
+        review.error(
+            format!("{at}.name"),
+            format!(
+                "the name of shared device class {name:?} has {} characters, but it becomes the name \
+                 part of the topology label {}, which allows at most {MAX_SHARED_CLASS_NAME}: choose a \
+                 shorter name",
+                name.len(),
+                lvms_api::shared_topology_key("<name>")
+            ),
+        );
+    }
+    // Rule 38.
+    if force_wipe(class) && ctx.existing_shared_volume_groups.contains(name) {
+        review.error(
+            format!("{at}.deviceSelector.forceWipeDevicesAndDestroyAllData"),
+            format!(
+                "the shared volume group of device class {name:?} already exists (a node reports it), \
+                 and wiping its LUNs would destroy it and every volume in it for all nodes: set \
+                 forceWipeDevicesAndDestroyAllData: false or remove it"
+            ),
+        );
+    }
+}
+
+/// Rule 40: a path of a shared class is in no other class, whatever the node selectors (equal
+/// selectors are rule 15's).
+fn check_shared_paths_elsewhere(classes: &[DeviceClass], review: &mut Review) {
+    for (k, later) in classes.iter().enumerate() {
+        let at = class_path(k);
+        for (field, path) in paths_with_fields(later, &at) {
+            let earlier = classes[..k].iter().enumerate().find_map(|(i, c)| {
+                let shared_pair = c.is_shared() || later.is_shared();
+                let rule_15 = c.node_selector == later.node_selector;
+                if !shared_pair || rule_15 {
+                    return None;
+                }
+                paths_with_fields(c, &class_path(i))
+                    .find(|(_, p)| *p == path)
+                    .map(|(f, _)| (c, f))
+            });
+            if let Some((first, first_field)) = earlier {
+                let shared = if later.is_shared() { later } else { first };
+                review.error(
+                    field,
+                    format!(
+                        "{path} is also in device class {:?} ({first_field}), and {:?} is shared: a \
+                         shared LUN is seen by every node, so a class on any node would claim it too, \
+                         whatever the nodeSelectors: remove it from one of the two classes",
+                        first.name, shared.name
+                    ),
+                );
+            }
         }
     }
 }
@@ -804,10 +1055,11 @@ fn check_update(old: &LVMClusterSpec, new: &LVMClusterSpec, review: &mut Review)
     }
 }
 
-/// Rules 22 and 24–30 for one class that exists in both versions.
+/// Rules 22, 24–30 and 41–43 for one class that exists in both versions.
 fn check_class_update(old: &DeviceClass, new: &DeviceClass, at: &str, review: &mut Review) {
     check_storage_class_update(old, new, at, review);
     check_thin_pool_update(old, new, at, review);
+    check_shared_update(old, new, at, review);
 
     // Rule 26.
     if old.raid_config != new.raid_config {
@@ -841,14 +1093,9 @@ fn check_class_update(old: &DeviceClass, new: &DeviceClass, at: &str, review: &m
         );
     }
 
-    // Rule 28.
-    let force_wipe = |c: &DeviceClass| {
-        c.device_selector
-            .as_ref()
-            .and_then(|s| s.force_wipe_devices_and_destroy_all_data)
-            .unwrap_or(false)
-    };
-    if force_wipe(old) != force_wipe(new) {
+    // Rule 28 (a shared class may turn the flag off, see the module documentation).
+    let turned_off_on_shared = new.is_shared() && !force_wipe(new);
+    if force_wipe(old) != force_wipe(new) && !turned_off_on_shared {
         review.error(
             format!("{at}.deviceSelector.forceWipeDevicesAndDestroyAllData"),
             format!(
@@ -879,6 +1126,64 @@ fn check_class_update(old: &DeviceClass, new: &DeviceClass, at: &str, review: &m
             ),
         ),
         _ => {}
+    }
+}
+
+/// Rules 41–43.
+fn check_shared_update(old: &DeviceClass, new: &DeviceClass, at: &str, review: &mut Review) {
+    let name = &new.name;
+    if old.is_shared() != new.is_shared() {
+        let (was, now) = if old.is_shared() {
+            ("shared", "nodeLocal")
+        } else {
+            ("nodeLocal", "shared")
+        };
+        review.error(
+            format!("{at}.deviceAccessPolicy"),
+            format!(
+                "device class {name:?} is {was} (unset and local mean nodeLocal) and cannot become \
+                 {now}, since its volume groups are already made one way: restore deviceAccessPolicy, \
+                 or remove the device class and add a new one under another name"
+            ),
+        );
+        return;
+    }
+    if !new.is_shared() {
+        return;
+    }
+    let (before, after) = (
+        old.shared_config_or_default(),
+        new.shared_config_or_default(),
+    );
+    let (was, now) = (
+        before.io_timeout_seconds_or_default(),
+        after.io_timeout_seconds_or_default(),
+    );
+    if was != now {
+        review.error(
+            format!("{at}.sharedConfig.ioTimeoutSeconds"),
+            format!(
+                "the sanlock lockspace of shared device class {name:?} was made with an I/O timeout of \
+                 {was} seconds, which cannot change: set ioTimeoutSeconds: {was} (unset means {}), or \
+                 remove the device class and add a new one under another name",
+                lvms_api::DEFAULT_IO_TIMEOUT_SECONDS
+            ),
+        );
+    }
+    let (was, now) = (
+        before.volume_mode_or_default(),
+        after.volume_mode_or_default(),
+    );
+    if was != now {
+        review.error(
+            format!("{at}.sharedConfig.volumeMode"),
+            format!(
+                "StorageClass {} was created with volume mode {was}, and StorageClass parameters cannot \
+                 change: set volumeMode: {was} (unset means Linear); to change it, delete and recreate \
+                 the LVMCluster",
+                storage_class_name(name)
+            ),
+        );
     }
 }
 

@@ -304,6 +304,7 @@ pub fn vg_status(vg: &LVMVolumeGroup, plan: &ClassPlan) -> VGStatus {
         raid_status: None,
         // The reconciler carries its wipe record over from the previous status.
         wiped_devices: Vec::new(),
+        shared: None,
     }
 }
 

@@ -32,7 +32,7 @@ use lvms_api::{
     LABEL_APP_COMPONENT, LABEL_APP_MANAGED_BY, LABEL_APP_NAME, LABEL_APP_PART_OF,
     LABEL_OWNED_BY_GROUP, LABEL_OWNED_BY_KIND, LABEL_OWNED_BY_NAME, LABEL_OWNED_BY_NAMESPACE,
     LABEL_OWNED_BY_UID, LABEL_OWNED_BY_VERSION, LVM_GROUP, LVM_VERSION, LVMCluster, LVMVolumeGroup,
-    LVMVolumeGroupSpec, OPERATOR_FIELD_MANAGER, StorageClassOptions,
+    LVMVolumeGroupSpec, OPERATOR_FIELD_MANAGER, StorageClassOptions, VOLUME_MODE_PARAMETER,
     is_reserved_storage_class_label, storage_class_name,
 };
 use serde::{Deserialize, Serialize, Serializer};
@@ -574,6 +574,8 @@ fn volume_group(owner: &Owner<'_>, class: &DeviceClass) -> LVMVolumeGroup {
             thin_pool_config: class.thin_pool_config.clone(),
             raid_config: class.raid_config.clone(),
             default: class.default,
+            device_access_policy: class.device_access_policy,
+            shared_config: class.shared_config.clone(),
         },
         status: None,
     }
@@ -601,6 +603,16 @@ fn storage_class(owner: &Owner<'_>, cfg: &RenderConfig, class: &DeviceClass) -> 
         FSTYPE_PARAMETER.into(),
         class.fstype_or_default().as_str().into(),
     );
+    if class.is_shared() {
+        parameters.insert(
+            VOLUME_MODE_PARAMETER.into(),
+            class
+                .shared_config_or_default()
+                .volume_mode_or_default()
+                .parameter_value()
+                .into(),
+        );
+    }
 
     let mut annotations = BTreeMap::from([(
         DESCRIPTION_ANNOTATION.to_owned(),

@@ -22,8 +22,8 @@ use k8s_openapi::{
 };
 use lvms_api::{
     CONDITION_RESOURCES_AVAILABLE, CONDITION_VOLUME_GROUPS_READY, DeviceClassStatus, LVMCluster,
-    LVMClusterStatus, LVMStateType, LVMVolumeGroupNodeStatus, NodeStatus, RaidHealth, VGStatus,
-    VGStatusType,
+    LVMClusterStatus, LVMStateType, LVMVolumeGroupNodeStatus, LockspaceState, NodeStatus,
+    RaidHealth, VGStatus, VGStatusType,
 };
 
 use crate::selector;
@@ -329,8 +329,9 @@ fn finish_condition(
     new
 }
 
-/// Per device class in the spec (in spec order), every node's report of it, sorted by node.
-/// Reports of classes no longer in the spec are left out; a class nobody reported has no nodes.
+/// Per device class in the spec (in spec order), every node's report of it, sorted by node, and
+/// for a shared class the nodes that joined its lockspace (sorted). Reports of classes no longer in
+/// the spec are left out; a class nobody reported has no nodes.
 fn device_class_statuses(
     cluster: &LVMCluster,
     node_statuses: &[LVMVolumeGroupNodeStatus],
@@ -360,9 +361,24 @@ fn device_class_statuses(
                 }
             }
             node_status.sort_by(|a, b| a.node.cmp(&b.node));
+            let joined_nodes = if class.is_shared() {
+                node_status
+                    .iter()
+                    .filter(|n| {
+                        n.vg_status
+                            .shared
+                            .as_ref()
+                            .is_some_and(|s| s.lockspace == LockspaceState::Joined)
+                    })
+                    .map(|n| n.node.clone())
+                    .collect()
+            } else {
+                Vec::new()
+            };
             DeviceClassStatus {
                 name: class.name.clone(),
                 node_status,
+                joined_nodes,
             }
         })
         .collect()

@@ -4,7 +4,10 @@
 //! namespace and the LVMClusters that already exist) and encodes the answer.
 //!
 //! - `POST` [`VALIDATE_PATH`]: CREATE runs [`validate_create`], UPDATE runs [`validate_update`]
-//!   (old, new), DELETE and CONNECT are allowed. A denial has `allowed: false` and a
+//!   (old, new), DELETE and CONNECT are allowed. When a shared device class asks for its devices
+//!   to be wiped (rule 38), the `LVMVolumeGroupNodeStatus` objects in the operator's namespace are
+//!   listed to learn which shared volume groups exist
+//!   ([`lvms_core::webhook::existing_shared_volume_groups`]). A denial has `allowed: false` and a
 //!   `status.message` listing every [`lvms_core::webhook::FieldError`] as `field: message`, joined
 //!   by `"; "`, with code 403 (what controller-runtime, and so LVMS, answers). The rules' warnings
 //!   are returned as `warnings` on allowed and denied answers alike.
@@ -17,7 +20,8 @@
 //! A body that is not an AdmissionReview is answered 400 with the reason. A review whose object
 //! does not deserialise as an `LVMCluster` is denied with the parse error; the handlers never
 //! answer 500 and never panic. If the existing LVMClusters cannot be listed, a CREATE is denied
-//! (fail closed: the "only one LVMCluster" rule cannot be checked), saying why.
+//! (fail closed: the "only one LVMCluster" rule cannot be checked), saying why; likewise a review
+//! that needs the node statuses when they cannot be listed.
 //!
 //! TLS: [`serve_tls`] serves the router with rustls (ring provider) from a PEM certificate chain
 //! and key, as mounted from a Secret, and re-reads both files every [`CERT_RELOAD_INTERVAL`]:
@@ -52,8 +56,11 @@ use kube::{
         response::Status,
     },
 };
-use lvms_api::LVMCluster;
-use lvms_core::webhook::{Context, Review, mutate_on_create, validate_create, validate_update};
+use lvms_api::{LVMCluster, LVMVolumeGroupNodeStatus};
+use lvms_core::webhook::{
+    Context, Review, existing_shared_volume_groups, mutate_on_create,
+    needs_existing_shared_volume_groups, validate_create, validate_update,
+};
 use rustls::{
     ServerConfig,
     pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
@@ -101,21 +108,35 @@ pub enum Error {
 /// `Result` with the webhook server's error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Lists the LVMClusters that exist, for the "only one LVMCluster" rule.
+/// Reads what the rules need from the API server: the LVMClusters that exist (the "only one
+/// LVMCluster" rule) and the nodes' `LVMVolumeGroupNodeStatus` objects (rule 38).
 pub trait ClusterLister: Send + Sync {
     /// `namespace/name` of every LVMCluster, or why they cannot be listed.
     fn list(&self) -> BoxFuture<'_, Result<Vec<String>, String>>;
+
+    /// The `LVMVolumeGroupNodeStatus` objects in `namespace`, or why they cannot be listed.
+    fn node_statuses<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<LVMVolumeGroupNodeStatus>, String>>;
 }
 
-/// A fixed list (tests, or a cluster-less setup).
+/// A fixed list of LVMClusters and no node statuses (tests, or a cluster-less setup).
 impl ClusterLister for Vec<String> {
     fn list(&self) -> BoxFuture<'_, Result<Vec<String>, String>> {
         let clusters = self.clone();
         Box::pin(async move { Ok(clusters) })
     }
+
+    fn node_statuses<'a>(
+        &'a self,
+        _namespace: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<LVMVolumeGroupNodeStatus>, String>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
 }
 
-/// Lists LVMClusters in all namespaces through the API server.
+/// Lists LVMClusters in all namespaces, and node statuses in one, through the API server.
 struct KubeClusterLister {
     api: Api<LVMCluster>,
 }
@@ -135,10 +156,26 @@ impl ClusterLister for KubeClusterLister {
                 .collect())
         })
     }
+
+    fn node_statuses<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<LVMVolumeGroupNodeStatus>, String>> {
+        Box::pin(async move {
+            let api: Api<LVMVolumeGroupNodeStatus> =
+                Api::namespaced(self.api.clone().into_client(), namespace);
+            let list = api
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| format!("listing LVMVolumeGroupNodeStatuses in {namespace}: {e}"))?;
+            Ok(list.items)
+        })
+    }
 }
 
 /// A [`ClusterLister`] backed by the API server (LVMClusters in all namespaces, so a duplicate in
-/// another namespace counts too; needs `list` on `lvmclusters` cluster-wide).
+/// another namespace counts too; needs `list` on `lvmclusters` cluster-wide, and on
+/// `lvmvolumegroupnodestatuses` in the operator's namespace).
 pub fn kube_cluster_lister(client: Client) -> Arc<dyn ClusterLister> {
     Arc::new(KubeClusterLister {
         api: Api::all(client),
@@ -316,7 +353,7 @@ async fn review_validation(state: &WebhookState, decoded: Decoded) -> AdmissionR
     let base = AdmissionResponse::from(request);
     let mut ctx = Context {
         operator_namespace: state.operator_namespace.clone(),
-        other_clusters: Vec::new(),
+        ..Context::default()
     };
     let review = match request.operation {
         Operation::Create => {
@@ -327,6 +364,9 @@ async fn review_validation(state: &WebhookState, decoded: Decoded) -> AdmissionR
             // The namespace may be given only in the request's URL.
             if new.metadata.namespace.is_none() {
                 new.metadata.namespace.clone_from(&request.namespace);
+            }
+            if let Err(e) = fill_shared_volume_groups(state, &new, &mut ctx).await {
+                return deny(base, e);
             }
             ctx.other_clusters = match state.clusters.list().await {
                 Ok(clusters) => {
@@ -355,6 +395,11 @@ async fn review_validation(state: &WebhookState, decoded: Decoded) -> AdmissionR
                 Ok(old) => old,
                 Err(e) => return deny(base, e),
             };
+            if old.spec != new.spec
+                && let Err(e) = fill_shared_volume_groups(state, &new, &mut ctx).await
+            {
+                return deny(base, e);
+            }
             validate_update(&old, &new, &ctx)
         }
         Operation::Delete | Operation::Connect => Review::default(),
@@ -369,6 +414,30 @@ async fn review_validation(state: &WebhookState, decoded: Decoded) -> AdmissionR
         "validated LVMCluster"
     );
     answer(base, review)
+}
+
+/// Fills [`Context::existing_shared_volume_groups`] from the node statuses in the operator's
+/// namespace when `cluster` needs it (a shared class that wipes its devices); the denial message
+/// when they cannot be listed (fail closed: wiping an existing shared volume group destroys it).
+async fn fill_shared_volume_groups(
+    state: &WebhookState,
+    cluster: &LVMCluster,
+    ctx: &mut Context,
+) -> Result<(), String> {
+    if !needs_existing_shared_volume_groups(cluster) {
+        return Ok(());
+    }
+    let statuses = state
+        .clusters
+        .node_statuses(&state.operator_namespace)
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot check whether the shared volume groups to be wiped exist already ({e}); retry                  once the operator can list LVMVolumeGroupNodeStatuses"
+            )
+        })?;
+    ctx.existing_shared_volume_groups = existing_shared_volume_groups(&statuses);
+    Ok(())
 }
 
 /// Turns the rules' [`Review`] into the response.

@@ -1084,20 +1084,31 @@ fn the_helm_chart_holds_the_objects_of_the_kustomize_base() {
 }
 
 #[test]
-fn the_sample_lvmcluster_passes_the_admission_rules() {
-    let path = workspace().join("deploy/samples/lvmcluster.yaml");
-    let cluster: lvms_api::LVMCluster =
-        serde_norway::from_str(&std::fs::read_to_string(&path).expect("the sample exists"))
-            .expect("the sample is an LVMCluster");
-    assert_eq!(cluster.metadata.namespace.as_deref(), Some(NAMESPACE));
-    let review = lvms_core::webhook::validate_create(
-        &cluster,
-        &lvms_core::webhook::Context {
-            operator_namespace: NAMESPACE.to_owned(),
-            ..Default::default()
-        },
-    );
-    assert!(review.errors.is_empty(), "{:?}", review.errors);
+fn the_sample_lvmclusters_pass_the_admission_rules() {
+    for sample in ["lvmcluster.yaml", "lvmcluster-shared.yaml"] {
+        let path = workspace().join("deploy/samples").join(sample);
+        let cluster: lvms_api::LVMCluster =
+            serde_norway::from_str(&std::fs::read_to_string(&path).expect("the sample exists"))
+                .expect("the sample is an LVMCluster");
+        assert_eq!(
+            cluster.metadata.namespace.as_deref(),
+            Some(NAMESPACE),
+            "{sample}"
+        );
+        let review = lvms_core::webhook::validate_create(
+            &cluster,
+            &lvms_core::webhook::Context {
+                operator_namespace: NAMESPACE.to_owned(),
+                ..Default::default()
+            },
+        );
+        assert!(review.errors.is_empty(), "{sample}: {:?}", review.errors);
+        assert!(
+            review.warnings.is_empty(),
+            "{sample}: {:?}",
+            review.warnings
+        );
+    }
 }
 
 #[test]

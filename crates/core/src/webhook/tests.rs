@@ -1,4 +1,7 @@
-use std::path::{Path, PathBuf};
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+};
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -14,6 +17,7 @@ fn ctx() -> Context {
     Context {
         operator_namespace: NS.to_owned(),
         other_clusters: Vec::new(),
+        existing_shared_volume_groups: BTreeSet::new(),
     }
 }
 
@@ -180,6 +184,7 @@ fn namespace_and_other_clusters_are_not_checked_on_update() {
     let ctx = Context {
         operator_namespace: NS.to_owned(),
         other_clusters: vec!["x/duplicate".to_owned()],
+        ..ctx()
     };
     assert_clean(&validate_update(&old, &new, &ctx));
 }
@@ -1346,6 +1351,497 @@ fn adding_and_removing_some_paths_is_allowed() {
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// Rules 31–43: shared device classes
+
+const LUN: &str = "/dev/disk/by-id/wwn-0x5000c500a1b2c3d4";
+const LUN_2: &str = "/dev/mapper/mpathb";
+
+/// A valid shared class on `paths`.
+fn shared(name: &str, paths: &[&str]) -> Value {
+    json!({"name": name, "deviceAccessPolicy": "shared", "deviceSelector": {"paths": paths}})
+}
+
+/// `base()` and the shared class `san` on [`LUN`], with `edit` applied to `san`.
+fn with_shared(edit: impl FnOnce(&mut Value)) -> Value {
+    let mut class = shared("san", &[LUN]);
+    edit(&mut class);
+    json!([base(), class])
+}
+
+const SAN: &str = "spec.storage.deviceClasses[1]";
+
+fn shared_ctx(classes: &[&str]) -> Context {
+    Context {
+        existing_shared_volume_groups: classes.iter().map(|c| (*c).to_owned()).collect(),
+        ..ctx()
+    }
+}
+
+#[test]
+fn valid_shared_class_next_to_a_local_one_is_allowed_without_warnings() {
+    assert_clean(&create(with_shared(|_| {})));
+    assert_clean(&create(json!([base(), shared("san", &[LUN, LUN_2])])));
+}
+
+#[test]
+fn shared_class_with_every_shared_config_field_and_an_fstype_is_allowed() {
+    assert_clean(&create(with_shared(|c| {
+        c["fstype"] = json!("ext4");
+        c["default"] = json!(false);
+        c["deviceDiscoveryPolicy"] = json!("Static");
+        c["sharedConfig"] =
+            json!({"volumeMode": "Thin", "wipePolicy": "UnsafeFast", "ioTimeoutSeconds": 20});
+    })));
+}
+
+#[test]
+fn local_and_node_local_classes_are_not_shared_and_keep_the_local_rules() {
+    for policy in ["local", "nodeLocal"] {
+        let mut class = base();
+        class["deviceAccessPolicy"] = json!(policy);
+        assert_clean(&create(json!([class])));
+        // Rule 32 does not apply: /dev/sdb is fine for a node-local class.
+    }
+}
+
+#[test]
+fn rule_31_shared_class_without_paths_is_rejected_at_device_selector_paths() {
+    for edit in [json!(null), json!({}), json!({"paths": []})] {
+        let review = create(with_shared(|c| {
+            if edit.is_null() {
+                c.as_object_mut().unwrap().remove("deviceSelector");
+            } else {
+                c["deviceSelector"] = edit.clone();
+            }
+        }));
+        assert_only_error(
+            &review,
+            &format!("{SAN}.deviceSelector.paths"),
+            &["never discover", "deviceSelector.paths", "/dev/disk/by-id/"],
+        );
+    }
+}
+
+#[test]
+fn rule_32_unstable_shared_paths_are_rejected_at_their_index() {
+    for path in [
+        "/dev/sdc",
+        "/dev/vdb",
+        "/dev/nvme0n1",
+        "/dev/disk/by-path/pci-0000:00:1f.2-ata-1",
+        "/dev/disk/by-id/",
+        "/dev/disk/by-id/../../sdc",
+        "/dev/mapper/",
+    ] {
+        let review = create(with_shared(|c| {
+            c["deviceSelector"]["paths"] = json!([LUN, path]);
+        }));
+        assert_only_error(
+            &review,
+            &format!("{SAN}.deviceSelector.paths[1]"),
+            &[path, "/dev/disk/by-id/", "/dev/mapper/"],
+        );
+    }
+}
+
+#[test]
+fn rule_32_leaves_paths_outside_dev_to_rule_14() {
+    let review = create(with_shared(|c| {
+        c["deviceSelector"]["paths"] = json!(["sdc"])
+    }));
+    assert_only_error(
+        &review,
+        &format!("{SAN}.deviceSelector.paths[0]"),
+        &["under /dev/"],
+    );
+}
+
+#[test]
+fn stable_device_paths_are_by_id_and_mapper_names() {
+    assert!(is_stable_device_path(LUN));
+    assert!(is_stable_device_path(
+        "/dev/mapper/3600a098038303053453f463045494c6b"
+    ));
+    assert!(!is_stable_device_path("/dev/disk/by-uuid/1234"));
+    assert!(!is_stable_device_path("/dev/mapper/a/b"));
+    assert!(!is_stable_device_path("/dev/disk/by-id/.."));
+    assert!(!is_stable_device_path("/dev/mapper/."));
+}
+
+#[test]
+fn rule_33_shared_class_with_optional_paths_is_rejected_at_optional_paths() {
+    let review = create(with_shared(|c| {
+        c["deviceSelector"]["optionalPaths"] = json!([LUN_2]);
+    }));
+    assert_only_error(
+        &review,
+        &format!("{SAN}.deviceSelector.optionalPaths"),
+        &["same devices", "remove optionalPaths"],
+    );
+}
+
+#[test]
+fn rule_34_shared_class_with_raid_is_rejected_at_raid_config() {
+    let review = create(with_shared(|c| {
+        c["deviceSelector"]["paths"] = json!([LUN, LUN_2]);
+        c["raidConfig"] = json!({"type": "raid1", "mirrors": 1});
+    }));
+    assert_only_error(
+        &review,
+        &format!("{SAN}.raidConfig"),
+        &["more than one node", "remove raidConfig"],
+    );
+}
+
+#[test]
+fn rule_35_shared_class_with_a_thin_pool_is_rejected_at_thin_pool_config() {
+    let review = create(with_shared(|c| {
+        c["thinPoolConfig"] = json!({"name": "tp", "overprovisionRatio": 10});
+    }));
+    assert_only_error(
+        &review,
+        &format!("{SAN}.thinPoolConfig"),
+        &["remove thinPoolConfig", "sharedConfig.volumeMode: Thin"],
+    );
+}
+
+#[test]
+fn rule_36_shared_class_with_dynamic_discovery_is_rejected_at_its_policy() {
+    let review = create(with_shared(|c| {
+        c["deviceDiscoveryPolicy"] = json!("Dynamic")
+    }));
+    assert_only_error(
+        &review,
+        &format!("{SAN}.deviceDiscoveryPolicy"),
+        &["never discover", "remove deviceDiscoveryPolicy"],
+    );
+}
+
+#[test]
+fn rule_37_shared_class_name_longer_than_63_is_rejected_at_name() {
+    let ok = "s".repeat(63);
+    assert_clean(&create(with_shared(|c| c["name"] = json!(ok))));
+    let long = "s".repeat(64);
+    let review = create(with_shared(|c| c["name"] = json!(long)));
+    assert_only_error(
+        &review,
+        &format!("{SAN}.name"),
+        &["64 characters", "shared.lvms.topolvm.io/", "shorter name"],
+    );
+    // A node-local class may keep its longer name.
+    let mut local = thin(&long, &["/dev/sdc"]);
+    local["thinPoolConfig"]["name"] = json!("tp");
+    assert_clean(&create(json!([base(), local])));
+}
+
+fn force_wipe_shared() -> Value {
+    with_shared(|c| c["deviceSelector"]["forceWipeDevicesAndDestroyAllData"] = json!(true))
+}
+
+const FORCE_WIPE_FIELD: &str =
+    "spec.storage.deviceClasses[1].deviceSelector.forceWipeDevicesAndDestroyAllData";
+
+#[test]
+fn rule_38_force_wipe_on_a_new_shared_volume_group_is_allowed() {
+    // No node reports the volume group yet (or only another class's).
+    let review = validate_create(&cluster(force_wipe_shared()), &shared_ctx(&["other"]));
+    assert_clean(&review);
+}
+
+#[test]
+fn rule_38_force_wipe_once_the_shared_volume_group_exists_is_rejected_on_create_and_update() {
+    let ctx = shared_ctx(&["san"]);
+    let review = validate_create(&cluster(force_wipe_shared()), &ctx);
+    assert_only_error(
+        &review,
+        FORCE_WIPE_FIELD,
+        &["already exists", "forceWipeDevicesAndDestroyAllData: false"],
+    );
+    // An update that keeps the flag on, changing something else.
+    let old = cluster(force_wipe_shared());
+    let mut new_classes = force_wipe_shared();
+    new_classes[1]["sharedConfig"] = json!({"wipePolicy": "UnsafeFast"});
+    let review = validate_update(&old, &cluster(new_classes), &ctx);
+    assert_only_error(&review, FORCE_WIPE_FIELD, &["already exists"]);
+    // Without the flag the same classes are fine.
+    assert_clean(&validate_create(&cluster(with_shared(|_| {})), &ctx));
+}
+
+#[test]
+fn rule_38_force_wipe_may_be_turned_off_on_a_shared_class_but_not_on() {
+    let existing = shared_ctx(&["san"]);
+    let off =
+        with_shared(|c| c["deviceSelector"]["forceWipeDevicesAndDestroyAllData"] = json!(false));
+    assert_clean(&validate_update(
+        &cluster(force_wipe_shared()),
+        &cluster(off),
+        &existing,
+    ));
+    let plain = with_shared(|_| {});
+    assert_clean(&validate_update(
+        &cluster(force_wipe_shared()),
+        &cluster(plain.clone()),
+        &existing,
+    ));
+    // Turning it on is still rule 28.
+    assert_only_error(
+        &validate_update(&cluster(plain), &cluster(force_wipe_shared()), &ctx()),
+        FORCE_WIPE_FIELD,
+        &["cannot change"],
+    );
+}
+
+#[test]
+fn rule_38_needs_the_node_statuses_only_for_a_shared_class_that_wipes() {
+    assert!(needs_existing_shared_volume_groups(&cluster(
+        force_wipe_shared()
+    )));
+    assert!(!needs_existing_shared_volume_groups(&cluster(with_shared(
+        |_| {}
+    ))));
+    let mut local = base();
+    local["deviceSelector"]["forceWipeDevicesAndDestroyAllData"] = json!(true);
+    assert!(!needs_existing_shared_volume_groups(&cluster(json!([
+        local
+    ]))));
+}
+
+#[test]
+fn existing_shared_volume_groups_are_joined_or_ready_or_degraded_reports() {
+    let report = |node: &str, vgs: Value| -> LVMVolumeGroupNodeStatus {
+        serde_json::from_value(json!({
+            "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroupNodeStatus",
+            "metadata": {"name": node, "namespace": NS},
+            "spec": {"nodeStatus": vgs},
+        }))
+        .unwrap()
+    };
+    let statuses = [
+        report(
+            "n1",
+            json!([
+                {"name": "joined", "status": "Progressing", "shared": {"lockspace": "Joined"}},
+                {"name": "joining", "status": "Progressing", "shared": {"lockspace": "Joining"}},
+                {"name": "ready", "status": "Ready"},
+            ]),
+        ),
+        report(
+            "n2",
+            json!([
+                {"name": "degraded", "status": "Degraded"},
+                {"name": "failed", "status": "Failed", "shared": {"lockspace": "NotJoined"}},
+                {"name": "joining", "status": "Progressing"},
+                {"name": "unreported"},
+            ]),
+        ),
+    ];
+    let set = existing_shared_volume_groups(&statuses);
+    assert_eq!(
+        set.iter().map(String::as_str).collect::<Vec<_>>(),
+        ["degraded", "joined", "ready"]
+    );
+}
+
+#[test]
+fn rule_39_shared_config_on_a_node_local_class_is_rejected_at_shared_config() {
+    for policy in [None, Some("local"), Some("nodeLocal")] {
+        let mut class = base();
+        if let Some(policy) = policy {
+            class["deviceAccessPolicy"] = json!(policy);
+        }
+        class["sharedConfig"] = json!({"volumeMode": "Thin"});
+        assert_only_error(
+            &create(json!([class])),
+            "spec.storage.deviceClasses[0].sharedConfig",
+            &["set deviceAccessPolicy: shared or remove sharedConfig"],
+        );
+    }
+}
+
+#[test]
+fn rule_40_a_shared_path_in_another_class_is_rejected_whatever_the_node_selectors() {
+    let on = |node: &str| {
+        json!({"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]})
+    };
+    // The local class comes first, on another node.
+    let mut local = thin("local", &[LUN]);
+    local["nodeSelector"] = on("worker-9");
+    let review = create(json!([base(), local, shared("san", &[LUN])]));
+    assert_only_error(
+        &review,
+        "spec.storage.deviceClasses[2].deviceSelector.paths[0]",
+        &[
+            "also in device class \"local\"",
+            "\"san\" is shared",
+            "remove it from one",
+        ],
+    );
+    // The shared class comes first; the local class lists it as an optional path.
+    let mut local = thin("local", &["/dev/sdc"]);
+    local["nodeSelector"] = on("worker-9");
+    local["deviceSelector"]["optionalPaths"] = json!([LUN]);
+    let review = create(json!([base(), shared("san", &[LUN]), local]));
+    assert_only_error(
+        &review,
+        "spec.storage.deviceClasses[2].deviceSelector.optionalPaths[0]",
+        &["also in device class \"san\""],
+    );
+    // Two shared classes on one LUN, with different node selectors.
+    let mut other = shared("san2", &[LUN]);
+    other["nodeSelector"] = on("worker-9");
+    let review = create(json!([base(), shared("san", &[LUN]), other]));
+    assert_only_error(
+        &review,
+        "spec.storage.deviceClasses[2].deviceSelector.paths[0]",
+        &["also in device class \"san\""],
+    );
+    // Equal node selectors: rule 15 answers, once.
+    let review = create(json!([
+        base(),
+        shared("san", &[LUN]),
+        shared("san2", &[LUN])
+    ]));
+    assert_only_error(
+        &review,
+        "spec.storage.deviceClasses[2].deviceSelector.paths[0]",
+        &["same nodeSelector"],
+    );
+    // Distinct paths are fine.
+    let mut local = thin("local", &["/dev/sdc"]);
+    local["nodeSelector"] = on("worker-9");
+    assert_clean(&create(json!([base(), shared("san", &[LUN]), local])));
+}
+
+#[test]
+fn rule_41_access_policy_change_between_shared_and_node_local_is_rejected() {
+    let field = format!("{SAN}.deviceAccessPolicy");
+    let mut local = shared("san", &[LUN]);
+    local.as_object_mut().unwrap().remove("deviceAccessPolicy");
+    for policy in [None, Some("local"), Some("nodeLocal")] {
+        let mut before = local.clone();
+        if let Some(p) = policy {
+            before["deviceAccessPolicy"] = json!(p);
+        }
+        assert_only_error(
+            &update(
+                json!([base(), before.clone()]),
+                json!([base(), shared("san", &[LUN])]),
+            ),
+            &field,
+            &[
+                "is nodeLocal",
+                "cannot become shared",
+                "remove the device class and add a new one",
+            ],
+        );
+        assert_only_error(
+            &update(
+                json!([base(), shared("san", &[LUN])]),
+                json!([base(), before]),
+            ),
+            &field,
+            &["is shared", "cannot become nodeLocal"],
+        );
+    }
+}
+
+#[test]
+fn rule_41_spelling_node_local_another_way_is_not_a_change() {
+    let mut class = base();
+    class["deviceAccessPolicy"] = json!("local");
+    let mut now = base();
+    now["deviceAccessPolicy"] = json!("nodeLocal");
+    assert_clean(&update(json!([class.clone()]), json!([now.clone()])));
+    assert_clean(&update(json!([base()]), json!([class])));
+    assert_clean(&update(json!([now]), json!([base()])));
+}
+
+#[test]
+fn rule_42_io_timeout_change_is_rejected_at_its_field() {
+    let field = format!("{SAN}.sharedConfig.ioTimeoutSeconds");
+    let timeout = |t: Option<i32>| {
+        with_shared(|c| {
+            if let Some(t) = t {
+                c["sharedConfig"] = json!({"ioTimeoutSeconds": t});
+            }
+        })
+    };
+    assert_only_error(
+        &update(timeout(Some(20)), timeout(Some(30))),
+        &field,
+        &["20 seconds", "ioTimeoutSeconds: 20"],
+    );
+    assert_only_error(
+        &update(timeout(None), timeout(Some(30))),
+        &field,
+        &["10 seconds", "ioTimeoutSeconds: 10"],
+    );
+    // Writing out the default is not a change; nor is another mutable field.
+    assert_clean(&update(timeout(None), timeout(Some(10))));
+    let mut wipe = timeout(Some(20));
+    wipe[1]["sharedConfig"]["wipePolicy"] = json!("UnsafeFast");
+    assert_clean(&update(timeout(Some(20)), wipe));
+}
+
+#[test]
+fn rule_43_volume_mode_change_is_rejected_at_its_field() {
+    let mode = |m: Option<&str>| {
+        with_shared(|c| {
+            if let Some(m) = m {
+                c["sharedConfig"] = json!({"volumeMode": m});
+            }
+        })
+    };
+    assert_only_error(
+        &update(mode(None), mode(Some("Thin"))),
+        &format!("{SAN}.sharedConfig.volumeMode"),
+        &["lvms-san", "volumeMode: Linear"],
+    );
+    assert_clean(&update(mode(None), mode(Some("Linear"))));
+}
+
+proptest! {
+    #[test]
+    fn a_shared_path_under_dev_is_accepted_exactly_when_it_is_a_by_id_or_mapper_name(
+        dir in prop_oneof![
+            Just("disk/by-id/"), Just("mapper/"), Just("disk/by-path/"), Just("disk/by-uuid/"),
+            Just(""), Just("disk/")
+        ],
+        name in "[a-z0-9:._-]{1,20}(/[a-z0-9]{1,4})?",
+    ) {
+        let path = format!("/dev/{dir}{name}");
+        let review = create(with_shared(|c| c["deviceSelector"]["paths"] = json!([path.clone()])));
+        let stable = matches!(dir, "disk/by-id/" | "mapper/") && !name.contains('/') && name != "." && name != "..";
+        prop_assert_eq!(review.allowed(), stable, "{}: {:#?}", path, review.errors);
+        if !stable {
+            let field = format!("{SAN}.deviceSelector.paths[0]");
+            prop_assert!(review.errors.iter().all(|e| e.field == field), "{:#?}", review.errors);
+        }
+    }
+}
+
+#[test]
+fn shared_classes_are_not_given_a_discovery_policy_by_the_mutating_webhook() {
+    let mut class = shared("san", &[]);
+    class.as_object_mut().unwrap().remove("deviceSelector");
+    assert!(mutate_on_create(&cluster(json!([class]))).is_empty());
+}
+
+#[test]
+fn the_volume_mode_parameter_is_reserved() {
+    let review = create(with_shared(|c| {
+        c["storageClassOptions"] =
+            json!({"additionalParameters": {"lvms.topolvm.io/volume-mode": "thin"}});
+    }));
+    assert_only_error(
+        &review,
+        &format!("{SAN}.storageClassOptions.additionalParameters[lvms.topolvm.io/volume-mode]"),
+        &["sharedConfig.volumeMode", "remove it"],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // Mutation
 
 #[test]
@@ -1460,6 +1956,7 @@ fn every_lvms_sample_passes_validate_create() {
             "lvmcluster_multiple_classes_with_paths.yaml",
             "lvmcluster_raid1.yaml",
             "lvmcluster_raid10_all_fields.yaml",
+            "lvmcluster_shared.yaml",
             "lvmcluster_single_class_thin_pool.yaml",
             "lvmcluster_static_discovery.yaml",
             "lvmcluster_storage_class_options_all.yaml",

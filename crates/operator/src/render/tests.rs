@@ -577,6 +577,66 @@ fn raid_class_volume_group_copies_raid_config() {
     );
 }
 
+const SHARED: &str = "\
+storage:
+  deviceClasses:
+  - name: vg1
+    default: true
+    deviceSelector:
+      paths: [/dev/sdb]
+    thinPoolConfig:
+      name: thin-pool-1
+      overprovisionRatio: 10
+  - name: san
+    deviceAccessPolicy: shared
+    deviceSelector:
+      paths: [/dev/disk/by-id/wwn-0x5000c500a1b2c3d4]
+    sharedConfig:
+      volumeMode: Thin
+      wipePolicy: UnsafeFast
+      ioTimeoutSeconds: 20
+    storageClassOptions:
+      additionalParameters:
+        lvms.topolvm.io/volume-mode: linear
+  - name: san-linear
+    deviceAccessPolicy: shared
+    deviceSelector:
+      paths: [/dev/mapper/mpatha]
+";
+
+#[test]
+fn shared_class_volume_group_copies_the_policy_and_shared_config() {
+    let r = ok(&cluster(SHARED), &cfg());
+    assert_eq!(
+        json(&r.volume_groups[1].spec),
+        json!({
+            "deviceAccessPolicy": "shared",
+            "deviceSelector": {"paths": ["/dev/disk/by-id/wwn-0x5000c500a1b2c3d4"]},
+            "sharedConfig": {"volumeMode": "Thin", "wipePolicy": "UnsafeFast", "ioTimeoutSeconds": 20}
+        })
+    );
+    assert!(r.volume_groups[1].spec.is_shared());
+    assert!(!r.volume_groups[0].spec.is_shared());
+    assert_eq!(json(&r.volume_groups[2].spec)["sharedConfig"], Value::Null);
+}
+
+#[test]
+fn shared_storage_class_carries_the_volume_mode_which_additional_parameters_cannot_override() {
+    let r = ok(&cluster(SHARED), &cfg());
+    let parameters = |i: usize| json(&r.storage_classes[i].parameters);
+    assert_eq!(
+        parameters(1),
+        json!({
+            "topolvm.io/device-class": "san",
+            "csi.storage.k8s.io/fstype": "xfs",
+            "lvms.topolvm.io/volume-mode": "thin"
+        })
+    );
+    assert_eq!(parameters(2)["lvms.topolvm.io/volume-mode"], "linear");
+    // A node-local class has no volume mode.
+    assert_eq!(parameters(0)["lvms.topolvm.io/volume-mode"], Value::Null);
+}
+
 #[test]
 fn without_snapshot_api_no_snapshot_classes_and_nothing_fails() {
     let cfg = RenderConfig {

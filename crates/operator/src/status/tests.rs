@@ -583,6 +583,7 @@ fn device_class_statuses_follow_spec_order_with_nodes_sorted() {
                     node: "n1".into(),
                     vg_status: vg("b", Some(VGStatusType::Ready), "")
                 }],
+                joined_nodes: vec![],
             },
             DeviceClassStatus {
                 name: "a".into(),
@@ -596,12 +597,84 @@ fn device_class_statuses_follow_spec_order_with_nodes_sorted() {
                         vg_status: vg("a", Some(VGStatusType::Ready), "")
                     },
                 ],
+                joined_nodes: vec![],
             },
             DeviceClassStatus {
                 name: "quiet".into(),
                 node_status: vec![],
+                joined_nodes: vec![],
             },
         ]
+    );
+}
+
+fn shared_vg(class: &str, lockspace: LockspaceState) -> VGStatus {
+    VGStatus {
+        shared: Some(Box::new(lvms_api::SharedVGStatus {
+            devices_visible: true,
+            lockspace,
+            ..lvms_api::SharedVGStatus::default()
+        })),
+        ..vg(class, Some(VGStatusType::Ready), "")
+    }
+}
+
+#[test]
+fn joined_nodes_of_a_shared_class_are_the_nodes_that_joined_its_lockspace_sorted() {
+    let mut c = cluster(&["san", "local"]);
+    c.spec.storage.device_classes[0].device_access_policy =
+        Some(lvms_api::DeviceAccessPolicy::Shared);
+    let s = aggregate(
+        &c,
+        &[
+            report("n3", vec![shared_vg("san", LockspaceState::Joined)]),
+            report("n2", vec![shared_vg("san", LockspaceState::Joining)]),
+            report(
+                "n1",
+                vec![
+                    shared_vg("san", LockspaceState::Joined),
+                    vg("local", Some(VGStatusType::Ready), ""),
+                ],
+            ),
+            report("n4", vec![shared_vg("san", LockspaceState::NotJoined)]),
+            // Reports the class without a shared sub-status (an older node agent).
+            report("n5", vec![vg("san", Some(VGStatusType::Ready), "")]),
+        ],
+        &expect(&[("san", &["n1", "n2", "n3", "n4", "n5"]), ("local", &["n1"])]),
+        &ResourceSync::Applied,
+        &t(0),
+    );
+    assert_eq!(s.device_class_statuses[0].name, "san");
+    assert_eq!(s.device_class_statuses[0].joined_nodes, ["n1", "n3"]);
+    assert_eq!(s.device_class_statuses[0].node_status.len(), 5);
+    assert!(s.device_class_statuses[1].joined_nodes.is_empty());
+}
+
+#[test]
+fn a_node_local_class_has_no_joined_nodes_even_if_a_report_says_joined() {
+    let c = cluster(&["a"]);
+    let s = aggregate(
+        &c,
+        &[report("n1", vec![shared_vg("a", LockspaceState::Joined)])],
+        &expect(&[("a", &["n1"])]),
+        &ResourceSync::Applied,
+        &t(0),
+    );
+    assert!(s.device_class_statuses[0].joined_nodes.is_empty());
+    let json = serde_json::to_value(&s.device_class_statuses[0]).unwrap();
+    assert!(json.get("joinedNodes").is_none(), "{json}");
+}
+
+#[test]
+fn joined_nodes_serialise_as_joined_nodes() {
+    let status = DeviceClassStatus {
+        name: "san".into(),
+        node_status: vec![],
+        joined_nodes: vec!["n1".into()],
+    };
+    assert_eq!(
+        serde_json::to_value(&status).unwrap(),
+        serde_json::json!({"name": "san", "joinedNodes": ["n1"]})
     );
 }
 

@@ -220,6 +220,13 @@ impl ClusterLister for FailingLister {
     fn list(&self) -> BoxFuture<'_, Result<Vec<String>, String>> {
         Box::pin(async { Err("connection refused".to_owned()) })
     }
+
+    fn node_statuses<'a>(
+        &'a self,
+        _namespace: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<LVMVolumeGroupNodeStatus>, String>> {
+        Box::pin(async { Err("connection refused".to_owned()) })
+    }
 }
 
 #[tokio::test]
@@ -236,6 +243,205 @@ async fn create_is_denied_when_clusters_cannot_be_listed() {
         message(&response).contains("connection refused"),
         "{response}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rule 38: existing shared volume groups, from the node statuses (through the in-memory API)
+// ---------------------------------------------------------------------------------------------
+
+const WIPE_FIELD: &str =
+    "spec.storage.deviceClasses[1].deviceSelector.forceWipeDevicesAndDestroyAllData";
+
+/// `cluster()` plus the shared class `san`, wiping its LUN when `wipe`.
+fn shared_cluster(wipe: bool) -> Value {
+    let mut object = cluster();
+    // Next to another class, the node-local class must name its devices (rule 13).
+    object["spec"]["storage"]["deviceClasses"][0]["deviceSelector"] =
+        json!({"paths": ["/dev/sdb"]});
+    object["spec"]["storage"]["deviceClasses"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({
+            "name": "san",
+            "deviceAccessPolicy": "shared",
+            "deviceSelector": {
+                "paths": ["/dev/disk/by-id/wwn-0x5000c500a1b2c3d4"],
+                "forceWipeDevicesAndDestroyAllData": wipe
+            }
+        }));
+    object
+}
+
+fn node_status_path(namespace: &str, node: &str) -> String {
+    format!(
+        "/apis/lvm.topolvm.io/v1alpha1/namespaces/{namespace}/lvmvolumegroupnodestatuses/{node}"
+    )
+}
+
+/// The in-memory API server with `node`'s status in `namespace`, reporting `vgs`.
+fn insert_node_status(
+    api: &lvms_testkit::fake_api::FakeApi,
+    namespace: &str,
+    node: &str,
+    vgs: Value,
+) {
+    api.insert(
+        &node_status_path(namespace, node),
+        json!({
+            "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroupNodeStatus",
+            "metadata": {"name": node, "namespace": namespace},
+            "spec": {"nodeStatus": vgs}
+        }),
+    );
+}
+
+fn kube_state(api: &lvms_testkit::fake_api::FakeApi) -> WebhookState {
+    WebhookState::new(NAMESPACE, kube_cluster_lister(api.client(NAMESPACE)))
+}
+
+fn node_status_lists(api: &lvms_testkit::fake_api::FakeApi) -> usize {
+    api.requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/lvmvolumegroupnodestatuses"))
+        .count()
+}
+
+#[tokio::test]
+async fn force_wipe_of_a_shared_volume_group_a_node_reports_is_denied() {
+    let api = lvms_testkit::fake_api::FakeApi::new();
+    insert_node_status(
+        &api,
+        NAMESPACE,
+        "worker-0",
+        json!([{"name": "vg1", "status": "Ready"},
+               {"name": "san", "status": "Progressing", "shared": {"lockspace": "Joined", "hostId": 1}}]),
+    );
+    let create = post(
+        kube_state(&api),
+        VALIDATE_PATH,
+        &review("CREATE", Some(shared_cluster(true)), None),
+    )
+    .await;
+    assert_eq!(create["allowed"], false, "{create}");
+    assert!(
+        message(&create).starts_with(&format!("{WIPE_FIELD}: ")),
+        "{create}"
+    );
+    assert!(message(&create).contains("already exists"), "{create}");
+    assert_eq!(
+        node_status_lists(&api),
+        1,
+        "the node statuses of the operator's namespace are listed"
+    );
+    assert!(api.requests().iter().any(|r| r.path
+        == format!(
+            "/apis/lvm.topolvm.io/v1alpha1/namespaces/{NAMESPACE}/lvmvolumegroupnodestatuses"
+        )));
+
+    // An update that keeps the flag on is denied too; one that turns it off is allowed.
+    let mut old = shared_cluster(true);
+    old["spec"]["storage"]["deviceClasses"][0]["thinPoolConfig"]["overprovisionRatio"] = json!(5);
+    let update = post(
+        kube_state(&api),
+        VALIDATE_PATH,
+        &review("UPDATE", Some(shared_cluster(true)), Some(old)),
+    )
+    .await;
+    assert_eq!(update["allowed"], false, "{update}");
+    assert!(message(&update).contains(WIPE_FIELD), "{update}");
+    let off = post(
+        kube_state(&api),
+        VALIDATE_PATH,
+        &review(
+            "UPDATE",
+            Some(shared_cluster(false)),
+            Some(shared_cluster(true)),
+        ),
+    )
+    .await;
+    assert_eq!(off["allowed"], true, "{off}");
+}
+
+#[tokio::test]
+async fn force_wipe_of_a_shared_volume_group_no_node_reports_is_allowed() {
+    let api = lvms_testkit::fake_api::FakeApi::new();
+    // Reported only in another namespace, as joining, or failed: not known to exist here.
+    insert_node_status(
+        &api,
+        "elsewhere",
+        "worker-0",
+        json!([{"name": "san", "status": "Ready", "shared": {"lockspace": "Joined"}}]),
+    );
+    insert_node_status(
+        &api,
+        NAMESPACE,
+        "worker-1",
+        json!([{"name": "san", "status": "Progressing", "shared": {"lockspace": "Joining"}}]),
+    );
+    insert_node_status(
+        &api,
+        NAMESPACE,
+        "worker-2",
+        json!([{"name": "san", "status": "Failed", "shared": {"lockspace": "NotJoined"}}]),
+    );
+    let response = post(
+        kube_state(&api),
+        VALIDATE_PATH,
+        &review("CREATE", Some(shared_cluster(true)), None),
+    )
+    .await;
+    assert_eq!(response["allowed"], true, "{response}");
+}
+
+#[tokio::test]
+async fn node_statuses_are_listed_only_for_a_shared_class_that_wipes() {
+    let api = lvms_testkit::fake_api::FakeApi::new();
+    let mut wipes_local = shared_cluster(false);
+    wipes_local["spec"]["storage"]["deviceClasses"][0]["deviceSelector"]["forceWipeDevicesAndDestroyAllData"] =
+        json!(true);
+    for object in [cluster(), shared_cluster(false), wipes_local] {
+        let response = post(
+            kube_state(&api),
+            VALIDATE_PATH,
+            &review("CREATE", Some(object), None),
+        )
+        .await;
+        assert_eq!(response["allowed"], true, "{response}");
+    }
+    assert_eq!(node_status_lists(&api), 0);
+}
+
+#[tokio::test]
+async fn force_wipe_on_a_shared_class_is_denied_when_node_statuses_cannot_be_listed() {
+    let api = lvms_testkit::fake_api::FakeApi::new();
+    api.fail(
+        http::Method::GET,
+        &format!("/apis/lvm.topolvm.io/v1alpha1/namespaces/{NAMESPACE}/lvmvolumegroupnodestatuses"),
+        http::StatusCode::SERVICE_UNAVAILABLE,
+        1,
+    );
+    let response = post(
+        kube_state(&api),
+        VALIDATE_PATH,
+        &review("CREATE", Some(shared_cluster(true)), None),
+    )
+    .await;
+    assert_eq!(response["allowed"], false, "{response}");
+    assert!(
+        message(&response).contains("cannot check whether the shared volume groups"),
+        "{response}"
+    );
+    let fixed = post(
+        WebhookState::new(NAMESPACE, Arc::new(FailingLister)),
+        VALIDATE_PATH,
+        &review(
+            "UPDATE",
+            Some(shared_cluster(true)),
+            Some(shared_cluster(false)),
+        ),
+    )
+    .await;
+    assert!(message(&fixed).contains("connection refused"), "{fixed}");
 }
 
 #[tokio::test]

@@ -3,11 +3,13 @@
 //!
 //! Each rule has a valid object and an invalid twin. The valid one must be admitted without a
 //! warning, so the refusal (or warning) of the twin comes from the difference. Rules 1 and 2 apply
-//! on create only, 22–30 on update only; 3–21 are checked on both (on update, the valid twin is
-//! created and then replaced by the invalid one).
+//! on create only, 22–30 and 41–43 on update only; 3–21 and 31–40 are checked on both (on update,
+//! the valid twin is created and then replaced by the invalid one). Rule 38 (no wipe of a shared
+//! volume group that exists) needs a node to report the volume group: the test creates an
+//! `LVMVolumeGroupNodeStatus` that reports the shared class `san` ready.
 
 use kube::{Api, Client, client::Body};
-use lvms_api::LVMCluster;
+use lvms_api::{LVMCluster, LVMVolumeGroupNodeStatus};
 use serde_json::{Value, json};
 
 use crate::{
@@ -277,6 +279,161 @@ fn object_rules() -> Vec<Case> {
     ]
 }
 
+/// A shared LUN, by a name that is the same on every node.
+const LUN: &str = "/dev/disk/by-id/wwn-0x5000c500a1b2c3d4";
+
+/// The shared class `san` on [`LUN`], with `edit` applied.
+fn shared(edit: impl FnOnce(&mut Value)) -> Value {
+    let mut class = json!({"name": "san", "deviceAccessPolicy": "shared",
+                           "deviceSelector": {"paths": [LUN]}});
+    edit(&mut class);
+    class
+}
+
+/// A node selector for one host.
+fn on(node: &str) -> Value {
+    json!({"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]})
+}
+
+/// Rules 31–40: shared device classes, judged on one object (on create and update). On update the
+/// invalid class is added, so no rule comparing a class with its old self answers first.
+fn shared_rules() -> Vec<Case> {
+    let good = || json!([base(), shared(|_| {})]);
+    vec![
+        case(
+            31,
+            good(),
+            json!([base(), shared(|c| {
+                c.as_object_mut().unwrap().remove("deviceSelector");
+            })]),
+            Refused("spec.storage.deviceClasses[1].deviceSelector.paths"),
+        )
+        .by_adding(),
+        case(
+            32,
+            good(),
+            json!([base(), shared(|c| c["deviceSelector"]["paths"] = json!(["/dev/sdc"]))]),
+            Refused("spec.storage.deviceClasses[1].deviceSelector.paths[0]"),
+        )
+        .by_adding(),
+        case(
+            33,
+            good(),
+            json!([base(), shared(|c| c["deviceSelector"]["optionalPaths"] =
+                json!(["/dev/mapper/mpathb"]))]),
+            Refused("spec.storage.deviceClasses[1].deviceSelector.optionalPaths"),
+        )
+        .by_adding(),
+        case(
+            34,
+            good(),
+            json!([base(), shared(|c| {
+                c["deviceSelector"]["paths"] = json!([LUN, "/dev/mapper/mpathb"]);
+                c["raidConfig"] = json!({"type": "raid1", "mirrors": 1});
+            })]),
+            Refused("spec.storage.deviceClasses[1].raidConfig"),
+        )
+        .by_adding(),
+        case(
+            35,
+            good(),
+            json!([base(), shared(|c| c["thinPoolConfig"] =
+                json!({"name": "tp", "overprovisionRatio": 10}))]),
+            Refused("spec.storage.deviceClasses[1].thinPoolConfig"),
+        )
+        .by_adding(),
+        case(
+            36,
+            json!([base(), shared(|c| c["deviceDiscoveryPolicy"] = json!("Static"))]),
+            json!([base(), shared(|c| c["deviceDiscoveryPolicy"] = json!("Dynamic"))]),
+            Refused("spec.storage.deviceClasses[1].deviceDiscoveryPolicy"),
+        )
+        .by_adding(),
+        case(
+            37,
+            json!([base(), shared(|c| c["name"] = json!("s".repeat(63)))]),
+            json!([base(), shared(|c| c["name"] = json!("s".repeat(64)))]),
+            Refused("spec.storage.deviceClasses[1].name"),
+        )
+        .by_adding(),
+        case(
+            38,
+            good(),
+            json!([base(), shared(|c| c["deviceSelector"]["forceWipeDevicesAndDestroyAllData"] =
+                json!(true))]),
+            Refused("spec.storage.deviceClasses[1].deviceSelector.forceWipeDevicesAndDestroyAllData"),
+        )
+        .by_adding(),
+        case(
+            39,
+            json!([base(), shared(|c| c["sharedConfig"] =
+                json!({"volumeMode": "Thin", "wipePolicy": "UnsafeFast", "ioTimeoutSeconds": 20}))]),
+            json!([with(|c| c["sharedConfig"] = json!({"volumeMode": "Thin"}))]),
+            Refused("spec.storage.deviceClasses[0].sharedConfig"),
+        )
+        .by_adding(),
+        case(
+            40,
+            json!([base(), shared(|_| {}), {"name": "vg2", "nodeSelector": on("worker-9"),
+                                            "deviceSelector": {"paths": ["/dev/sdc"]}}]),
+            json!([base(), shared(|_| {}), {"name": "vg2", "nodeSelector": on("worker-9"),
+                                            "deviceSelector": {"paths": [LUN]}}]),
+            Refused("spec.storage.deviceClasses[2].deviceSelector.paths[0]"),
+        )
+        .by_adding(),
+    ]
+}
+
+/// Rules 41–43: shared device classes, comparing an update with the object it replaces.
+fn shared_update_rules() -> Vec<Case> {
+    vec![
+        case(
+            41,
+            json!([base(), shared(|_| {})]),
+            json!([
+                base(),
+                shared(|c| c["deviceAccessPolicy"] = json!("nodeLocal"))
+            ]),
+            Refused("spec.storage.deviceClasses[1].deviceAccessPolicy"),
+        ),
+        case(
+            42,
+            json!([
+                base(),
+                shared(|c| c["sharedConfig"] = json!({"ioTimeoutSeconds": 20}))
+            ]),
+            json!([
+                base(),
+                shared(|c| c["sharedConfig"] = json!({"ioTimeoutSeconds": 30}))
+            ]),
+            Refused("spec.storage.deviceClasses[1].sharedConfig.ioTimeoutSeconds"),
+        ),
+        case(
+            43,
+            json!([base(), shared(|_| {})]),
+            json!([
+                base(),
+                shared(|c| c["sharedConfig"] = json!({"volumeMode": "Thin"}))
+            ]),
+            Refused("spec.storage.deviceClasses[1].sharedConfig.volumeMode"),
+        ),
+    ]
+}
+
+/// Reports the shared class `san` ready on a node, so its volume group exists (rule 38).
+async fn report_shared_volume_group(client: &Client, ns: &str) {
+    let statuses = Api::<LVMVolumeGroupNodeStatus>::namespaced(client.clone(), ns);
+    let status: LVMVolumeGroupNodeStatus = serde_json::from_value(json!({
+        "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroupNodeStatus",
+        "metadata": {"name": "worker-0", "namespace": ns},
+        "spec": {"nodeStatus": [{"name": "san", "status": "Ready", "devices": [LUN],
+                                 "shared": {"devicesVisible": true, "lockspace": "Joined", "hostId": 1}}]},
+    }))
+    .unwrap();
+    statuses.create(&Default::default(), &status).await.unwrap();
+}
+
 /// Rules 22–30: they compare an update with the object it replaces (`good` is the old spec).
 fn update_rules() -> Vec<Case> {
     vec![
@@ -498,6 +655,7 @@ async fn webhook_and_cel_refuse_every_rule_on_create_and_update_naming_the_field
     let other = TestNamespace::create(&client, &format!("lvms-e2e-rules-{sfx}-o"), &selector).await;
     let webhook = Webhook::start(&client, &ns.name, &sfx).await;
     webhook.wait_called(&ns.name).await;
+    report_shared_volume_group(&client, &ns.name).await;
 
     let mut problems = Vec::new();
     let mut covered = std::collections::BTreeSet::new();
@@ -527,7 +685,7 @@ async fn webhook_and_cel_refuse_every_rule_on_create_and_update_naming_the_field
     delete(&client, &ns.name, "first").await;
 
     let name = "my-lvmcluster";
-    for c in object_rules() {
+    for c in object_rules().into_iter().chain(shared_rules()) {
         let good = send(&client, &ns.name, name, &c.good, None, false).await;
         let clean = if !good.admitted() {
             Err(format!(
@@ -549,7 +707,7 @@ async fn webhook_and_cel_refuse_every_rule_on_create_and_update_naming_the_field
         let bad = update(&client, &ns.name, name, old, new).await;
         note(c.rule, "update", judge(&bad, c.expect));
     }
-    for c in update_rules() {
+    for c in update_rules().into_iter().chain(shared_update_rules()) {
         let bad = update(&client, &ns.name, name, &c.good, &c.bad).await;
         note(c.rule, "update", judge(&bad, c.expect));
         // The same spec is fine on create: only the change is refused.
@@ -565,11 +723,11 @@ async fn webhook_and_cel_refuse_every_rule_on_create_and_update_naming_the_field
         );
     }
 
-    for rule in 1..=30u8 {
+    for rule in 1..=43u8 {
         let on = |when: &str| covered.contains(&(rule, when.to_owned()));
         let expected: &[&str] = match rule {
             1 | 2 => &["create"],
-            3..=21 => &["create", "update"],
+            3..=21 | 31..=40 => &["create", "update"],
             _ => &["update"],
         };
         for when in expected {

@@ -12,7 +12,7 @@ use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, PostParams},
 };
-use lvms_api::LVMCluster;
+use lvms_api::{LVMCluster, LVMVolumeGroupNodeStatus};
 use lvms_operator::webhook::{ClusterLister, MUTATE_PATH, VALIDATE_PATH, WebhookState};
 use serde_json::json;
 
@@ -35,6 +35,19 @@ impl ClusterLister for NamespaceLister {
                 .iter()
                 .map(|c| format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any()))
                 .collect())
+        })
+    }
+
+    fn node_statuses<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<LVMVolumeGroupNodeStatus>, String>> {
+        Box::pin(async move {
+            Api::<LVMVolumeGroupNodeStatus>::namespaced(self.0.clone().into_client(), namespace)
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items)
+                .map_err(|e| e.to_string())
         })
     }
 }
