@@ -366,6 +366,32 @@ pub async fn reconcile<R: Runner, B: Backend>(
             ctx.record(&class, Some(status), None).await?;
             Ok(Action::await_change())
         }
+        Step::Converge(config) if config.is_shared() => {
+            // The agent does not join lockspaces yet (no host ids from the operator, no creator
+            // Lease): it says so and leaves the LUN alone. `lvms standalone` serves shared classes.
+            let reason = "shared device classes are not served by the node agent in this version: \
+                          it joins no sanlock lockspace and leaves the LUN untouched; use lvms \
+                          standalone for shared classes (docs/known-limitations.md)"
+                .to_owned();
+            let status = VGStatus {
+                name: class.clone(),
+                status: Some(VGStatusType::Failed),
+                reason: reason.clone(),
+                shared: Some(Box::new(lvms_api::SharedVGStatus {
+                    devices_visible: false,
+                    lockspace: lvms_api::LockspaceState::NotJoined,
+                    host_id: None,
+                    io_timeout_seconds: config
+                        .shared_config
+                        .map(|c| i32::from(c.io_timeout_seconds)),
+                    reason,
+                })),
+                ..VGStatus::default()
+            };
+            warn!("shared device class: not served by the node agent");
+            ctx.record(&class, Some(status), None).await?;
+            Ok(Action::await_change())
+        }
         Step::Converge(config) => {
             // A class without paths must not discover the devices the other classes list.
             let others = if lvms_core::plan::discovers(&config) {

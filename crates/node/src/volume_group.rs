@@ -23,8 +23,9 @@ use lvms_api::{
 };
 use lvms_core::{
     config::{
-        CalculationPolicy, DeviceClassConfig, DeviceSelector, DiscoveryPolicy, RaidConfig,
-        RaidType, ThinPoolConfig,
+        AccessPolicy, CalculationPolicy, DEFAULT_IO_TIMEOUT_SECONDS, DeviceClassConfig,
+        DeviceSelector, DiscoveryPolicy, RaidConfig, RaidType, SharedConfig, SharedVolumeMode,
+        ThinPoolConfig, WipePolicy,
     },
     lvattr::{LvAttr, LvHealth},
     model::{LogicalVolume, PhysicalVolume},
@@ -187,8 +188,26 @@ pub fn device_class_config(vg: &LVMVolumeGroup) -> Result<DeviceClassConfig, Str
             Some(DeviceDiscoveryPolicy::Dynamic) => DiscoveryPolicy::Dynamic,
             Some(DeviceDiscoveryPolicy::Static) | None => DiscoveryPolicy::Static,
         },
-        device_access_policy: Default::default(),
-        shared_config: None,
+        device_access_policy: if spec.is_shared() {
+            AccessPolicy::Shared
+        } else {
+            AccessPolicy::NodeLocal
+        },
+        shared_config: spec.is_shared().then(|| {
+            let c = spec.shared_config.clone().unwrap_or_default();
+            SharedConfig {
+                volume_mode: match c.volume_mode_or_default() {
+                    lvms_api::SharedVolumeMode::Linear => SharedVolumeMode::Linear,
+                    lvms_api::SharedVolumeMode::Thin => SharedVolumeMode::Thin,
+                },
+                wipe_policy: match c.wipe_policy_or_default() {
+                    lvms_api::WipePolicy::Full => WipePolicy::Full,
+                    lvms_api::WipePolicy::UnsafeFast => WipePolicy::UnsafeFast,
+                },
+                io_timeout_seconds: u16::try_from(c.io_timeout_seconds_or_default())
+                    .unwrap_or(DEFAULT_IO_TIMEOUT_SECONDS),
+            }
+        }),
     })
 }
 

@@ -294,3 +294,51 @@ async fn no_record_no_wipe() {
         )
     );
 }
+
+#[tokio::test]
+async fn a_shared_class_is_reported_as_not_served_and_no_command_runs() {
+    let api = FakeApi::new();
+    api.insert(
+        "/api/v1/nodes/node-a",
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}),
+    );
+    let vg: LVMVolumeGroup = serde_json::from_value(json!({
+        "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
+        "metadata": {"name": "san", "namespace": "lvms",
+                     "finalizers": [lvms_api::node_cleanup_finalizer("node-a")]},
+        "spec": {"deviceAccessPolicy": "shared",
+                 "deviceSelector": {"paths": ["/dev/disk/by-id/wwn-0x600a"]}}}))
+    .unwrap();
+    api.insert(
+        "/apis/lvm.topolvm.io/v1alpha1/namespaces/lvms/lvmvolumegroups/san",
+        serde_json::to_value(&vg).unwrap(),
+    );
+    let config = volume_group::device_class_config(&vg).unwrap();
+    assert!(
+        config.is_shared(),
+        "the policy reaches the node engine's config"
+    );
+    // A runner that expects nothing: any command the agent ran would panic.
+    let fake = lvms_host::fake::FakeRunner::new();
+    let ctx = Arc::new(Context::new(
+        api.client("lvms"),
+        "node-a",
+        "lvms",
+        RealNodeHost::new(fake.clone()),
+        Box::new(|_| FakeBackend::new()),
+    ));
+    reconcile(Arc::new(vg), ctx).await.unwrap();
+    assert!(fake.calls().is_empty());
+    let status = api.get(PATH).unwrap();
+    let entry = &status["spec"]["nodeStatus"][0];
+    assert_eq!(entry["name"], "san");
+    assert_eq!(entry["status"], "Failed");
+    assert_eq!(entry["shared"]["lockspace"], "NotJoined");
+    assert!(
+        entry["reason"]
+            .as_str()
+            .unwrap()
+            .contains("leaves the LUN untouched"),
+        "{entry}"
+    );
+}
