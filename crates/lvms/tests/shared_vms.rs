@@ -162,11 +162,11 @@ fn t1_two_nodes_create_the_shared_volume_group_once_and_both_join() {
     let (s, reason) = state(&reports[0]);
     assert_eq!(s, "failed", "{reports:?}");
     assert!(
-        reason.contains("systemctl enable --now sanlock")
-            && reason.contains("never runs a shared class without locking")
-            || reason.contains("is not running"),
+        reason.contains("sanlock is not running")
+            && reason.contains("systemctl enable --now sanlock"),
         "{reason}"
     );
+    assert!(reason.contains("lvmlockd is not running"), "{reason}");
     assert!(actions(&reports[0]).is_empty());
 
     n1.start_lock_daemons();
