@@ -325,6 +325,18 @@ impl<R: Runner> LocalBackend<R> {
         self
     }
 
+    /// Puts LV `vg/id`, whose attributes an activation or deactivation changed, into the cached report;
+    /// when the read fails the next read takes a full report.
+    async fn read_back_lv(&self, vg: &str, id: &str, after: &str) {
+        let changed = Changed {
+            lvs: vec![id],
+            ..Changed::default()
+        };
+        if let Err(e) = self.patch(vg, changed).await {
+            tracing::warn!(volume_id = id, error = %e, "could not read back after {after}; the next read takes a full report");
+        }
+    }
+
     /// Whether a class is shared (its volume group changes under other nodes' hands).
     fn has_shared(&self) -> bool {
         self.classes.iter().any(|c| c.shared.is_some())
@@ -1068,13 +1080,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
         self.mutate(self.lvm.lv_deactivate(&lv.vg_name, id))
             .await
             .map_err(host)?;
-        let changed = Changed {
-            lvs: vec![id],
-            ..Changed::default()
-        };
-        if let Err(e) = self.patch(&lv.vg_name, changed).await {
-            tracing::warn!(volume_id = id, error = %e, "could not read back after deactivating; the next read takes a full report");
-        }
+        self.read_back_lv(&lv.vg_name, id, "deactivating").await;
         tracing::info!(volume_id = id, "deactivated: another node may use it now");
         Ok(())
     }
@@ -1096,13 +1102,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
             .await
             .map_err(host)?;
         // The LV's attributes changed (active now).
-        let changed = Changed {
-            lvs: vec![id],
-            ..Changed::default()
-        };
-        if let Err(e) = self.patch(&lv.vg_name, changed).await {
-            tracing::warn!(volume_id = id, error = %e, "could not read back after activating; the next read takes a full report");
-        }
+        self.read_back_lv(&lv.vg_name, id, "activating").await;
         Ok(format!("/dev/{}/{id}", lv.vg_name))
     }
 }
@@ -1164,13 +1164,7 @@ impl<R: Runner> LocalBackend<R> {
                 )),
                 other => host(other),
             })?;
-        let changed = Changed {
-            lvs: vec![id],
-            ..Changed::default()
-        };
-        if let Err(e) = self.patch(vg, changed).await {
-            tracing::warn!(volume_id = id, error = %e, "could not read back after activating; the next read takes a full report");
-        }
+        self.read_back_lv(vg, id, "activating").await;
         Ok(device)
     }
 }

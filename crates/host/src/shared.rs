@@ -215,14 +215,18 @@ impl<R: Runner> SharedLvm<R> {
         Err(classify(&cmd, out))
     }
 
-    /// Adds `path` to class `class`'s devices file (creating the file).
-    pub async fn add_device(&self, class: &str, path: &str) -> Result<()> {
-        validate::lvm_name(class)?;
+    /// Adds `path` to the devices file `file` ([`shared::devices_file`]), creating the file.
+    pub async fn add_device(&self, file: &str, path: &str) -> Result<()> {
         validate::device_path(path)?;
+        if !file.starts_with("lvms-") || file.contains('/') {
+            return Err(Error::InvalidArgument(format!(
+                "devices file {file:?} is not a shared class's"
+            )));
+        }
         let args = vec![
             "lvmdevices".to_owned(),
             "--devicesfile".to_owned(),
-            shared::devices_file(class),
+            file.to_owned(),
             "--adddev".to_owned(),
             path.to_owned(),
         ];
@@ -464,13 +468,7 @@ impl<R: Runner> SharedHost for RealSharedHost<R> {
 
     async fn execute(&self, action: &Action) -> Result<()> {
         match action {
-            Action::AddToDevicesFile { file, path } => {
-                let class = file
-                    .strip_prefix("lvms-")
-                    .and_then(|f| f.strip_suffix(".devices"))
-                    .ok_or_else(|| Error::InvalidArgument(format!("devices file {file:?}")))?;
-                self.lvm.add_device(class, path).await
-            }
+            Action::AddToDevicesFile { file, path } => self.lvm.add_device(file, path).await,
             Action::CreateVolumeGroup {
                 name,
                 pvs,
