@@ -182,6 +182,13 @@ pub const MIN_SANLOCK_HOST_ID: i32 = 1;
 /// only 500).
 pub const MAX_SANLOCK_HOST_ID: i32 = 2000;
 
+/// The Lease, in the operator's namespace, that picks the one node which runs `vgcreate --shared`
+/// for the shared device class `class` (`lvms-shared-create-<class>`): the node agent that holds
+/// it creates the volume group; the others wait for the group and then join.
+pub fn shared_creator_lease_name(class: &str) -> String {
+    format!("lvms-shared-create-{class}")
+}
+
 /// StorageClasses and VolumeSnapshotClasses are named `lvms-<device class>`.
 pub const STORAGE_CLASS_PREFIX: &str = "lvms-";
 
