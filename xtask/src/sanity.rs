@@ -1,6 +1,8 @@
 //! `cargo xtask sanity`: the CSI conformance suite (csi-test v5.4.0's csi-sanity) against `lvms standalone`
-//! in one boot of the test VM, in three modes: a thin class with mount volumes, the thin class with block
-//! volumes, and a thick class (whose snapshot and clone specs are skipped: thick classes cannot snapshot).
+//! in one boot of the test VM, in seven modes: a thin class with mount volumes, the thin class with block
+//! volumes, a thick class (whose snapshot and clone specs are skipped: thick classes cannot snapshot),
+//! and a shared class with locking on (sanlock and lvmlockd in the VM) with linear and thin volumes,
+//! mount and block each (linear ones skip the snapshot and clone specs).
 //!
 //! csi-sanity comes from the Kubernetes assets directory ([`crate::cluster::assets`]). Each mode's whole output is kept in
 //! `target/sanity/<mode>.log`, the driver's in `target/sanity/standalone.log`.
@@ -25,29 +27,70 @@ struct Mode {
     class: &'static str,
     /// Extra csi-sanity flags.
     flags: &'static [&'static str],
+    /// Extra StorageClass parameters (`key: value` lines of the parameters file).
+    params: &'static str,
 }
+
+/// The specs a class without snapshots skips: snapshots, restores and clones need thin volumes.
+const NO_SNAPSHOTS: &str = "--ginkgo.skip=[Ss]napshot|source volume";
+/// A shared class's volumes in thin mode (one thin pool per volume).
+const THIN_MODE: &str = "lvms.topolvm.io/volume-mode: thin\n";
+
+const BLOCK: &str = "--csi.testvolumeaccesstype=block";
 
 const MODES: &[Mode] = &[
     Mode {
         name: "thin-mount",
         class: "sanity-thin",
         flags: &[],
+        params: "",
     },
     Mode {
         name: "thin-block",
         class: "sanity-thin",
-        flags: &["--csi.testvolumeaccesstype=block"],
+        flags: &[BLOCK],
+        params: "",
     },
     Mode {
         name: "thick",
         class: "sanity-thick",
-        // Snapshots, restores and clones need a thin class.
-        flags: &["--ginkgo.skip=[Ss]napshot|source volume"],
+        flags: &[NO_SNAPSHOTS],
+        params: "",
+    },
+    // A shared class with locking on (sanlock and lvmlockd running, the volume group made with
+    // `vgcreate --shared`): linear and thin volumes, mount and block.
+    Mode {
+        name: "shared-linear-mount",
+        class: "sanity-shared",
+        flags: &[NO_SNAPSHOTS],
+        params: "",
+    },
+    Mode {
+        name: "shared-linear-block",
+        class: "sanity-shared",
+        flags: &[NO_SNAPSHOTS, BLOCK],
+        params: "",
+    },
+    Mode {
+        name: "shared-thin-mount",
+        class: "sanity-shared",
+        flags: &[],
+        params: THIN_MODE,
+    },
+    Mode {
+        name: "shared-thin-block",
+        class: "sanity-shared",
+        flags: &[BLOCK],
+        params: THIN_MODE,
     },
 ];
 
-/// The node engine's config: a thin class (the default, xfs) and a thick ext4 class, one disk each.
+/// The node engine's config: a thin class (the default, xfs), a thick ext4 class and a shared class
+/// (this node is sanlock host 1 and makes the shared volume group), one disk each.
 const CONFIG: &str = "\
+shared:
+  hostId: 1
+  createVolumeGroups: true
 deviceClasses:
   - name: sanity-thin
     default: true
@@ -63,6 +106,11 @@ deviceClasses:
     fstype: ext4
     deviceSelector:
       paths: [/dev/disk/by-id/virtio-sanity-thick]
+  - name: sanity-shared
+    fstype: ext4
+    deviceAccessPolicy: shared
+    deviceSelector:
+      paths: [/dev/disk/by-id/virtio-sanity-shared]
 ";
 
 /// Pass, fail and skip counts of a ginkgo run.
@@ -104,6 +152,14 @@ fn guest_script(lvms: &Path, sanity: &Path, out: &Path) -> String {
     let mut s = String::from("set -u\n");
     let _ = writeln!(s, "out={} lvms={} sanity={}", q(out), q(lvms), q(sanity));
     let _ = writeln!(s, "sock={SOCKET}");
+    // The shared class's lock managers run as host services would (the driver only checks them).
+    s.push_str(
+        "mkdir -p /run/sanlock /run/lvm\n\
+         sanlock daemon -w 0 -U root -G root\n\
+         for i in $(seq 50); do sanlock client status >/dev/null 2>&1 && break; sleep 0.2; done\n\
+         lvmlockd -g sanlock\n\
+         for i in $(seq 50); do lvmlockctl --info >/dev/null 2>&1 && break; sleep 0.2; done\n",
+    );
     s.push_str(
         r#""$lvms" standalone --config "$out/config.yaml" --endpoint "$sock" --node-id sanity-node \
   2>"$out/standalone.log" &
@@ -162,7 +218,7 @@ pub fn run(repo: &Path) -> Result<ExitCode> {
     for mode in MODES {
         fs::write(
             out.join(format!("{}.params.yaml", mode.name)),
-            format!("topolvm.io/device-class: {}\n", mode.class),
+            format!("topolvm.io/device-class: {}\n{}", mode.class, mode.params),
         )?;
     }
     let script = out.join("guest.sh");
@@ -170,6 +226,7 @@ pub fn run(repo: &Path) -> Result<ExitCode> {
     let disks = vec![
         crate::parse_disk(repo, "sanity-thin=4096")?,
         crate::parse_disk(repo, "sanity-thick=4096")?,
+        crate::parse_disk(repo, "sanity-shared=4096")?,
     ];
     let spec = VmSpec {
         name: "sanity".into(),

@@ -31,6 +31,25 @@ pub struct ClassInfo {
 }
 
 impl ClassInfo {
+    /// The class as a volume of volume mode `mode` sees it: a shared class with the request's mode
+    /// in place of its `sharedConfig.volumeMode`; other classes, or no mode, unchanged.
+    pub fn with_volume_mode(&self, mode: Option<lvms_core::config::SharedVolumeMode>) -> Self {
+        let mut out = self.clone();
+        if let (Some(shared), Some(mode)) = (out.shared.as_mut(), mode) {
+            shared.volume_mode = mode;
+        }
+        out
+    }
+
+    /// Whether the class's volumes are thin (a thin pool, or a shared class in thin mode), so
+    /// that they can be snapshotted and cloned.
+    pub fn makes_thin(&self) -> bool {
+        self.thin_pool.is_some()
+            || self
+                .shared
+                .is_some_and(|s| s.volume_mode == lvms_core::config::SharedVolumeMode::Thin)
+    }
+
     /// Whether volumes of the class can be active on several nodes at once (shared linear): the
     /// only ones that may be staged MULTI_NODE_* (block only).
     pub fn multi_node(&self) -> bool {
@@ -128,6 +147,8 @@ pub struct NewVolume {
     /// Thick classes: the layout.
     /// The layout asked for; `None`: the class's [`ClassInfo::layout`].
     pub lv_type: Option<LvType>,
+    /// Shared classes: linear or thin volume; `None`: the class's `sharedConfig.volumeMode`.
+    pub volume_mode: Option<lvms_core::config::SharedVolumeMode>,
     /// Thin classes: the snapshot or volume to start from (same class, same node).
     pub source: Option<Source>,
 }
@@ -234,6 +255,12 @@ pub trait Backend: Send + Sync + 'static {
             }
             self.activate(id).await
         }
+    }
+
+    /// The shared classes this node has joined (their volume group is visible and its lockspace
+    /// started): `NodeGetInfo` advertises their class-wide topology segments.
+    fn joined_shared(&self) -> impl Future<Output = Vec<String>> + Send {
+        async { Vec::new() }
     }
 
     /// Undoes [`Backend::activate_for`] once the volume is unstaged: a shared class's volume is

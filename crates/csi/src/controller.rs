@@ -421,11 +421,40 @@ impl<B: Backend> ControllerService<B> {
         }
     }
 
+    /// Where a volume of `class` is accessible from: this node, or for a shared class every node
+    /// that joined it (`shared.lvms.topolvm.io/<class>: "true"`).
+    fn topology_of(&self, class: &str) -> Topology {
+        if self.is_shared(class) {
+            Topology {
+                segments: [(lvms_api::shared_topology_key(class), "true".to_owned())].into(),
+            }
+        } else {
+            self.topology()
+        }
+    }
+
+    fn is_shared(&self, class: &str) -> bool {
+        self.backend
+            .classes()
+            .iter()
+            .any(|c| c.name == class && c.shared.is_some())
+    }
+
     /// Whether `segments` names this node (a segment without our key matches any node).
     fn is_here(&self, t: &Topology) -> bool {
         t.segments
             .get(TOPOLOGY_NODE_KEY)
             .is_none_or(|n| n == self.backend.node_id())
+    }
+
+    /// Whether a volume of `class` made here is accessible from `t`: [`Self::is_here`], or for a
+    /// shared class a segment of the nodes that joined it.
+    fn reaches(&self, t: &Topology, class: &str) -> bool {
+        self.is_here(t)
+            || (self.is_shared(class)
+                && t.segments
+                    .get(&lvms_api::shared_topology_key(class))
+                    .is_some_and(|v| v == "true"))
     }
 
     fn claim(&self, keys: &[&str]) -> Result<crate::locks::Guard, RpcError> {
@@ -440,7 +469,7 @@ impl<B: Backend> ControllerService<B> {
             volume_id: v.id.clone(),
             volume_context: [(DEVICE_CLASS_KEY.to_owned(), v.class.clone())].into(),
             content_source: content_source(v.source.as_ref()),
-            accessible_topology: vec![self.topology()],
+            accessible_topology: vec![self.topology_of(&v.class)],
         }
     }
 
@@ -478,17 +507,38 @@ impl<B: Backend> ControllerService<B> {
         }
         let params = params::parse(&req.parameters).map_err(RpcError::invalid)?;
         let class = self.class(params.class.as_deref())?;
+        if params.volume_mode.is_some() && class.shared.is_none() {
+            return Err(RpcError::invalid(format!(
+                "parameter {} applies to shared device classes only, and device class {} is not \
+                 shared",
+                params::VOLUME_MODE,
+                class.name
+            )));
+        }
+        let class = class.with_volume_mode(params.volume_mode);
         check_capabilities(&req.volume_capabilities, Some(&class))?;
         if let Some(req_topo) = &req.accessibility_requirements
             && !req_topo.requisite.is_empty()
-            && !req_topo.requisite.iter().any(|t| self.is_here(t))
+            && !req_topo
+                .requisite
+                .iter()
+                .any(|t| self.reaches(t, &class.name))
         {
+            let shared = if class.shared.is_some() {
+                format!(
+                    ", nor the nodes of shared device class {} ({}: \"true\")",
+                    class.name,
+                    lvms_api::shared_topology_key(&class.name)
+                )
+            } else {
+                String::new()
+            };
             return Err(RpcError::new(
                 Code::ResourceExhausted,
                 format!(
                     "the accessibility requirements do not include node {}, the only node this driver \
-                     provisions on",
-                    self.backend.node_id()
+                     provisions on{shared}",
+                    self.backend.node_id(),
                 ),
             ));
         }
@@ -541,9 +591,10 @@ impl<B: Backend> ControllerService<B> {
                 Some(Source::Volume(v.volume_id.clone()))
             }
         };
-        if source.is_some() && class.thin_pool.is_none() {
+        if source.is_some() && !class.makes_thin() {
             return Err(RpcError::invalid(format!(
-                "device class {} is thick: cloning and restoring from snapshots need a thin class",
+                "device class {} is thick: cloning and restoring from snapshots need a thin class (or \
+                 volume mode thin on a shared class)",
                 class.name
             )));
         }
@@ -621,6 +672,7 @@ impl<B: Backend> ControllerService<B> {
                 class: class.name.clone(),
                 size,
                 lv_type: params.lv_type,
+                volume_mode: params.volume_mode,
                 source: source.clone(),
             })
             .await
@@ -871,10 +923,11 @@ impl<B: Backend> Controller for ControllerService<B> {
             .map_err(RpcError::invalid)?;
         let params = params::parse(&req.parameters).map_err(RpcError::invalid)?;
         let class = self.class(params.class.as_deref())?.name;
+        // A shared class's capacity is the volume group's, for every node that joined it.
         let elsewhere = req
             .accessible_topology
             .as_ref()
-            .is_some_and(|t| !self.is_here(t));
+            .is_some_and(|t| !self.reaches(t, &class));
         if elsewhere {
             return Ok(Response::new(GetCapacityResponse {
                 available_capacity: 0,
@@ -941,7 +994,8 @@ impl<B: Backend> Controller for ControllerService<B> {
             .existing_volume(&req.source_volume_id, "source volume")
             .await?;
         let class = self.class(Some(&source.class))?;
-        if class.thin_pool.is_none() {
+        // A shared class's volume may be thin (its own pool): the backend looks at the volume.
+        if class.thin_pool.is_none() && class.shared.is_none() {
             return Err(RpcError::invalid(format!(
                 "volume {} is in thick device class {}: snapshots need a thin class",
                 source.id, class.name

@@ -80,8 +80,7 @@ use lvms_core::{
     size::{ByteSize, round_up_to_extent},
 };
 use lvms_host::{
-    devices::zero_out,
-    lvm::{Activation, Layout, LvSpec, Lvm, Removal},
+    lvm::{Layout, LvSpec, Lvm, Removal},
     runner::Runner,
 };
 use tokio::{sync::Mutex, time::Instant};
@@ -664,10 +663,18 @@ impl<R: Runner> LocalBackend<R> {
                 class.name
             )));
         }
-        if class.thin_pool.is_none() || src.segtype != THIN {
+        if class.thin_pool.is_none() && class.shared.is_none() {
             return Err(BackendError::InvalidArgument(format!(
                 "device class {} is thick: restoring a snapshot or cloning a volume needs a thin device \
                  class",
+                class.name
+            )));
+        }
+        if src.segtype != THIN {
+            return Err(BackendError::InvalidArgument(format!(
+                "{} is not a thin volume: restoring a snapshot or cloning a volume of shared device \
+                 class {} needs a thin one (volume mode thin)",
+                describe(source),
                 class.name
             )));
         }
@@ -680,7 +687,14 @@ impl<R: Runner> LocalBackend<R> {
                 Bytes(size)
             )));
         }
-        self.check_thin_space(&report, class, size)?;
+        let pool = src.pool_lv.clone().unwrap_or_default();
+        if class.shared.is_some() {
+            // The clone lives in its source's pool, which grows to hold it.
+            let report = self.fresh_report().await?;
+            self.cover(&report, &class.name, &pool, size).await?;
+        } else {
+            self.check_thin_space(&report, class, size)?;
+        }
         let tags = vec![
             ids::OWNER_TAG.to_owned(),
             ids::name_tag(&req.name),
@@ -696,10 +710,26 @@ impl<R: Runner> LocalBackend<R> {
                 &req.name,
             )
             .await?;
-        if vol.size < size {
-            return self.grow(&class.name, lv_name, size).await;
+        let vol = if vol.size < size {
+            self.grow(&class.name, lv_name, size).await?
+        } else {
+            vol
+        };
+        if class.shared.is_some() {
+            self.park(&class.name, Some(lv_name), &pool).await;
         }
         Ok(vol)
+    }
+
+    /// The tags of the snapshot `req` of `source`.
+    fn snapshot_tags(&self, req: &NewSnapshot, source: &Source) -> Vec<String> {
+        vec![
+            ids::OWNER_TAG.to_owned(),
+            ids::name_tag(&req.name),
+            ids::SNAPSHOT_TAG.to_owned(),
+            ids::created_tag((self.clock)()),
+            source.tag(),
+        ]
     }
 
     fn source_not_found(&self, source: &Source) -> BackendError {
@@ -820,19 +850,17 @@ impl<R: Runner> Backend for LocalBackend<R> {
             }
             None if class.shared.is_some() => {
                 let shared = class.shared.unwrap_or_default();
-                if shared.volume_mode == SharedVolumeMode::Thin {
+                if req.lv_type.is_some_and(|t| t != LvType::Linear) {
                     return Err(BackendError::InvalidArgument(format!(
-                        "device class {} makes thin volumes (one thin pool per volume), which lvms-rs \
-                         does not make yet: set sharedConfig.volumeMode: Linear",
+                        "device class {} is shared: its volumes are linear or thin (striped and RAID \
+                         volumes cannot be active on several hosts)",
                         class.name
                     )));
                 }
-                if req.lv_type.is_some_and(|t| t != LvType::Linear) {
-                    return Err(BackendError::InvalidArgument(format!(
-                        "device class {} is shared: its volumes are linear (striped and RAID volumes \
-                         cannot be active on several hosts)",
-                        class.name
-                    )));
+                if req.volume_mode.unwrap_or(shared.volume_mode) == SharedVolumeMode::Thin {
+                    return self
+                        .create_shared_thin(class, &lv_name, &req.name, size, &tags)
+                        .await;
                 }
                 let mut tags = tags;
                 if shared.wipe_policy == WipePolicy::Full {
@@ -886,6 +914,9 @@ impl<R: Runner> Backend for LocalBackend<R> {
             .await?
             .ok_or_else(|| self.source_not_found(&source))?;
         let class = self.class(&src.vg_name)?;
+        if class.shared.is_some() {
+            return self.snapshot_shared(req, &src, &lv_name, &source).await;
+        }
         let Some(pool) = &class.thin_pool else {
             return Err(BackendError::InvalidArgument(format!(
                 "volume {} is in device class {}, which is thick: snapshots need a thin device class",
@@ -909,13 +940,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
             )));
         }
         self.check_thin_space(&report, class, src.size)?;
-        let tags = vec![
-            ids::OWNER_TAG.to_owned(),
-            ids::name_tag(&req.name),
-            ids::SNAPSHOT_TAG.to_owned(),
-            ids::created_tag((self.clock)()),
-            source.tag(),
-        ];
+        let tags = self.snapshot_tags(req, &source);
         self.create_or_adopt(
             self.lvm
                 .thin_snapshot(&class.name, &req.source_volume, &lv_name, true, &tags),
@@ -940,12 +965,16 @@ impl<R: Runner> Backend for LocalBackend<R> {
             tracing::debug!(volume_id = id, "nothing to delete");
             return Ok(false);
         };
+        let shared_pool = report
+            .find(id)
+            .and_then(|lv| lv.pool_lv.clone())
+            .filter(|_| self.class(&vg).is_ok_and(|c| c.shared.is_some()));
         let _queued = self.lock_vg(&vg).await?;
         // The removal looks at the LV itself first: never remove an LV that is not ours.
         match self
             .mutate(self.lvm.lv_remove_tagged(&vg, id, ids::OWNER_TAG))
             .await
-            .map_err(host)?
+            .map_err(shared::in_use_elsewhere(id))?
         {
             Removal::Removed => {}
             Removal::Missing => {
@@ -962,6 +991,9 @@ impl<R: Runner> Backend for LocalBackend<R> {
             }
         }
         tracing::info!(volume_id = id, device_class = %vg, "deleted");
+        if let Some(pool) = &shared_pool {
+            self.drop_pool_if_empty(&vg, pool).await;
+        }
         // A thin pool's data usage falls, a thick volume group's free space grows.
         let pool = self.class(&vg)?.thin_pool.clone();
         let changed = Changed {
@@ -999,6 +1031,17 @@ impl<R: Runner> Backend for LocalBackend<R> {
         if size <= lv.size {
             return Ok(lv.size);
         }
+        if class.shared.is_some() {
+            if let Some(pool) = lv.pool_lv.as_deref() {
+                let fresh = self.fresh_report().await?;
+                self.cover(&fresh, &class.name, pool, size - lv.size)
+                    .await?;
+            }
+            self.mutate(self.lvm.lv_extend(&class.name, id, size))
+                .await
+                .map_err(shared::in_use_elsewhere(id))?;
+            return Ok(self.read_back(&class.name, id).await?.size);
+        }
         if class.thin_pool.is_some() {
             self.check_thin_space(&report, class, size - lv.size)?;
         }
@@ -1018,6 +1061,15 @@ impl<R: Runner> Backend for LocalBackend<R> {
             }
             None => report.vg(&class.name).map_or(0, thick_available),
         };
+        // A shared thin volume brings its own pool: its metadata (and LVM's spare) come off the top.
+        if class.makes_thin() && class.thin_pool.is_none() {
+            let largest = shared::max_thin_volume(available, extent);
+            return Ok(Capacity {
+                available: largest,
+                maximum_volume_size: largest,
+                minimum_volume_size: min_volume_size(extent),
+            });
+        }
         Ok(Capacity {
             available,
             maximum_volume_size: max_volume_size(available, extent),
@@ -1068,6 +1120,17 @@ impl<R: Runner> Backend for LocalBackend<R> {
         self.activate(id).await
     }
 
+    async fn joined_shared(&self) -> Vec<String> {
+        let Ok(report) = self.report().await else {
+            return Vec::new();
+        };
+        self.classes
+            .iter()
+            .filter(|c| c.shared.is_some() && report.vg(&c.name).is_some())
+            .map(|c| c.name.clone())
+            .collect()
+    }
+
     #[tracing::instrument(skip(self), fields(node = %self.node_id))]
     async fn release(&self, id: &str) -> Result<()> {
         let Some(lv) = self.locate(id).await? else {
@@ -1076,13 +1139,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
         if self.class(&lv.vg_name)?.shared.is_none() {
             return Ok(());
         }
-        let _queued = self.lock_vg(&lv.vg_name).await?;
-        self.mutate(self.lvm.lv_deactivate(&lv.vg_name, id))
-            .await
-            .map_err(host)?;
-        self.read_back_lv(&lv.vg_name, id, "deactivating").await;
-        tracing::info!(volume_id = id, "deactivated: another node may use it now");
-        Ok(())
+        self.release_shared(&lv).await
     }
 
     #[tracing::instrument(skip(self), fields(node = %self.node_id))]
@@ -1107,67 +1164,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
     }
 }
 
-impl<R: Runner> LocalBackend<R> {
-    /// Activates a shared class's volume for this stage: exclusively (`ey`) for one node, shared
-    /// (`sy`) for several. A volume still carrying [`ids::UNWIPED_TAG`] is zeroed first, exclusively,
-    /// then the tag removed (a crash in between zeroes it again at the next stage). The LV is read
-    /// afresh: another node may have changed it since the cached report.
-    async fn activate_shared(&self, lv: &LogicalVolume, multi_node: bool) -> Result<String> {
-        let (vg, id) = (lv.vg_name.as_str(), lv.name.as_str());
-        let class = self.class(vg)?;
-        if multi_node && !class.multi_node() {
-            return Err(BackendError::InvalidArgument(format!(
-                "volume {id} of device class {vg} can be active on one node at a time: MULTI_NODE_* \
-                 access needs a linear volume of a shared class"
-            )));
-        }
-        let _queued = self.lock_vg(vg).await?;
-        let device = format!("/dev/{vg}/{id}");
-        let fresh = self
-            .mutate(self.lvm.lv(vg, id))
-            .await
-            .map_err(host)?
-            .filter(is_ours)
-            .ok_or_else(|| {
-                BackendError::NotFound(format!("volume {id} no longer exists in {vg}"))
-            })?;
-        if has_tag(&fresh, ids::UNWIPED_TAG) {
-            self.mutate(self.lvm.lv_activate_shared(vg, id, Activation::Exclusive))
-                .await
-                .map_err(host)?;
-            tracing::info!(
-                volume_id = id,
-                "zeroing a new volume of a shared class before first use"
-            );
-            self.mutate(zero_out(self.lvm.runner(), &device))
-                .await
-                .map_err(host)?;
-            self.mutate(self.lvm.lv_del_tag(vg, id, ids::UNWIPED_TAG))
-                .await
-                .map_err(host)?;
-            if multi_node {
-                self.mutate(self.lvm.lv_deactivate(vg, id))
-                    .await
-                    .map_err(host)?;
-            }
-        }
-        let how = if multi_node {
-            Activation::Shared
-        } else {
-            Activation::Exclusive
-        };
-        self.mutate(self.lvm.lv_activate_shared(vg, id, how))
-            .await
-            .map_err(|e| match e {
-                lvms_host::Error::InUse(m) => BackendError::Conflict(format!(
-                    "volume {id} is in use on another node ({m}): unstage it there first"
-                )),
-                other => host(other),
-            })?;
-        self.read_back_lv(vg, id, "activating").await;
-        Ok(device)
-    }
-}
+mod shared;
 
 #[cfg(test)]
 mod tests;

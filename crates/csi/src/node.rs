@@ -950,15 +950,19 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
         Ok(response)
     }
 
-    /// `NodeGetInfo`: the node id, and the node as the volumes' topology.
-    pub fn info(&self) -> NodeGetInfoResponse {
+    /// `NodeGetInfo`: the node id, and the node as the volumes' topology; on a node that joined
+    /// shared classes also `shared.lvms.topolvm.io/<class>: "true"` for each, the segment their
+    /// volumes are accessible from.
+    pub async fn info(&self) -> NodeGetInfoResponse {
         let node = self.backend.node_id().to_owned();
+        let mut segments = HashMap::from([(crate::TOPOLOGY_NODE_KEY.to_owned(), node.clone())]);
+        for class in self.backend.joined_shared().await {
+            segments.insert(lvms_api::shared_topology_key(&class), "true".to_owned());
+        }
         NodeGetInfoResponse {
-            node_id: node.clone(),
+            node_id: node,
             max_volumes_per_node: 0,
-            accessible_topology: Some(Topology {
-                segments: HashMap::from([(crate::TOPOLOGY_NODE_KEY.to_owned(), node)]),
-            }),
+            accessible_topology: Some(Topology { segments }),
         }
     }
 
@@ -1046,7 +1050,7 @@ impl<B: Backend, R: Runner> csi::node_server::Node for NodeService<B, R> {
         &self,
         _request: Request<NodeGetInfoRequest>,
     ) -> Result<Response<NodeGetInfoResponse>, Status> {
-        Ok(Response::new(self.info()))
+        Ok(Response::new(self.info().await))
     }
 }
 

@@ -12,7 +12,10 @@
 
 use std::collections::HashMap;
 
-use lvms_core::{config::RaidType, size::ByteSize};
+use lvms_core::{
+    config::{RaidType, SharedVolumeMode},
+    size::ByteSize,
+};
 
 use crate::backend::LvType;
 
@@ -30,6 +33,9 @@ pub const STRIPES: &str = "lvms.topolvm.io/stripes";
 pub const STRIPE_SIZE: &str = "lvms.topolvm.io/stripe-size";
 /// Extra copies of a mirror or raid1/raid10 volume.
 pub const MIRRORS: &str = "lvms.topolvm.io/mirrors";
+/// Shared classes: `linear` or `thin` (what the operator renders from `sharedConfig.volumeMode`;
+/// KubeSAN's `Linear`/`Thin` spelling is accepted too).
+pub const VOLUME_MODE: &str = lvms_api::VOLUME_MODE_PARAMETER;
 
 /// Parameters as understood.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -40,6 +46,8 @@ pub struct Params {
     pub fstype: Option<String>,
     /// The thick layout asked for, if any.
     pub lv_type: Option<LvType>,
+    /// Shared classes: the volume mode asked for, if any.
+    pub volume_mode: Option<SharedVolumeMode>,
 }
 
 fn number(params: &HashMap<String, String>, key: &str) -> Result<Option<u32>, String> {
@@ -81,10 +89,12 @@ pub fn parse(params: &HashMap<String, String>) -> Result<Params, String> {
                 k.chars().take(64).collect::<String>()
             ));
         }
-        if k.starts_with(PREFIX) && ![LV_TYPE, STRIPES, STRIPE_SIZE, MIRRORS].contains(&k.as_str())
+        if k.starts_with(PREFIX)
+            && ![LV_TYPE, STRIPES, STRIPE_SIZE, MIRRORS, VOLUME_MODE].contains(&k.as_str())
         {
             return Err(format!(
-                "unknown parameter {k}: lvms-rs knows {LV_TYPE}, {STRIPES}, {STRIPE_SIZE} and {MIRRORS}"
+                "unknown parameter {k}: lvms-rs knows {LV_TYPE}, {STRIPES}, {STRIPE_SIZE}, {MIRRORS} \
+                 and {VOLUME_MODE}"
             ));
         }
     }
@@ -104,6 +114,16 @@ pub fn parse(params: &HashMap<String, String>) -> Result<Params, String> {
         }
         out.fstype = Some(fs.clone());
     }
+    out.volume_mode = match params.get(VOLUME_MODE).map(String::as_str) {
+        None => None,
+        Some("linear" | "Linear") => Some(SharedVolumeMode::Linear),
+        Some("thin" | "Thin") => Some(SharedVolumeMode::Thin),
+        Some(other) => {
+            return Err(format!(
+                "parameter {VOLUME_MODE}={other:?} is not a volume mode: use linear or thin"
+            ));
+        }
+    };
     let stripes = number(params, STRIPES)?;
     let mirrors = number(params, MIRRORS)?;
     let size = stripe_size(params)?;
@@ -211,8 +231,25 @@ mod tests {
     }
 
     #[test]
+    fn the_volume_mode_of_a_shared_class_parses_in_both_spellings() {
+        for (v, mode) in [
+            ("linear", SharedVolumeMode::Linear),
+            ("Linear", SharedVolumeMode::Linear),
+            ("thin", SharedVolumeMode::Thin),
+            ("Thin", SharedVolumeMode::Thin),
+        ] {
+            assert_eq!(
+                parse(&p(&[(VOLUME_MODE, v)])).unwrap().volume_mode,
+                Some(mode)
+            );
+        }
+        assert_eq!(parse(&p(&[])).unwrap().volume_mode, None);
+    }
+
+    #[test]
     fn bad_parameters_name_the_key_and_the_fix() {
         for (kv, needle) in [
+            (vec![(VOLUME_MODE, "thick")], "use linear or thin"),
             (vec![(FSTYPE, "btrfs")], "use ext4 or xfs"),
             (vec![(LV_TYPE, "raid0")], "is not supported"),
             (vec![(LV_TYPE, "striped")], "at least 2"),

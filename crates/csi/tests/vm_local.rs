@@ -109,6 +109,7 @@ mod vm_local {
             class: class.to_owned(),
             size,
             lv_type: None,
+            volume_mode: None,
             source: None,
         }
     }

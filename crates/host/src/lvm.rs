@@ -900,7 +900,8 @@ impl<R: Runner> Lvm<R> {
         self.exec(args).await.map(drop)
     }
 
-    /// Activates an LV of a shared volume group: `lvchange --activate ey|sy <vg>/<lv>`. LVM refuses
+    /// Activates an LV of a shared volume group: `lvchange --activate ey|sy --ignoreactivationskip
+    /// <vg>/<lv>` (thin snapshots and clones carry the activation-skip flag). LVM refuses
     /// (`LV locked by other host`, [`Error::InUse`]) while another host holds it in a mode that excludes
     /// this one.
     #[tracing::instrument(level = "debug", skip(self))]
@@ -914,6 +915,7 @@ impl<R: Runner> Lvm<R> {
             "lvchange".to_owned(),
             "--activate".to_owned(),
             mode.to_owned(),
+            "--ignoreactivationskip".to_owned(),
             lv_path(vg, name),
         ];
         self.exec(args).await.map(drop)

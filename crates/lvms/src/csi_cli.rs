@@ -242,6 +242,7 @@ fn volume_json(v: &lvms_csi::csi::Volume) -> Value {
         "capacity_bytes": v.capacity_bytes,
         "device_class": v.volume_context.get(lvms_csi::DEVICE_CLASS_KEY),
         "node": v.accessible_topology.first().and_then(|t| t.segments.get(lvms_csi::TOPOLOGY_NODE_KEY)),
+        "topology": v.accessible_topology.iter().map(|t| &t.segments).collect::<Vec<_>>(),
         "source": source,
     })
 }

@@ -348,7 +348,24 @@ fn t2_a_volume_is_exclusive_to_the_node_that_stages_it_and_moves_with_its_data()
     n2.start_standalone(&c2);
 
     // A volume made on node 1 is seen on node 2, inactive on both.
-    let id = n1.csi_ok("--output id create-volume --name rwo --size 64Mi --class san --block");
+    let made: Value = serde_json::from_str(
+        &n1.csi_ok("--output json create-volume --name rwo --size 64Mi --class san --block"),
+    )
+    .unwrap();
+    let id = made["volume_id"].as_str().unwrap().to_owned();
+    // Accessible from every node that joined the class, not from node 1 only.
+    let key = format!("shared.lvms.topolvm.io/{CLASS}");
+    let segment: serde_json::Map<String, Value> =
+        [(key.clone(), Value::from("true"))].into_iter().collect();
+    assert_eq!(
+        made["topology"],
+        Value::Array(vec![Value::Object(segment)]),
+        "{made}"
+    );
+    for n in [&n1, &n2] {
+        let info: Value = serde_json::from_str(&n.csi_ok("--output json node-info")).unwrap();
+        assert_eq!(info["topology"][&key], "true", "{}: {info}", n.name);
+    }
     n2.csi_ok(&format!("get-volume {id}"));
     let attr = |n: &Node| {
         n.ok(&format!(
@@ -385,6 +402,20 @@ fn t2_a_volume_is_exclusive_to_the_node_that_stages_it_and_moves_with_its_data()
         written,
         "the data moved with the volume"
     );
+    // Online growth through the node that holds it exclusively; node 1 cannot.
+    let elsewhere = n1.csi(&format!("expand {id} --size 96Mi --block"));
+    assert!(
+        elsewhere.code != 0 && elsewhere.err.contains("FailedPrecondition"),
+        "{}\n{}",
+        elsewhere.out,
+        elsewhere.err
+    );
+    n2.csi_ok(&format!("expand {id} --size 96Mi --block"));
+    assert_eq!(
+        n2.ok(&format!("blockdev --getsize64 {}", device(&id)))
+            .trim(),
+        (96u64 << 20).to_string()
+    );
     n2.csi_ok(&format!("unstage {id} --staging-path /run/st"));
 
     // Its extents held the pattern; a new volume there is zeroed before anyone reads it
@@ -419,6 +450,14 @@ fn t3_a_multi_node_block_volume_is_active_on_both_nodes_and_filesystems_stay_sin
         written,
         "node 2 reads what node 1 wrote"
     );
+    // Growing it while both nodes hold it is FAILED_PRECONDITION naming the fix.
+    let grow = n1.csi(&format!("expand {id} --size 64Mi --block"));
+    assert!(
+        grow.code != 0 && grow.err.contains("FailedPrecondition") && grow.err.contains("unstage"),
+        "{}\n{}",
+        grow.out,
+        grow.err
+    );
     let written = write_random(&n2, &device(&id), 2);
     assert_eq!(
         read_sum(&n1, &device(&id), 2),
@@ -441,6 +480,106 @@ fn t3_a_multi_node_block_volume_is_active_on_both_nodes_and_filesystems_stay_sin
         "{}",
         r.err
     );
+    n1.stop_standalone();
+    n2.stop_standalone();
+}
+
+#[test]
+#[ignore = "two VMs on one LUN: cargo xtask vm-shared"]
+fn t4_a_thin_volume_has_its_own_pool_moves_between_nodes_and_keeps_snapshots_and_clones_in_it() {
+    let [n1, n2] = Node::all();
+    let dir = scratch();
+    let (c1, c2) = joined(&n1, &n2, &dir);
+    n1.start_standalone(&c1);
+    n2.start_standalone(&c2);
+    let thin = "--param lvms.topolvm.io/volume-mode=thin";
+    let lvs = |n: &Node, what: &str| {
+        n.ok(&format!(
+            "lvm lvs --config global/use_lvmlockd=1 --devicesfile lvms-{CLASS}.devices --noheadings \
+             -o {what} {CLASS}"
+        ))
+    };
+    let id = n1.csi_ok(&format!(
+        "--output id create-volume --name thin1 --size 64Mi --class san --block {thin}"
+    ));
+    let pool = format!("pool-{}", id.strip_prefix("csi-").unwrap());
+    let listing = lvs(&n2, "lv_name,segtype,pool_lv,lv_attr");
+    assert!(
+        listing
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()[..3]
+                == [id.as_str(), "thin", pool.as_str()]),
+        "{listing}"
+    );
+    // A new thin volume reads as zeros whatever the LUN held (unprovisioned blocks, pool zeroing).
+    n1.csi_ok(&format!("stage {id} --staging-path /run/st --block"));
+    n1.ok(&format!("cmp -n 67108864 {} /dev/zero", device(&id)));
+    let written = write_random(&n1, &device(&id), 4);
+    // Staged on node 1 (its pool active there): node 2 is refused.
+    let refused = n2.csi(&format!("stage {id} --staging-path /run/st --block"));
+    assert!(
+        refused.code != 0 && refused.err.contains("FailedPrecondition"),
+        "{}",
+        refused.err
+    );
+    // Multi-node access to a thin volume is refused before any LVM command.
+    let rwx = n1.csi(&format!(
+        "create-volume --name thin-rwx --size 64Mi --class san --block --mode multi-node-multi-writer {thin}"
+    ));
+    assert!(rwx.err.contains("InvalidArgument"), "{}", rwx.err);
+
+    // A snapshot lives in the volume's pool; the pool grows to hold it.
+    let snap = n1.csi_ok(&format!(
+        "--output id create-snapshot --name s1 --source {id}"
+    ));
+    let listing = lvs(&n1, "lv_name,pool_lv");
+    assert!(
+        listing
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == [snap.as_str(), pool.as_str()]),
+        "{listing}"
+    );
+    n1.csi_ok(&format!("unstage {id} --staging-path /run/st"));
+
+    // Moved to node 2: unstage there, stage here; the data is intact.
+    let t = Instant::now();
+    n2.csi_ok(&format!("stage {id} --staging-path /run/st --block"));
+    println!(
+        "vm-shared: a thin volume moved from node 1 to node 2 (stage after unstage) in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        read_sum(&n2, &device(&id), 4),
+        written,
+        "the data moved with the volume"
+    );
+    // Grown online through node 2: pool and volume.
+    n2.csi_ok(&format!("expand {id} --size 96Mi --block"));
+    assert_eq!(
+        n2.ok(&format!("blockdev --getsize64 {}", device(&id)))
+            .trim(),
+        (96u64 << 20).to_string()
+    );
+    n2.csi_ok(&format!("unstage {id} --staging-path /run/st"));
+
+    // A clone of the snapshot, made on node 2, lives in the same pool and holds the data.
+    let clone = n2.csi_ok(&format!(
+        "--output id create-volume --name c1 --size 64Mi --class san --block --from-snapshot {snap}"
+    ));
+    n1.csi_ok(&format!("stage {clone} --staging-path /run/st2 --block"));
+    assert_eq!(
+        read_sum(&n1, &device(&clone), 4),
+        written,
+        "the clone holds the snapshot's data"
+    );
+    n1.csi_ok(&format!("unstage {clone} --staging-path /run/st2"));
+
+    // Deleting them all removes the pool.
+    n1.csi_ok(&format!("delete-volume {clone}"));
+    n1.csi_ok(&format!("delete-snapshot {snap}"));
+    n2.csi_ok(&format!("delete-volume {id}"));
+    let left = lvs(&n1, "lv_name");
+    assert!(!left.contains(&pool) && !left.contains(&id), "{left}");
     n1.stop_standalone();
     n2.stop_standalone();
 }

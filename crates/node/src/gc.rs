@@ -366,6 +366,7 @@ mod tests {
                     class: "thin".into(),
                     size: 1 << 30,
                     lv_type: None,
+                    volume_mode: None,
                     source: None,
                 })
                 .await

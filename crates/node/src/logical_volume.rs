@@ -240,6 +240,7 @@ fn plan_create(lv: &LogicalVolume, observed: &Observed<'_>, status: &LogicalVolu
             class,
             size,
             lv_type: None,
+            volume_mode: None,
             source: None,
         });
     }
@@ -291,6 +292,7 @@ fn plan_create(lv: &LogicalVolume, observed: &Observed<'_>, status: &LogicalVolu
         class,
         size,
         lv_type: None,
+        volume_mode: None,
         source: Some(if source_is_snapshot {
             Source::Snapshot(source_id)
         } else {

@@ -230,6 +230,7 @@ fn new_volume(name: &str, class: &str, size: u64) -> NewVolume {
         class: class.into(),
         size,
         lv_type: None,
+        volume_mode: None,
         source: None,
     }
 }

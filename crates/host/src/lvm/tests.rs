@@ -1393,12 +1393,12 @@ async fn shared_linear_volumes_are_created_inactive_and_activated_by_mode() {
     for mode in ["ey", "sy"] {
         let mut argv = vec!["lvm", "lvchange"];
         argv.extend(scope);
-        argv.extend(["--activate", mode, "san/v1"]);
+        argv.extend(["--activate", mode, "--ignoreactivationskip", "san/v1"]);
         fake.expect(&argv).succeeds();
     }
     let mut refused = vec!["lvm", "lvchange"];
     refused.extend(scope);
-    refused.extend(["--activate", "ey", "san/v1"]);
+    refused.extend(["--activate", "ey", "--ignoreactivationskip", "san/v1"]);
     fake.expect(&refused).fails(
         5,
         "  LV locked by other host: san/v1\n  Failed to lock logical volume san/v1.",

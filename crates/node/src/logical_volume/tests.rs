@@ -102,6 +102,7 @@ fn a_new_object_creates_a_volume_named_from_the_csi_name() {
             class: "thin".into(),
             size: GIB,
             lv_type: None,
+            volume_mode: None,
             source: None,
         })
     );
