@@ -1205,3 +1205,106 @@ async fn without_a_requested_fstype_the_class_fstype_decides_the_xfs_minimum() {
     let got = size(d.controller.create_volume(blk).await.unwrap().into_inner());
     assert_eq!(got, 64 * MIB, "a block volume has no filesystem");
 }
+
+// Shared classes
+
+fn shared_segment() -> Topology {
+    Topology {
+        segments: [("shared.lvms.topolvm.io/thick".to_owned(), "true".to_owned())].into(),
+    }
+}
+
+fn node_segment(node: &str) -> Topology {
+    Topology {
+        segments: [("topology.topolvm.io/node".to_owned(), node.to_owned())].into(),
+    }
+}
+
+async fn shared_driver(mode: lvms_core::config::SharedVolumeMode) -> Driver {
+    Driver::start_with(Arc::new(FakeBackend::new().with_shared("thick", mode))).await
+}
+
+#[tokio::test]
+async fn a_shared_class_volume_is_accessible_from_every_joined_node_and_so_is_its_capacity() {
+    let mut d = shared_driver(lvms_core::config::SharedVolumeMode::Linear).await;
+    let vol = d
+        .controller
+        .create_volume(in_class(create("s1", GIB / 4), "thick"))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(vol.accessible_topology, vec![shared_segment()]);
+
+    // Another node's segment with the class's key is this class's nodes; another node alone is not.
+    let mut other = node_segment("node-b");
+    other.segments.extend(shared_segment().segments);
+    let mut req = in_class(create("s2", GIB / 4), "thick");
+    req.accessibility_requirements = Some(TopologyRequirement {
+        requisite: vec![other.clone()],
+        preferred: vec![other.clone()],
+    });
+    d.controller.create_volume(req).await.unwrap();
+    let mut req = in_class(create("s3", GIB / 4), "thick");
+    req.accessibility_requirements = Some(TopologyRequirement {
+        requisite: vec![node_segment("node-b")],
+        preferred: vec![],
+    });
+    let (c, m) = code(d.controller.create_volume(req).await);
+    assert_eq!(c, Code::ResourceExhausted, "{m}");
+    assert!(m.contains("shared.lvms.topolvm.io/thick"), "{m}");
+
+    let capacity = |t: Topology| GetCapacityRequest {
+        parameters: [("topolvm.io/device-class".to_owned(), "thick".to_owned())].into(),
+        accessible_topology: Some(t),
+        ..GetCapacityRequest::default()
+    };
+    let joined = d
+        .controller
+        .get_capacity(capacity(shared_segment()))
+        .await
+        .unwrap();
+    assert!(joined.into_inner().available_capacity > 0);
+    let elsewhere = d
+        .controller
+        .get_capacity(capacity(node_segment("node-b")))
+        .await
+        .unwrap();
+    assert_eq!(elsewhere.into_inner().available_capacity, 0);
+}
+
+#[tokio::test]
+async fn the_volume_mode_parameter_decides_multi_node_access_and_needs_a_shared_class() {
+    let mut d = shared_driver(lvms_core::config::SharedVolumeMode::Linear).await;
+    let rwx = |name: &str, mode: Option<&str>| {
+        let mut req = in_class(create(name, GIB / 4), "thick");
+        req.volume_capabilities = vec![block(Mode::MultiNodeMultiWriter)];
+        if let Some(m) = mode {
+            req.parameters
+                .insert("lvms.topolvm.io/volume-mode".into(), m.into());
+        }
+        req
+    };
+    d.controller
+        .create_volume(rwx("linear", None))
+        .await
+        .unwrap();
+    d.controller
+        .create_volume(rwx("linear2", Some("linear")))
+        .await
+        .unwrap();
+    let (c, m) = code(d.controller.create_volume(rwx("thin", Some("thin"))).await);
+    assert_eq!(c, Code::InvalidArgument, "{m}");
+    assert!(m.contains("one node at a time"), "{m}");
+
+    let mut req = create("local", GIB / 4);
+    req.parameters
+        .insert("lvms.topolvm.io/volume-mode".into(), "thin".into());
+    let (c, m) = code(d.controller.create_volume(req).await);
+    assert_eq!(c, Code::InvalidArgument, "{m}");
+    assert!(
+        m.contains("lvms.topolvm.io/volume-mode") && m.contains("not shared"),
+        "{m}"
+    );
+}

@@ -79,6 +79,17 @@ impl FakeBackend {
         self
     }
 
+    /// The same backend with `class` shared (volume mode `mode`), and this node joined to it.
+    pub fn with_shared(mut self, class: &str, mode: lvms_core::config::SharedVolumeMode) -> Self {
+        for c in self.classes.iter_mut().filter(|c| c.name == class) {
+            c.shared = Some(lvms_core::config::SharedConfig {
+                volume_mode: mode,
+                ..lvms_core::config::SharedConfig::default()
+            });
+        }
+        self
+    }
+
     pub fn calls(&self) -> Vec<String> {
         self.state.lock().unwrap().calls.clone()
     }
@@ -223,6 +234,14 @@ impl Backend for FakeBackend {
         let v = s.volumes.get_mut(id).unwrap();
         v.size = v.size.max(size);
         Ok(v.size)
+    }
+
+    async fn joined_shared(&self) -> Vec<String> {
+        self.classes
+            .iter()
+            .filter(|c| c.shared.is_some())
+            .map(|c| c.name.clone())
+            .collect()
     }
 
     async fn usage(&self, class: &str) -> Result<Option<lvms_csi::backend::Usage>> {
