@@ -362,3 +362,146 @@ fn the_nodes_needing_ids_are_those_a_shared_class_selects_and_the_pods_can_run_o
     assert!(!any_shared(&only_local));
     assert!(needing(&only_local, &nodes).is_empty());
 }
+
+// ---------------------------------------------------------------------------------------------
+// Through the LVMCluster reconciler
+// ---------------------------------------------------------------------------------------------
+
+const CLUSTER_PATH: &str = "/apis/lvm.topolvm.io/v1alpha1/namespaces/lvms/lvmclusters/c";
+
+fn shared_class() -> Value {
+    json!({
+        "name": "san",
+        "deviceAccessPolicy": "shared",
+        "deviceSelector": {"paths": ["/dev/disk/by-id/wwn-0x1"]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "san", "operator": "In", "values": ["yes"]}]}]}
+    })
+}
+
+fn insert_node(fake: &FakeApi, name: &str, labels: Value) {
+    fake.insert(
+        &format!("/api/v1/nodes/{name}"),
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}),
+    );
+}
+
+/// Stores `cluster` and reconciles it as the controller would (with the stored resourceVersion).
+async fn reconcile(
+    fake: &FakeApi,
+    cluster: &LVMCluster,
+) -> crate::controller::Result<kube::runtime::controller::Action> {
+    if fake.get(CLUSTER_PATH).is_none() {
+        fake.insert(CLUSTER_PATH, serde_json::to_value(cluster).unwrap());
+    }
+    let stored: LVMCluster = serde_json::from_value(fake.get(CLUSTER_PATH).unwrap()).unwrap();
+    let ctx = crate::controller::Context::new(
+        fake.client(NS),
+        crate::render::RenderConfig::new(NS, "quay.io/lvms/lvms:test"),
+    );
+    crate::controller::reconcile(Arc::new(stored), Arc::new(ctx)).await
+}
+
+fn events(fake: &FakeApi) -> Vec<(String, String)> {
+    fake.requests()
+        .into_iter()
+        .filter(|s| s.method == Method::POST && s.path.ends_with("/events"))
+        .map(|s| {
+            (
+                s.body["reason"].as_str().unwrap_or_default().to_owned(),
+                s.body["note"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_reconcile_gives_the_shared_classes_nodes_ids_keeps_them_and_releases_a_deleted_nodes() {
+    let fake = FakeApi::new();
+    insert_node(&fake, "a", json!({"san": "yes"}));
+    insert_node(&fake, "b", json!({"san": "yes"}));
+    insert_node(&fake, "local-only", json!({}));
+    let cluster = cluster(json!([shared_class()]));
+
+    reconcile(&fake, &cluster).await.unwrap();
+    assert_eq!(data(&fake), ids(&[("a", "1"), ("b", "2")]));
+    assert_eq!(
+        events(&fake),
+        [(
+            "HostIdsAssigned".to_owned(),
+            "sanlock host ids assigned: a: 1, b: 2".to_owned()
+        )]
+    );
+
+    fake.clear_requests();
+    reconcile(&fake, &cluster).await.unwrap();
+    assert_eq!(data(&fake), ids(&[("a", "1"), ("b", "2")]));
+    assert!(
+        calls(&fake).iter().all(|(m, _)| *m == Method::GET),
+        "a second reconcile writes nothing: {:?}",
+        calls(&fake)
+    );
+    assert!(events(&fake).is_empty());
+
+    fake.delete("/api/v1/nodes/a");
+    fake.clear_requests();
+    reconcile(&fake, &cluster).await.unwrap();
+    assert_eq!(data(&fake), ids(&[("b", "2")]));
+    assert_eq!(
+        events(&fake),
+        [(
+            "HostIdsReleased".to_owned(),
+            "sanlock host ids released (their nodes are gone): a: 1".to_owned()
+        )]
+    );
+}
+
+#[tokio::test]
+async fn a_reconcile_without_shared_classes_never_reads_or_creates_the_record() {
+    let fake = FakeApi::new();
+    insert_node(&fake, "a", json!({"san": "yes"}));
+    let local = json!({"name": "local", "deviceSelector": {"paths": ["/dev/sdb"]}});
+    reconcile(&fake, &cluster(json!([local]))).await.unwrap();
+    assert!(fake.get(CM_PATH).is_none());
+    assert!(calls(&fake).is_empty(), "{:?}", calls(&fake));
+}
+
+#[tokio::test]
+async fn a_reconcile_with_no_id_left_fails_naming_the_node_in_the_error_and_the_condition() {
+    let fake = FakeApi::new();
+    let mut taken = BTreeMap::new();
+    for i in 1..=2000 {
+        let name = format!("old-{i:04}");
+        insert_node(&fake, &name, json!({}));
+        taken.insert(name, i.to_string());
+    }
+    let mut cm = record(&[]);
+    cm["data"] = serde_json::to_value(&taken).unwrap();
+    fake.insert(CM_PATH, cm);
+    insert_node(&fake, "new", json!({"san": "yes"}));
+
+    let err = reconcile(&fake, &cluster(json!([shared_class()])))
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("no sanlock host id left for node(s) new: all 2000 ids"),
+        "{text}"
+    );
+    let status = &fake.get(CLUSTER_PATH).unwrap()["status"];
+    let resources = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "ResourcesAvailable")
+        .unwrap()
+        .clone();
+    assert_eq!(resources["status"], "False");
+    assert!(
+        resources["message"]
+            .as_str()
+            .unwrap()
+            .contains("no sanlock host id left for node(s) new"),
+        "{resources}"
+    );
+}
