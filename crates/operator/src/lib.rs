@@ -11,12 +11,15 @@
 //!   longer exist.
 //!
 //! The planning modules above have no client and no async. [`controller`] is the thin I/O half that
-//! executes their plans against the API server (the `LVMCluster` reconciler and its `run` loop).
+//! executes their plans against the API server (the `LVMCluster` reconciler and its `run` loop);
+//! [`host_ids`] keeps the sanlock host-id record of shared classes (the decision is
+//! `lvms_core::shared::assign_host_ids`, the write is conditional on what was read).
 #![forbid(unsafe_code)]
 
 pub mod certificate;
 pub mod controller;
 pub mod finalizer;
+pub mod host_ids;
 pub mod metrics;
 pub mod render;
 pub use lvms_api::selector;

@@ -117,6 +117,13 @@ const OPERATOR_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
     ("", "persistentvolumes", &["get", "list"], Scope::Cluster),
     // The webhook's self-signed certificate (src/certificate.rs).
     ("", "secrets", &["get", "create", "patch"], Scope::Namespace),
+    // The sanlock host ids of shared classes (src/host_ids.rs): read, create, conditional update.
+    (
+        "",
+        "configmaps",
+        &["get", "create", "update"],
+        Scope::Namespace,
+    ),
     (
         "admissionregistration.k8s.io",
         "validatingwebhookconfigurations",

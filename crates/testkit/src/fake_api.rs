@@ -7,7 +7,9 @@
 //! - `POST` to a collection creates (409 `AlreadyExists` when the name is taken);
 //! - `PATCH` with a JSON merge patch, a JSON patch or a server-side apply; a patch that carries
 //!   `metadata.resourceVersion` fails with 409 `Conflict` when the object has moved on;
-//! - `PATCH …/status` changes only `status`, and a patch of the object never changes `status`;
+//! - `PUT` replaces an object (404 `NotFound` when absent); a body whose `metadata.resourceVersion`
+//!   is not the stored one fails with 409 `Conflict`, as an update with optimistic concurrency does;
+//! - `PATCH …/status` changes only `status`, and a patch or `PUT` of the object never changes `status`;
 //! - `DELETE` of an object with finalizers sets `metadata.deletionTimestamp`; the object goes when its last
 //!   finalizer is removed;
 //! - every write bumps `metadata.resourceVersion`; creation sets `uid` and `creationTimestamp`.
@@ -374,6 +376,7 @@ impl State {
                 let obj = obj.to_owned();
                 self.patch(&obj, content_type, body, true)
             }
+            (&Method::PUT, Target::Object) => self.replace(path, body.clone()),
             (&Method::DELETE, Target::Object) => self.delete(path),
             _ => status(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -480,14 +483,7 @@ impl State {
                 if let Some(rv) = patch["metadata"]["resourceVersion"].as_str()
                     && current["metadata"]["resourceVersion"].as_str() != Some(rv)
                 {
-                    return status(
-                        StatusCode::CONFLICT,
-                        "Conflict",
-                        format!(
-                            "Operation cannot be fulfilled on {path}: the object has been \
-                             modified; please apply your changes to the latest version and try again"
-                        ),
-                    );
+                    return conflict(path);
                 }
                 json_patch::merge(&mut next, patch);
             }
@@ -553,6 +549,46 @@ impl State {
         (StatusCode::OK, merged)
     }
 
+    /// `PUT`: the body replaces the object, except `status` and the fields the server sets.
+    fn replace(&mut self, path: &str, mut object: Value) -> (StatusCode, Value) {
+        let Some(current) = self.objects.get(path).cloned() else {
+            return not_found(path);
+        };
+        if let Some(rv) = object["metadata"]["resourceVersion"].as_str()
+            && current["metadata"]["resourceVersion"].as_str() != Some(rv)
+        {
+            return conflict(path);
+        }
+        match current.get("status") {
+            Some(s) => object["status"] = s.clone(),
+            None => {
+                if let Some(m) = object.as_object_mut() {
+                    m.remove("status");
+                }
+            }
+        }
+        for field in ["uid", "creationTimestamp", "deletionTimestamp"] {
+            match current["metadata"].get(field) {
+                Some(v) => object["metadata"][field] = v.clone(),
+                None => {
+                    if let Some(m) = object["metadata"].as_object_mut() {
+                        m.remove(field);
+                    }
+                }
+            }
+        }
+        let finalizers_left = object["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty());
+        let kind = if object["metadata"].get("deletionTimestamp").is_some() && !finalizers_left {
+            "DELETED"
+        } else {
+            "MODIFIED"
+        };
+        let object = self.store(path, object, kind);
+        (StatusCode::OK, object)
+    }
+
     fn delete(&mut self, path: &str) -> (StatusCode, Value) {
         let Some(mut object) = self.objects.get(path).cloned() else {
             return not_found(path);
@@ -570,6 +606,17 @@ impl State {
         }
         (StatusCode::OK, object)
     }
+}
+
+fn conflict(path: &str) -> (StatusCode, Value) {
+    status(
+        StatusCode::CONFLICT,
+        "Conflict",
+        format!(
+            "Operation cannot be fulfilled on {path}: the object has been modified; please apply \
+             your changes to the latest version and try again"
+        ),
+    )
 }
 
 fn not_found(path: &str) -> (StatusCode, Value) {
@@ -649,6 +696,45 @@ mod tests {
             .unwrap_err();
         assert!(
             matches!(err, kube::Error::Api(ref s) if s.code == 409),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_replace_with_a_stale_resource_version_is_a_conflict_and_of_a_missing_object_not_found()
+     {
+        let fake = FakeApi::new();
+        fake.insert(CM, cm());
+        let api: Api<ConfigMap> = Api::namespaced(fake.client("ns"), "ns");
+        let read = api.get("a").await.unwrap();
+        let mut next = read.clone();
+        next.data = Some(BTreeMap::from([("k".to_owned(), "w".to_owned())]));
+        let written = api
+            .replace("a", &PostParams::default(), &next)
+            .await
+            .unwrap();
+        assert_eq!(written.data, next.data);
+        assert_eq!(written.metadata.uid, read.metadata.uid);
+        assert_ne!(
+            written.metadata.resource_version,
+            read.metadata.resource_version
+        );
+        let err = api
+            .replace("a", &PostParams::default(), &next)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, kube::Error::Api(ref s) if s.code == 409 && s.reason == "Conflict"),
+            "{err:?}"
+        );
+        next.metadata.name = Some("b".to_owned());
+        next.metadata.resource_version = None;
+        let err = api
+            .replace("b", &PostParams::default(), &next)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, kube::Error::Api(ref s) if s.code == 404),
             "{err:?}"
         );
     }

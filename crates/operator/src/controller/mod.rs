@@ -6,7 +6,9 @@
 //!   observed `resourceVersion` as precondition), discover the snapshot API and an existing default
 //!   StorageClass, render, server-side apply every object (field manager
 //!   [`OPERATOR_FIELD_MANAGER`], forced), delete the `LVMVolumeGroup`s and StorageClasses of classes
-//!   no longer in the spec, then aggregate and server-side apply `status`;
+//!   no longer in the spec, when a class is shared assign sanlock host ids ([`crate::host_ids`]:
+//!   read, decide, update with the read `resourceVersion` or create, never apply), then aggregate
+//!   and server-side apply `status`;
 //! - being deleted: count what still needs the storage, and follow the [`DeletionPlan`].
 //!
 //! Every step is idempotent: apply is declarative, deletes treat "not found" as done.
@@ -17,7 +19,7 @@ use futures::StreamExt;
 use k8s_openapi::{
     api::{
         apps::v1::DaemonSet,
-        core::v1::{Node, PersistentVolume, PersistentVolumeClaim},
+        core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim},
         storage::v1::{CSIDriver, StorageClass},
     },
     apimachinery::pkg::apis::meta::v1::Time,
@@ -45,6 +47,7 @@ use tracing::{info, instrument, warn};
 
 use crate::{
     finalizer::{DeletionPlan, cluster_deletion},
+    host_ids,
     metrics::{Metrics, Readiness},
     render::{
         NODE_DAEMON_SET, RenderConfig, RenderError, Rendered, SNAPSHOT_CLASS_KIND, SNAPSHOT_GROUP,
@@ -426,6 +429,10 @@ impl Reconciler<'_> {
             }
         }
 
+        if let Some(failure) = self.assign_host_ids().await {
+            failures.push(failure);
+        }
+
         let sync = if failures.is_empty() {
             ResourceSync::Applied
         } else {
@@ -443,6 +450,60 @@ impl Reconciler<'_> {
             return Err(Error::Apply(message));
         }
         Ok(Action::requeue(REQUEUE))
+    }
+
+    /// When a device class is shared, gives every node it selects a sanlock host id
+    /// ([`host_ids::allocate`]); logs each id assigned, released or replaced and publishes one event
+    /// per kind of change. Returns what failed, in words (nodes left without an id included).
+    async fn assign_host_ids(&self) -> Option<String> {
+        if !host_ids::any_shared(self.cluster) {
+            return None;
+        }
+        let nodes = match Api::<Node>::all(self.client())
+            .list(&ListParams::default())
+            .await
+        {
+            Ok(list) => list.items,
+            Err(e) => return Some(format!("assigning sanlock host ids: listing Nodes: {e}")),
+        };
+        let api = Api::<ConfigMap>::namespaced(self.client(), &self.ctx.config.namespace);
+        let needing = host_ids::needing(self.cluster, &nodes);
+        let present = host_ids::present(&nodes);
+        let out = match host_ids::allocate(&api, &needing, &present).await {
+            Ok(out) => out,
+            Err(e) => return Some(format!("assigning sanlock host ids: {e}")),
+        };
+        for (node, host_id) in &out.added {
+            info!(node, host_id, "sanlock host id assigned");
+        }
+        for (node, host_id) in &out.released {
+            info!(node, host_id, "sanlock host id released: the node is gone");
+        }
+        for (node, value) in &out.replaced {
+            warn!(node, value, "invalid sanlock host id entry replaced");
+        }
+        if !out.added.is_empty() {
+            let note = format!("sanlock host ids assigned: {}", host_ids::list(&out.added));
+            self.event(EventType::Normal, "HostIdsAssigned", "AssignHostIds", note)
+                .await;
+        }
+        if !out.released.is_empty() {
+            let note = format!(
+                "sanlock host ids released (their nodes are gone): {}",
+                host_ids::list(&out.released)
+            );
+            self.event(EventType::Normal, "HostIdsReleased", "AssignHostIds", note)
+                .await;
+        }
+        if !out.replaced.is_empty() {
+            let note = format!(
+                "invalid sanlock host id entries replaced (out of range or another node's id): {}",
+                host_ids::list(&out.replaced)
+            );
+            self.event(EventType::Warning, "HostIdsReplaced", "AssignHostIds", note)
+                .await;
+        }
+        (!out.exhausted.is_empty()).then(|| host_ids::exhausted_message(&out.exhausted))
     }
 
     /// Applies every rendered object; returns what failed, in words.

@@ -18,6 +18,8 @@
 //!   status into `LVMCluster.status`, and runs the deletion flow (PVCs and Retain PVs block it, node
 //!   cleanup finalizers are awaited);
 //! - [`node_removal`]: deleting a Node releases its node status and cleanup finalizers;
+//! - [`host_ids`]: two sanlock host-id allocators racing on one record never give an id to two
+//!   nodes, and deleting a Node releases its id;
 //! - [`provisioning`]: the CSI controller and a node agent's LogicalVolume reconciler (over an in-memory
 //!   backend, no disks) make, grow, snapshot and remove a volume through LogicalVolume objects;
 //! - [`installed`]: on a cluster where lvms-rs is installed and nodes have a spare disk
@@ -27,6 +29,7 @@
 mod bench;
 mod cleanup;
 mod crds;
+mod host_ids;
 mod installed;
 mod node_removal;
 mod operator;
