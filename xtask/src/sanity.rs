@@ -2,10 +2,11 @@
 //! in one boot of the test VM, in seven modes: a thin class with mount volumes, the thin class with block
 //! volumes, a thick class (whose snapshot and clone specs are skipped: thick classes cannot snapshot),
 //! and a shared class with locking on (sanlock and lvmlockd in the VM) with linear and thin volumes,
-//! mount and block each (linear ones skip the snapshot and clone specs).
+//! mount and block each (linear ones skip the snapshot and clone specs), against a second driver.
 //!
 //! csi-sanity comes from the Kubernetes assets directory ([`crate::cluster::assets`]). Each mode's whole output is kept in
-//! `target/sanity/<mode>.log`, the driver's in `target/sanity/standalone.log`.
+//! `target/sanity/<mode>.log`, the drivers' in `target/sanity/standalone.log` (local classes) and
+//! `target/sanity/shared.log` (the shared class, its own driver).
 
 use std::{fmt::Write as _, fs, path::Path, process::ExitCode, time::Duration};
 
@@ -29,6 +30,8 @@ struct Mode {
     flags: &'static [&'static str],
     /// Extra StorageClass parameters (`key: value` lines of the parameters file).
     params: &'static str,
+    /// Against the driver of the shared class ([`SHARED_CONFIG`]) instead of the local classes'.
+    shared: bool,
 }
 
 /// The specs a class without snapshots skips: snapshots, restores and clones need thin volumes.
@@ -43,18 +46,21 @@ const MODES: &[Mode] = &[
         name: "thin-mount",
         class: "sanity-thin",
         flags: &[],
+        shared: false,
         params: "",
     },
     Mode {
         name: "thin-block",
         class: "sanity-thin",
         flags: &[BLOCK],
+        shared: false,
         params: "",
     },
     Mode {
         name: "thick",
         class: "sanity-thick",
         flags: &[NO_SNAPSHOTS],
+        shared: false,
         params: "",
     },
     // A shared class with locking on (sanlock and lvmlockd running, the volume group made with
@@ -63,34 +69,35 @@ const MODES: &[Mode] = &[
         name: "shared-linear-mount",
         class: "sanity-shared",
         flags: &[NO_SNAPSHOTS],
+        shared: true,
         params: "",
     },
     Mode {
         name: "shared-linear-block",
         class: "sanity-shared",
         flags: &[NO_SNAPSHOTS, BLOCK],
+        shared: true,
         params: "",
     },
     Mode {
         name: "shared-thin-mount",
         class: "sanity-shared",
         flags: &[],
+        shared: true,
         params: THIN_MODE,
     },
     Mode {
         name: "shared-thin-block",
         class: "sanity-shared",
         flags: &[BLOCK],
+        shared: true,
         params: THIN_MODE,
     },
 ];
 
-/// The node engine's config: a thin class (the default, xfs), a thick ext4 class and a shared class
-/// (this node is sanlock host 1 and makes the shared volume group), one disk each.
+/// The local classes' driver config: a thin class (the default, xfs) and a thick ext4 class, one
+/// disk each.
 const CONFIG: &str = "\
-shared:
-  hostId: 1
-  createVolumeGroups: true
 deviceClasses:
   - name: sanity-thin
     default: true
@@ -106,7 +113,17 @@ deviceClasses:
     fstype: ext4
     deviceSelector:
       paths: [/dev/disk/by-id/virtio-sanity-thick]
+";
+
+/// The shared class's driver config: this node is sanlock host 1 and makes the shared volume group.
+/// A driver of its own, so the local modes run as a driver without shared classes does.
+const SHARED_CONFIG: &str = "\
+shared:
+  hostId: 1
+  createVolumeGroups: true
+deviceClasses:
   - name: sanity-shared
+    default: true
     fstype: ext4
     deviceAccessPolicy: shared
     deviceSelector:
@@ -152,27 +169,25 @@ fn guest_script(lvms: &Path, sanity: &Path, out: &Path) -> String {
     let mut s = String::from("set -u\n");
     let _ = writeln!(s, "out={} lvms={} sanity={}", q(out), q(lvms), q(sanity));
     let _ = writeln!(s, "sock={SOCKET}");
-    // The shared class's lock managers run as host services would (the driver only checks them).
     s.push_str(
-        "mkdir -p /run/sanlock /run/lvm\n\
-         sanlock daemon -w 0 -U root -G root\n\
-         for i in $(seq 50); do sanlock client status >/dev/null 2>&1 && break; sleep 0.2; done\n\
-         lvmlockd -g sanlock\n\
-         for i in $(seq 50); do lvmlockctl --info >/dev/null 2>&1 && break; sleep 0.2; done\n",
-    );
-    s.push_str(
-        r#""$lvms" standalone --config "$out/config.yaml" --endpoint "$sock" --node-id sanity-node \
-  2>"$out/standalone.log" &
-driver=$!
-i=0
-until "$lvms" csi --endpoint "$sock" probe >/dev/null 2>&1; do
-  i=$((i + 1))
-  if [ $i -gt 300 ]; then
-    echo "sanity: the driver did not become ready"; tail -n 40 "$out/standalone.log"; kill $driver; exit 1
-  fi
-  sleep 1
-done
-status=0
+        r#"status=0
+driver=
+start_driver() {
+  "$lvms" standalone --config "$out/$1.yaml" --endpoint "$sock" --node-id sanity-node \
+    2>"$out/$1.log" &
+  driver=$!
+  i=0
+  until "$lvms" csi --endpoint "$sock" probe >/dev/null 2>&1; do
+    i=$((i + 1))
+    if [ $i -gt 300 ]; then
+      echo "sanity: the $1 driver did not become ready"; tail -n 40 "$out/$1.log"; kill $driver; exit 1
+    fi
+    sleep 1
+  done
+}
+stop_driver() {
+  kill $driver; wait $driver 2>/dev/null
+}
 run_mode() {
   mode=$1; shift
   dir=/run/sanity/$mode
@@ -186,19 +201,36 @@ run_mode() {
 }
 "#,
     );
-    for mode in MODES {
-        let _ = write!(
-            s,
-            "run_mode {} --csi.testvolumesize={VOLUME_SIZE} --csi.testvolumeexpandsize={EXPAND_SIZE} \
-             --csi.testvolumeparameters=\"$out/{}.params.yaml\"",
-            mode.name, mode.name
-        );
-        for f in mode.flags {
-            let _ = write!(s, " {}", vm::shell_quote(f));
+    for shared in [false, true] {
+        if shared {
+            // The shared class's lock managers run as host services would (the driver only checks
+            // them).
+            s.push_str(
+                "mkdir -p /run/sanlock /run/lvm\n\
+                 sanlock daemon -w 0 -U root -G root\n\
+                 for i in $(seq 50); do sanlock client status >/dev/null 2>&1 && break; sleep 0.2; done\n\
+                 lvmlockd -g sanlock\n\
+                 for i in $(seq 50); do lvmlockctl --info >/dev/null 2>&1 && break; sleep 0.2; done\n\
+                 start_driver shared\n",
+            );
+        } else {
+            s.push_str("start_driver standalone\n");
         }
-        s.push('\n');
+        for mode in MODES.iter().filter(|m| m.shared == shared) {
+            let _ = write!(
+                s,
+                "run_mode {} --csi.testvolumesize={VOLUME_SIZE} --csi.testvolumeexpandsize={EXPAND_SIZE} \
+                 --csi.testvolumeparameters=\"$out/{}.params.yaml\"",
+                mode.name, mode.name
+            );
+            for f in mode.flags {
+                let _ = write!(s, " {}", vm::shell_quote(f));
+            }
+            s.push('\n');
+        }
+        s.push_str("stop_driver\n");
     }
-    s.push_str("kill $driver; wait $driver 2>/dev/null\nexit $status\n");
+    s.push_str("exit $status\n");
     s
 }
 
@@ -214,7 +246,8 @@ pub fn run(repo: &Path) -> Result<ExitCode> {
         fs::remove_dir_all(&out)?;
     }
     fs::create_dir_all(&out)?;
-    fs::write(out.join("config.yaml"), CONFIG)?;
+    fs::write(out.join("standalone.yaml"), CONFIG)?;
+    fs::write(out.join("shared.yaml"), SHARED_CONFIG)?;
     for mode in MODES {
         fs::write(
             out.join(format!("{}.params.yaml", mode.name)),

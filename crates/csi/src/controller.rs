@@ -591,7 +591,9 @@ impl<B: Backend> ControllerService<B> {
                 Some(Source::Volume(v.volume_id.clone()))
             }
         };
-        if source.is_some() && !class.makes_thin() {
+        // A shared class's clone or restore is thin whatever the volume mode (it lives in its
+        // source's pool): the backend checks that the source is a thin volume.
+        if source.is_some() && !class.makes_thin() && class.shared.is_none() {
             return Err(RpcError::invalid(format!(
                 "device class {} is thick: cloning and restoring from snapshots need a thin class (or \
                  volume mode thin on a shared class)",

@@ -583,3 +583,35 @@ fn t4_a_thin_volume_has_its_own_pool_moves_between_nodes_and_keeps_snapshots_and
     n1.stop_standalone();
     n2.stop_standalone();
 }
+
+#[test]
+#[ignore = "two VMs on one LUN: cargo xtask vm-shared"]
+fn t5_the_manual_removal_in_docs_leaves_the_lun_blank_and_no_lockspace_on_either_node() {
+    let [n1, n2] = Node::all();
+    let dir = scratch();
+    joined(&n1, &n2, &dir);
+    // A volume is left on purpose: the manual path removes it with the group.
+    n1.start_standalone(&dir.join("node1.yaml"));
+    n1.csi_ok("create-volume --name left --size 16Mi --class san --block");
+    n1.stop_standalone();
+    // docs/shared-classes.md, "Removing a shared class by hand", step by step.
+    let lvm = format!("--config global/use_lvmlockd=1 --devicesfile lvms-{CLASS}.devices");
+    n2.ok(&format!("lvm vgchange {lvm} --lock-stop {CLASS}"));
+    n1.ok(&format!("lvm vgremove {lvm} --force {CLASS}"));
+    n1.ok(&format!("lvm pvremove {lvm} --yes {LUN}"));
+    for n in [&n1, &n2] {
+        n.ok(&format!(
+            "rm -f ${{LVM_SYSTEM_DIR:-/etc/lvm}}/devices/lvms-{CLASS}.devices"
+        ));
+    }
+    for n in [&n1, &n2] {
+        let lockspaces = n.ok("sanlock client status");
+        assert!(
+            !lockspaces.contains(&format!("lvm_{CLASS}")),
+            "{}: {lockspaces}",
+            n.name
+        );
+        let signatures = n.ok(&format!("wipefs --no-act {LUN}"));
+        assert!(signatures.trim().is_empty(), "{}: {signatures}", n.name);
+    }
+}

@@ -25,6 +25,9 @@ const IN_USE: &[&str] = &[
     // Shared volume groups: an LV another host has active (exclusively, or shared when asking for
     // exclusive): "LV locked by other host: vg/lv".
     "locked by other host",
+    // lvextend of an LV this host holds shared (MULTI_NODE block), which needs it exclusively:
+    // "LV is already locked with incompatible mode: vg/lv".
+    "locked with incompatible mode",
 ];
 
 /// "Volume group "vg1" has insufficient free space (385 extents): 2560 required.",
@@ -184,6 +187,9 @@ mod tests {
             "  Logical volume vg1/lv1 in use.\n",
             "  Can't remove open logical volume \"lv1\"\n",
             "  Physical volume \"/dev/vdb\" still in use\n",
+            // Shared volume groups, as lvm2 2.03.16 with lvmlockd says them (seen in the two-VM tests).
+            "  LV locked by other host: san/v1\n  Failed to lock logical volume san/v1.\n",
+            "  LV is already locked with incompatible mode: san/csi-pcjvi2v6ajos4nulx7fn5gbdfc\n",
         ] {
             let err = classify_text(&["lvremove"], text);
             assert!(matches!(err, Error::InUse(_)), "{text:?} -> {err:?}");
