@@ -5,6 +5,8 @@
 //! What it does, as the API server does it:
 //! - `GET` an object (404 `NotFound` when absent) or a collection (a `List`);
 //! - `POST` to a collection creates (409 `AlreadyExists` when the name is taken);
+//! - `PUT` of an object replaces it (404 when absent); a body whose `metadata.resourceVersion` is
+//!   not the stored one fails with 409 `Conflict`, and `status` is kept as stored;
 //! - `PATCH` with a JSON merge patch, a JSON patch or a server-side apply; a patch that carries
 //!   `metadata.resourceVersion` fails with 409 `Conflict` when the object has moved on;
 //! - `PATCH …/status` changes only `status`, and a patch of the object never changes `status`;
@@ -369,6 +371,7 @@ impl State {
                 None => not_found(path),
             },
             (&Method::POST, Target::Collection) => self.create(path, body.clone()),
+            (&Method::PUT, Target::Object) => self.replace(path, body.clone()),
             (&Method::PATCH, Target::Object) => self.patch(path, content_type, body, false),
             (&Method::PATCH, Target::Status(obj)) => {
                 let obj = obj.to_owned();
@@ -459,6 +462,44 @@ impl State {
         object["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
         let object = self.store(&path, object, "ADDED");
         (StatusCode::CREATED, object)
+    }
+
+    fn replace(&mut self, path: &str, mut object: Value) -> (StatusCode, Value) {
+        let Some(current) = self.objects.get(path).cloned() else {
+            return not_found(path);
+        };
+        if let Some(rv) = object["metadata"]["resourceVersion"].as_str()
+            && current["metadata"]["resourceVersion"].as_str() != Some(rv)
+        {
+            return status(
+                StatusCode::CONFLICT,
+                "Conflict",
+                format!(
+                    "Operation cannot be fulfilled on {path}: the object has been modified; please \
+                     apply your changes to the latest version and try again"
+                ),
+            );
+        }
+        for field in ["uid", "creationTimestamp", "deletionTimestamp"] {
+            match current["metadata"].get(field) {
+                Some(v) => object["metadata"][field] = v.clone(),
+                None => {
+                    if let Some(m) = object["metadata"].as_object_mut() {
+                        m.remove(field);
+                    }
+                }
+            }
+        }
+        match current.get("status") {
+            Some(s) => object["status"] = s.clone(),
+            None => {
+                if let Some(m) = object.as_object_mut() {
+                    m.remove("status");
+                }
+            }
+        }
+        let object = self.store(path, object, "MODIFIED");
+        (StatusCode::OK, object)
     }
 
     fn patch(
@@ -645,6 +686,39 @@ mod tests {
             .unwrap();
         let err = api
             .patch("a", &PatchParams::default(), &Patch::Merge(patch(&rv)))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, kube::Error::Api(ref s) if s.code == 409),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_replace_with_a_stale_resource_version_is_a_conflict() {
+        let fake = FakeApi::new();
+        let api: Api<ConfigMap> = Api::namespaced(fake.client("ns"), "ns");
+        let absent: ConfigMap = serde_json::from_value(cm()).unwrap();
+        let err = api
+            .replace("a", &PostParams::default(), &absent)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, kube::Error::Api(ref s) if s.code == 404),
+            "{err:?}"
+        );
+        fake.insert(CM, cm());
+        let read = api.get("a").await.unwrap();
+        let mut changed = read.clone();
+        changed.data = Some([("k".to_owned(), "w".to_owned())].into());
+        let written = api
+            .replace("a", &PostParams::default(), &changed)
+            .await
+            .unwrap();
+        assert_eq!(written.data, changed.data);
+        assert_eq!(written.metadata.uid, read.metadata.uid);
+        let err = api
+            .replace("a", &PostParams::default(), &changed)
             .await
             .unwrap_err();
         assert!(
