@@ -22,7 +22,8 @@ use lvms_csi::{
     server::{self, Services},
 };
 use lvms_host::{
-    engine::RealNodeHost, fs::Filesystems, lvm::Lvm, runner::RealRunner, shell::LvmShell,
+    engine::RealNodeHost, fs::Filesystems, lvm::Lvm, runner::RealRunner, shared::RealSharedHost,
+    shell::LvmShell,
 };
 use lvms_node::{
     capacity::Publisher,
@@ -80,6 +81,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
         &args.node_name,
         &args.namespace,
         RealNodeHost::new(runner.clone()),
+        RealSharedHost::new(runner.clone()),
         Box::new(move |classes| {
             LocalBackend::new(node.clone(), classes, Lvm::new(Arc::new(LvmShell::new())))
         }),
