@@ -165,6 +165,20 @@ const NODE_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
         &["get", "create", "patch", "delete"],
         Scope::Namespace,
     ),
+    // Shared classes: this node's sanlock host id (ConfigMap lvms-sanlock-host-ids, read and
+    // watched), and the class's creator Lease (created, read, renewed or taken over by update).
+    (
+        "",
+        "configmaps",
+        &["get", "list", "watch"],
+        Scope::Namespace,
+    ),
+    (
+        "coordination.k8s.io",
+        "leases",
+        &["get", "create", "update"],
+        Scope::Namespace,
+    ),
     // The LogicalVolume reconciler: watched, sources read, finalizer merge-patched, status patched.
     (
         "topolvm.io",
