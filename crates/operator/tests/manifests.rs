@@ -997,6 +997,9 @@ fn the_image_carries_the_node_tools_and_runs_lvms() {
         "e2fsprogs",
         "xfsprogs",
         "util-linux",
+        // The clients of the host's lock daemons, for shared classes (ADR 0016).
+        "sanlock",
+        "lvm2-lockd",
     ] {
         assert!(
             install.split_whitespace().any(|w| w == tool),
