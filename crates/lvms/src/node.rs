@@ -9,7 +9,10 @@
 //! - LVs of ours that no LogicalVolume names are reported (and removed after `--gc-delete-after`).
 //!
 //! LVM commands of the volumes go to one long-lived `lvm` shell per set of ready classes; the node
-//! engine and the filesystem tools run as processes.
+//! engine and the filesystem tools run as processes. The backend is made again whenever the set of
+//! ready classes changes, and a shared class is ready only once this node joined its lockspace, so
+//! the backend's [`Lvm::with_shared`] set is always exactly the shared classes it serves: their
+//! LV commands carry lvmlockd and the class's devices file (as in `lvms standalone`).
 
 use std::{path::PathBuf, sync::Arc};
 
@@ -22,7 +25,8 @@ use lvms_csi::{
     server::{self, Services},
 };
 use lvms_host::{
-    engine::RealNodeHost, fs::Filesystems, lvm::Lvm, runner::RealRunner, shell::LvmShell,
+    engine::RealNodeHost, fs::Filesystems, lvm::Lvm, runner::RealRunner, shared::RealSharedHost,
+    shell::LvmShell,
 };
 use lvms_node::{
     capacity::Publisher,
@@ -80,8 +84,18 @@ pub async fn run(args: NodeArgs) -> Result<()> {
         &args.node_name,
         &args.namespace,
         RealNodeHost::new(runner.clone()),
+        RealSharedHost::new(runner.clone()),
         Box::new(move |classes| {
-            LocalBackend::new(node.clone(), classes, Lvm::new(Arc::new(LvmShell::new())))
+            let shared: Vec<String> = classes
+                .iter()
+                .filter(|c| c.shared.is_some())
+                .map(|c| c.name.clone())
+                .collect();
+            LocalBackend::new(
+                node.clone(),
+                classes,
+                Lvm::new(Arc::new(LvmShell::new())).with_shared(shared),
+            )
         }),
     ));
     let storage = StorageMetrics::default();

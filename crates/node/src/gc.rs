@@ -2,7 +2,9 @@
 //! of them may go.
 //!
 //! - On a node: an LV of ours (a `csi-…` volume or `snap-…` snapshot) that no `LogicalVolume` names (a
-//!   controller that crashed after the agent made it, an object deleted by force).
+//!   controller that crashed after the agent made it, an object deleted by force). Volumes of shared
+//!   classes are left out ([`collectable`]): every node that joined sees them, made for any node's
+//!   `LogicalVolume`s, so one node's objects cannot tell an orphan among them.
 //! - In the cluster: a `LogicalVolume` of a volume (not a snapshot: those belong to
 //!   `VolumeSnapshotContent`s) that no `PersistentVolume` refers to (a provisioner that gave up, a PV
 //!   deleted by hand with the Retain policy).
@@ -65,6 +67,24 @@ impl Tracker {
         }
         sweep
     }
+}
+
+/// The ids of `volumes` a node's collector may judge: those of its own disks' classes, not of the
+/// shared classes among `classes` (see the module documentation).
+pub fn collectable(
+    volumes: Vec<lvms_csi::backend::Volume>,
+    classes: &[lvms_csi::backend::ClassInfo],
+) -> Vec<String> {
+    let shared: BTreeSet<&str> = classes
+        .iter()
+        .filter(|c| c.shared.is_some())
+        .map(|c| c.name.as_str())
+        .collect();
+    volumes
+        .into_iter()
+        .filter(|v| !shared.contains(v.class.as_str()))
+        .map(|v| v.id)
+        .collect()
 }
 
 /// LVs of ours on a node that no `LogicalVolume` names: `on_disk` are the node's volume and snapshot ids,
@@ -187,13 +207,13 @@ impl<B: lvms_csi::backend::Backend> NodeCollector<B> {
             return Ok(Sweep::default());
         };
         // Disk first: an LV made after this read has its object already.
-        let on_disk: Vec<String> = backend
-            .list()
-            .await
-            .map_err(|e| format!("list volumes: {e}"))?
-            .into_iter()
-            .map(|v| v.id)
-            .collect();
+        let on_disk = collectable(
+            backend
+                .list()
+                .await
+                .map_err(|e| format!("list volumes: {e}"))?,
+            &backend.classes(),
+        );
         let objects = kube::Api::<LogicalVolume>::all(self.client.clone())
             .list(
                 &kube::api::ListParams::default()
@@ -342,6 +362,40 @@ mod tests {
             unclaimed_objects(&objects, &set(&["csi-a"])),
             set(&["csi-b"]),
             "snapshots and objects being deleted are not orphans"
+        );
+    }
+
+    #[test]
+    fn volumes_of_shared_classes_are_never_judged() {
+        use lvms_csi::backend::{ClassInfo, LvType, Volume};
+        let class = |name: &str, shared: bool| ClassInfo {
+            name: name.into(),
+            thin_pool: None,
+            overprovision_ratio: 1,
+            default: false,
+            layout: LvType::Linear,
+            fstype: None,
+            shared: shared.then(lvms_core::config::SharedConfig::default),
+        };
+        let volume = |id: &str, class: &str| Volume {
+            id: id.into(),
+            class: class.into(),
+            size: 1 << 30,
+            name: None,
+            source: None,
+            snapshot: false,
+            thin: false,
+            created: None,
+            requested: None,
+            health: lvms_core::lvattr::LvHealth::Ok,
+            device: String::new(),
+        };
+        assert_eq!(
+            collectable(
+                vec![volume("csi-a", "local"), volume("csi-b", "san")],
+                &[class("local", false), class("san", true)]
+            ),
+            ["csi-a"]
         );
     }
 

@@ -5,12 +5,14 @@
 //! - [`lv_reconciler`]: its I/O, carrying each step to LVM and to the API server.
 //! - [`volume_group`] and [`vg_reconciler`]: each `LVMVolumeGroup` this node serves, through the node
 //!   engine, to a volume group (and pool), the node's `LVMVolumeGroupNodeStatus`, and cleanup.
+//! - [`creator_lease`]: the Lease that picks the one node which creates a shared volume group.
 //! - [`switch`]: the CSI backend that follows the set of ready classes.
 //! - [`capacity`]: what each class can still hold, published on the Node for the CSI controller.
 //! - [`gc`]: orphaned volumes, reported and (after a safety window, when configured) removed.
 //! - [`metrics`]: the collectors' numbers on `/metrics`.
 
 pub mod capacity;
+pub mod creator_lease;
 pub mod finalizers;
 pub mod gc;
 pub mod logical_volume;

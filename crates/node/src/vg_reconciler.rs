@@ -15,6 +15,15 @@
 //!   every [`DYNAMIC_REQUEUE`], so a lost disk shows within a minute.
 //! - Static discovery converges on start and on spec changes; Dynamic converges again every
 //!   [`DYNAMIC_REQUEUE`], so disks added later are picked up.
+//! - A shared class (ADR 0016) converges through [`lvms_host::shared::converge`] over the host's
+//!   `sanlock` and `lvmlockd`, with the host id the operator recorded for this node in ConfigMap
+//!   [`SANLOCK_HOST_IDS_CONFIGMAP`] (read at every reconcile, and watched so an assignment is acted
+//!   on at once; no entry: `Progressing`, never a made-up id). Only the holder of the class's
+//!   creator Lease ([`crate::creator_lease`]) may run `vgcreate --shared`; the others wait for the
+//!   group and then join its lockspace. It is served once joined, looked at again every
+//!   [`SHARED_WAIT`] while it waits and every [`DYNAMIC_REQUEUE`] once joined (a lockspace lost
+//!   with a restarted `lvmlockd` is joined again). Deleting it stops serving it and leaves the
+//!   volume group and the lockspace alone (docs/known-limitations.md).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -23,7 +32,7 @@ use std::{
 };
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::{
     Api, Client, ResourceExt,
     api::{Patch, PatchParams},
@@ -31,21 +40,24 @@ use kube::{
 };
 use lvms_api::{
     DeviceDiscoveryPolicy, LVMVolumeGroup, LVMVolumeGroupNodeStatus, LVMVolumeGroupNodeStatusSpec,
-    NODE_STATUS_FINALIZER, VGStatus, VGStatusType,
+    NODE_STATUS_FINALIZER, SANLOCK_HOST_IDS_CONFIGMAP, VGStatus, VGStatusType,
 };
 use lvms_core::{
-    config::{DeviceClassConfig, VG_OWNER_TAG},
+    config::{DeviceClassConfig, SharedNodeConfig, VG_OWNER_TAG},
     plan::{Action as HostAction, Observed},
+    shared,
 };
 use lvms_csi::backend::{Backend, ClassInfo};
 use lvms_host::{
     engine::{ConvergeReport, NodeHost, RealNodeHost, converge_among},
     runner::Runner,
+    shared::{RealSharedHost, SharedHost},
 };
 use tokio::sync::{Mutex, watch};
 use tracing::{debug, info, instrument, warn};
 
 use crate::{
+    creator_lease::{CreatorLease, Holding},
     finalizers,
     volume_group::{self, Step, vg_status},
 };
@@ -56,6 +68,9 @@ pub const FIELD_MANAGER: &str = "lvms-node";
 pub const RETRY: Duration = Duration::from_secs(30);
 /// Dynamic discovery runs this often.
 pub const DYNAMIC_REQUEUE: Duration = Duration::from_secs(60);
+/// A shared class that waits (for its host id, the creator, the lockspace) is looked at again after
+/// this long.
+pub const SHARED_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -97,6 +112,8 @@ pub struct Context<R, B> {
     /// Namespace of the `LVMVolumeGroup`s and of this node's status object.
     pub namespace: String,
     pub host: RealNodeHost<R>,
+    /// The machine's side of shared classes (`sanlock`, `lvmlockd`, the classes' devices files).
+    pub shared_host: RealSharedHost<R>,
     make_backend: MakeBackend<B>,
     backend: watch::Sender<Option<Arc<B>>>,
     state: Mutex<State>,
@@ -114,6 +131,7 @@ impl<R: Runner, B: Backend> Context<R, B> {
         node: impl Into<String>,
         namespace: impl Into<String>,
         host: RealNodeHost<R>,
+        shared_host: RealSharedHost<R>,
         make_backend: MakeBackend<B>,
     ) -> Self {
         Self {
@@ -121,6 +139,7 @@ impl<R: Runner, B: Backend> Context<R, B> {
             node: node.into(),
             namespace: namespace.into(),
             host,
+            shared_host,
             make_backend,
             backend: watch::channel(None).0,
             state: Mutex::new(State::default()),
@@ -208,6 +227,22 @@ impl<R: Runner, B: Backend> Context<R, B> {
         Ok(())
     }
 
+    /// This node's sanlock host id as the operator recorded it, or why there is none yet.
+    async fn host_id(&self) -> Result<Result<u16, String>> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        let record = api
+            .get_opt(SANLOCK_HOST_IDS_CONFIGMAP)
+            .await
+            .map_err(kube_err(format!(
+                "read ConfigMap {SANLOCK_HOST_IDS_CONFIGMAP}"
+            )))?;
+        Ok(volume_group::assigned_host_id(
+            record.as_ref().and_then(|c| c.data.as_ref()),
+            &self.node,
+            &self.namespace,
+        ))
+    }
+
     /// Starts from the entries this node's status object holds (a restarted agent keeps reporting
     /// every class while it converges them one by one, instead of dropping the others).
     pub async fn load_node_status(&self) -> Result<()> {
@@ -286,6 +321,25 @@ pub async fn run<R: Runner, B: Backend>(ctx: Arc<Context<R, B>>) {
     // again, on label changes only (the mapper drops every other Node update, such as status).
     let store = controller.store();
     let last_labels = std::sync::Mutex::new(None::<BTreeMap<String, String>>);
+    // A host id assigned (or changed) for this node: look at the shared classes again at once.
+    let shared_store = controller.store();
+    let last_entry = std::sync::Mutex::new(None::<Option<String>>);
+    let me = ctx.node.clone();
+    let controller = controller.watches(
+        Api::<ConfigMap>::namespaced(ctx.client.clone(), &ctx.namespace),
+        watcher::Config::default().fields(&format!("metadata.name={SANLOCK_HOST_IDS_CONFIGMAP}")),
+        move |record: ConfigMap| {
+            if !host_id_entry_changed(&last_entry, &record, &me) {
+                return Vec::new();
+            }
+            shared_store
+                .state()
+                .iter()
+                .filter(|vg| vg.spec.is_shared())
+                .map(|vg| ObjectRef::from_obj(vg.as_ref()))
+                .collect::<Vec<_>>()
+        },
+    );
     let controller = controller.watches(
         Api::<Node>::all(ctx.client.clone()),
         watcher::Config::default().fields(&format!("metadata.name={}", ctx.node)),
@@ -322,6 +376,24 @@ fn labels_changed(last: &std::sync::Mutex<Option<BTreeMap<String, String>>>, nod
         return false;
     }
     *last = Some(labels.clone());
+    true
+}
+
+/// Whether `node`'s entry in the host-id record differs from the one `last` remembers (the first
+/// look counts as a change); remembers it.
+fn host_id_entry_changed(
+    last: &std::sync::Mutex<Option<Option<String>>>,
+    record: &ConfigMap,
+    node: &str,
+) -> bool {
+    let entry = record.data.as_ref().and_then(|d| d.get(node)).cloned();
+    let mut last = last
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if last.as_ref() == Some(&entry) {
+        return false;
+    }
+    *last = Some(entry);
     true
 }
 
@@ -367,30 +439,7 @@ pub async fn reconcile<R: Runner, B: Backend>(
             Ok(Action::await_change())
         }
         Step::Converge(config) if config.is_shared() => {
-            // The agent does not join lockspaces yet (no host ids from the operator, no creator
-            // Lease): it says so and leaves the LUN alone. `lvms standalone` serves shared classes.
-            let reason = "shared device classes are not served by the node agent in this version: \
-                          it joins no sanlock lockspace and leaves the LUN untouched; use lvms \
-                          standalone for shared classes (docs/known-limitations.md)"
-                .to_owned();
-            let status = VGStatus {
-                name: class.clone(),
-                status: Some(VGStatusType::Failed),
-                reason: reason.clone(),
-                shared: Some(Box::new(lvms_api::SharedVGStatus {
-                    devices_visible: false,
-                    lockspace: lvms_api::LockspaceState::NotJoined,
-                    host_id: None,
-                    io_timeout_seconds: config
-                        .shared_config
-                        .map(|c| i32::from(c.io_timeout_seconds)),
-                    reason,
-                })),
-                ..VGStatus::default()
-            };
-            warn!("shared device class: not served by the node agent");
-            ctx.record(&class, Some(status), None).await?;
-            Ok(Action::await_change())
+            reconcile_shared(&ctx, &ctx.shared_host, &vg, &config).await
         }
         Step::Converge(config) => {
             // A class without paths must not discover the devices the other classes list.
@@ -442,8 +491,168 @@ pub async fn reconcile<R: Runner, B: Backend>(
             ctx.record(&class, Some(status), ready).await?;
             Ok(requeue)
         }
+        Step::Cleanup if vg.spec.is_shared() => cleanup_shared(&ctx, &api, &vg).await,
         Step::Cleanup => cleanup(&ctx, &api, &vg).await,
     }
+}
+
+/// Takes shared class `vg` as far as it goes now on this node, over `host` (see the module
+/// documentation), and reports it.
+async fn reconcile_shared<R: Runner, B: Backend, H: SharedHost>(
+    ctx: &Context<R, B>,
+    host: &H,
+    vg: &LVMVolumeGroup,
+    config: &DeviceClassConfig,
+) -> Result<Action> {
+    let class = vg.name_any();
+    let host_id = ctx.host_id().await?;
+    // The creator is whoever holds the Lease, decided per observation (`CreatorHost`), never this
+    // flag.
+    let node_config = host_id.as_ref().ok().map(|id| SharedNodeConfig {
+        host_id: *id,
+        create_volume_groups: false,
+    });
+    let lease = CreatorLease::new(ctx.client.clone(), &ctx.namespace, &class, &ctx.node);
+    let host = CreatorHost {
+        inner: host,
+        lease: &lease,
+        note: std::sync::Mutex::new(None),
+    };
+    let report = match lvms_host::shared::converge(&host, config, node_config.as_ref()).await {
+        Ok(report) => report,
+        Err(e) => {
+            let reason = e.to_string();
+            let status = VGStatus {
+                name: class.clone(),
+                status: Some(VGStatusType::Failed),
+                reason: reason.clone(),
+                shared: Some(Box::new(lvms_api::SharedVGStatus {
+                    host_id: host_id.as_ref().ok().map(|id| i32::from(*id)),
+                    io_timeout_seconds: Some(i32::from(
+                        config.shared_or_default().io_timeout_seconds,
+                    )),
+                    reason,
+                    ..lvms_api::SharedVGStatus::default()
+                })),
+                ..VGStatus::default()
+            };
+            ctx.record(&class, Some(status), None).await?;
+            return Err(host_err(format!("converge shared class {class}"))(e));
+        }
+    };
+    let creator = host.note();
+    let status = volume_group::shared_vg_status(
+        vg,
+        config,
+        &report,
+        host_id.as_ref().err().map(String::as_str),
+        creator.as_deref(),
+    );
+    let requeue = match &report.plan.state {
+        shared::State::Joined => Action::requeue(DYNAMIC_REQUEUE),
+        shared::State::Waiting { .. } => Action::requeue(SHARED_WAIT),
+        shared::State::Failed { .. } => Action::requeue(RETRY),
+    };
+    if report.is_joined() {
+        if !report.executed.is_empty() {
+            info!(actions = report.executed.len(), host_id = ?report.host_id, "joined the shared volume group");
+        }
+    } else {
+        warn!(reason = %status.reason, "shared device class not joined");
+    }
+    let ready = report.is_joined().then(|| ClassInfo::from_config(config));
+    ctx.record(&class, Some(status), ready).await?;
+    Ok(requeue)
+}
+
+/// The shared-class engine's host for one class on this node: an observation whose next step would
+/// be `vgcreate --shared` asks for the class's creator Lease, and only while this node holds it may
+/// the plan create (`may_create`). The Lease is created or renewed as the observation's last step,
+/// so right before the plan runs `vgcreate`; see [`crate::creator_lease`].
+struct CreatorHost<'a, H> {
+    inner: &'a H,
+    lease: &'a CreatorLease,
+    /// Who holds the Lease, when the last observation wanted it and did not get it.
+    note: std::sync::Mutex<Option<String>>,
+}
+
+impl<H> CreatorHost<'_, H> {
+    fn note(&self) -> Option<String> {
+        self.note
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl<H: SharedHost> SharedHost for CreatorHost<'_, H> {
+    async fn observe(
+        &self,
+        class: &DeviceClassConfig,
+        node: Option<&SharedNodeConfig>,
+    ) -> lvms_host::Result<shared::Observed> {
+        let mut observed = self.inner.observe(class, node).await?;
+        observed.may_create = false;
+        let mut note = None;
+        if volume_group::needs_creator(class, &observed) {
+            let name = self.lease.name();
+            match self.lease.try_hold().await {
+                Ok(Holding::Held) => {
+                    info!(lease = %name, "holding the creator Lease");
+                    observed.may_create = true;
+                }
+                Ok(Holding::Other { holder, expires }) => {
+                    note = Some(format!(
+                        "node {holder} holds the creator Lease {name} until {expires}"
+                    ));
+                }
+                Ok(Holding::Contended) => {
+                    note = Some(format!(
+                        "the creator Lease {name} changed under every attempt to take it"
+                    ));
+                }
+                Err(e) => {
+                    warn!(lease = %name, error = %e, "cannot take the creator Lease");
+                    note = Some(format!("cannot take the creator Lease {name}: {e}"));
+                }
+            }
+        }
+        *self
+            .note
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = note;
+        Ok(observed)
+    }
+
+    async fn execute(&self, action: &shared::Action) -> lvms_host::Result<()> {
+        self.inner.execute(action).await
+    }
+
+    async fn pause(&self, d: Duration) {
+        self.inner.pause(d).await;
+    }
+}
+
+/// A shared class leaves this node: it is no longer served and the finalizer goes; the volume group
+/// (other nodes' too) and this node's lockspace stay (leaving a class is not built yet).
+async fn cleanup_shared<R: Runner, B: Backend>(
+    ctx: &Context<R, B>,
+    api: &Api<LVMVolumeGroup>,
+    vg: &LVMVolumeGroup,
+) -> Result<Action> {
+    let class = vg.name_any();
+    ctx.record(&class, None, None).await?;
+    let ours = lvms_api::node_cleanup_finalizer(&ctx.node);
+    finalizers::set(api, vg, finalizers::without(vg, &ours))
+        .await
+        .map_err(kube_err(format!(
+            "remove {ours} from LVMVolumeGroup {class}"
+        )))?;
+    warn!(
+        "shared device class removed from this node; its volume group and this node's lockspace \
+         are left as they are"
+    );
+    Ok(Action::await_change())
 }
 
 /// Runs the node engine for `config` over `host`, with the class's wipe record (see [`ClassHost`]);

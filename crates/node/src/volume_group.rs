@@ -13,13 +13,20 @@
 //!
 //! A node that stops matching the selector while holding the finalizer keeps converging: its volumes
 //! stay served until the `LVMVolumeGroup` is deleted, rather than being dropped on a label change.
+//!
+//! Shared classes (ADR 0016) converge through [`lvms_host::shared::converge`]; what the node adds is
+//! pure and here: its sanlock host id from the operator's record ([`assigned_host_id`]), whether its
+//! next step needs the creator Lease ([`needs_creator`]), and its status ([`shared_vg_status`]).
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use lvms_api::{
     ChunkSizeCalculationPolicy, DeviceDiscoveryPolicy, DeviceDiscoveryPolicyStatus, LVMVolumeGroup,
-    MetadataSizePolicy, RaidHealth, RaidLvHealth, RaidStatus, VGStatus, VGStatusType,
-    node_cleanup_finalizer, selector,
+    LockspaceState, MetadataSizePolicy, RaidHealth, RaidLvHealth, RaidStatus,
+    SANLOCK_HOST_IDS_CONFIGMAP, SharedVGStatus, VGStatus, VGStatusType, node_cleanup_finalizer,
+    selector,
 };
 use lvms_core::{
     config::{
@@ -30,8 +37,10 @@ use lvms_core::{
     lvattr::{LvAttr, LvHealth},
     model::{LogicalVolume, PhysicalVolume},
     plan::{ClassPlan, ClassState, DeviceVerdict},
+    shared::{self, MAX_HOST_ID, MIN_HOST_ID},
     size::ByteSize,
 };
+use lvms_host::shared::SharedReport;
 
 /// Whether `vg`'s node selector matches `node` (no selector: every node).
 pub fn selects(vg: &LVMVolumeGroup, node: &Node) -> bool {
@@ -324,6 +333,95 @@ pub fn vg_status(vg: &LVMVolumeGroup, plan: &ClassPlan) -> VGStatus {
         // The reconciler carries its wipe record over from the previous status.
         wiped_devices: Vec::new(),
         shared: None,
+    }
+}
+
+/// This node's sanlock host id from the operator's record (the data of ConfigMap
+/// [`SANLOCK_HOST_IDS_CONFIGMAP`] in `namespace`, `None` when it does not exist), or why there is
+/// none yet. The operator assigns the ids; the node never makes one up.
+pub fn assigned_host_id(
+    record: Option<&BTreeMap<String, String>>,
+    node: &str,
+    namespace: &str,
+) -> Result<u16, String> {
+    let Some(text) = record.and_then(|d| d.get(node)) else {
+        return Err(format!(
+            "the operator has not assigned this node a sanlock host id yet: ConfigMap \
+             {namespace}/{SANLOCK_HOST_IDS_CONFIGMAP} has no entry {node} (the operator adds one for \
+             every node of a shared class; check that it runs)"
+        ));
+    };
+    text.trim()
+        .parse::<u16>()
+        .ok()
+        .filter(|id| (MIN_HOST_ID..=MAX_HOST_ID).contains(id))
+        .ok_or_else(|| {
+            format!(
+                "the operator has not assigned this node a valid sanlock host id yet: entry {node} \
+                 of ConfigMap {namespace}/{SANLOCK_HOST_IDS_CONFIGMAP} is {text:?}, not an id \
+                 {MIN_HOST_ID}–{MAX_HOST_ID} (the operator replaces it)"
+            )
+        })
+}
+
+/// Whether the next step for shared class `class` on this node would be `vgcreate --shared` if the
+/// node were the creator: only then does it ask for the creator Lease.
+pub fn needs_creator(class: &DeviceClassConfig, observed: &shared::Observed) -> bool {
+    let as_creator = shared::Observed {
+        may_create: true,
+        ..observed.clone()
+    };
+    shared::plan(class, &as_creator)
+        .actions
+        .iter()
+        .any(|a| matches!(a, shared::Action::CreateVolumeGroup { .. }))
+}
+
+/// What this node reports for shared class `vg` after [`lvms_host::shared::converge`]: `Ready` once
+/// the lockspace is joined, `Progressing` while it waits (`Joining` while lock-start is being
+/// retried), `Failed` with the fix. `no_host_id` is why the node has no host id (it replaces the
+/// engine's general words); `creator` says who holds the creator Lease while this node waits for it.
+pub fn shared_vg_status(
+    vg: &LVMVolumeGroup,
+    class: &DeviceClassConfig,
+    report: &SharedReport,
+    no_host_id: Option<&str>,
+    creator: Option<&str>,
+) -> VGStatus {
+    let (status, lockspace, reason) = match &report.plan.state {
+        shared::State::Joined => (VGStatusType::Ready, LockspaceState::Joined, String::new()),
+        shared::State::Waiting { reason } => {
+            let reason = match (report.host_id, no_host_id, creator) {
+                (None, Some(why), _) => why.to_owned(),
+                (Some(_), _, Some(who)) => format!("{reason} ({who})"),
+                _ => reason.clone(),
+            };
+            let lockspace = if report.lock_start_failures.is_empty() {
+                LockspaceState::NotJoined
+            } else {
+                LockspaceState::Joining
+            };
+            (VGStatusType::Progressing, lockspace, reason)
+        }
+        shared::State::Failed { reason } => (
+            VGStatusType::Failed,
+            LockspaceState::NotJoined,
+            reason.clone(),
+        ),
+    };
+    VGStatus {
+        name: vg.name_any(),
+        status: Some(status),
+        reason: reason.clone(),
+        device_discovery_policy: Some(discovery_status(vg)),
+        shared: Some(Box::new(SharedVGStatus {
+            devices_visible: report.plan.devices_visible,
+            lockspace,
+            host_id: report.host_id.map(i32::from),
+            io_timeout_seconds: Some(i32::from(class.shared_or_default().io_timeout_seconds)),
+            reason,
+        })),
+        ..VGStatus::default()
     }
 }
 

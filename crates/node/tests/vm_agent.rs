@@ -10,7 +10,9 @@ mod vm_agent {
     use kube::runtime::controller::Action;
     use lvms_api::{LOGICAL_VOLUME_FINALIZER, LVMVolumeGroup, topolvm::LogicalVolume};
     use lvms_csi::{ids, local::LocalBackend};
-    use lvms_host::{engine::RealNodeHost, lvm::Lvm, runner::RealRunner, shell::LvmShell};
+    use lvms_host::{
+        engine::RealNodeHost, lvm::Lvm, runner::RealRunner, shared::RealSharedHost, shell::LvmShell,
+    };
     use lvms_node::{lv_reconciler, vg_reconciler};
     use lvms_testkit::{Scratch, fake_api::FakeApi, lvs_field, sh, sh_status, vgs_field};
     use serde_json::{Value, json};
@@ -29,6 +31,7 @@ mod vm_agent {
             NODE,
             NS,
             RealNodeHost::new(&RUNNER),
+            RealSharedHost::new(&RUNNER),
             Box::new(|classes| LocalBackend::new(NODE, classes, Lvm::new(LvmShell::new()))),
         ))
     }

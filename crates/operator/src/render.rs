@@ -729,10 +729,18 @@ fn host_volumes(cfg: &RenderConfig) -> Vec<HostVolume> {
         v("device-dir", "/dev", Some("Directory")),
         // lvm2's run and lock directories: shared with the host so lvm commands on the host and
         // in the pod see each other's locks.
+        // `/run/lvm` also holds lvmlockd's socket (`lvmlockd.socket`), through which lvm and
+        // lvmlockctl in the pod reach the host's lvmlockd for shared classes (ADR 0016).
         v("run-lvm", "/run/lvm", Some("DirectoryOrCreate")),
         v("run-lock-lvm", "/run/lock/lvm", Some("DirectoryOrCreate")),
+        // The host's sanlock daemon's socket (`sanlock.sock`), for `sanlock client status` (shared
+        // classes, ADR 0016). Created when absent so nodes without sanlock start the pod too;
+        // sanlock makes its socket in the directory and leaves the directory when it stops (no
+        // RuntimeDirectory= in its unit), so a daemon started or restarted later shows in the pod.
+        v("run-sanlock", "/run/sanlock", Some("DirectoryOrCreate")),
         // The host's LVM configuration (filters, devices file) and its metadata backups and
-        // archives: lvm in the pod behaves as lvm on the host (ADR 0010).
+        // archives: lvm in the pod behaves as lvm on the host (ADR 0010). The shared classes'
+        // devices files (`/etc/lvm/devices/lvms-<class>.devices`) are in it.
         v("etc-lvm", "/etc/lvm", Some("DirectoryOrCreate")),
         // The udev database (lsblk, blkid, lvm's udev checks) and sysfs.
         v("run-udev", "/run/udev", None),
@@ -831,6 +839,7 @@ fn daemon_set(owner: &Owner<'_>, cfg: &RenderConfig, cluster: &LVMCluster) -> Da
             mount("device-dir", "/dev", Some("HostToContainer")),
             mount("run-lvm", "/run/lvm", None),
             mount("run-lock-lvm", "/run/lock/lvm", None),
+            mount("run-sanlock", "/run/sanlock", None),
             mount("etc-lvm", "/etc/lvm", None),
             mount("run-udev", "/run/udev", Some("HostToContainer")),
             mount("sys", "/sys", Some("HostToContainer")),

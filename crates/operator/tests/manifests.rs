@@ -172,6 +172,20 @@ const NODE_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
         &["get", "create", "patch", "delete"],
         Scope::Namespace,
     ),
+    // Shared classes: this node's sanlock host id (ConfigMap lvms-sanlock-host-ids, read and
+    // watched), and the class's creator Lease (created, read, renewed or taken over by update).
+    (
+        "",
+        "configmaps",
+        &["get", "list", "watch"],
+        Scope::Namespace,
+    ),
+    (
+        "coordination.k8s.io",
+        "leases",
+        &["get", "create", "update"],
+        Scope::Namespace,
+    ),
     // The LogicalVolume reconciler: watched, sources read, finalizer merge-patched, status patched.
     (
         "topolvm.io",
@@ -990,6 +1004,9 @@ fn the_image_carries_the_node_tools_and_runs_lvms() {
         "e2fsprogs",
         "xfsprogs",
         "util-linux",
+        // The clients of the host's lock daemons, for shared classes (ADR 0016).
+        "sanlock",
+        "lvm2-lockd",
     ] {
         assert!(
             install.split_whitespace().any(|w| w == tool),

@@ -1,6 +1,8 @@
-//! The node status object over the in-memory API server (the disk side runs in the VM: `vm_agent`).
+//! The node status object over the in-memory API server (the disk side runs in the VM: `vm_agent`),
+//! and shared classes over a fake [`SharedHost`].
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use lvms_core::shared::{Daemon, Daemons, SharedVg};
 use lvms_host::runner::RealRunner;
 use lvms_testkit::{fake_api::FakeApi, fake_backend::FakeBackend};
 use serde_json::{Value, json};
@@ -17,6 +19,7 @@ fn context(api: &FakeApi) -> Context<&'static RealRunner, FakeBackend> {
         "node-a",
         "lvms",
         RealNodeHost::new(&RUNNER),
+        RealSharedHost::new(&RUNNER),
         Box::new(|_| FakeBackend::new()),
     )
 }
@@ -295,50 +298,347 @@ async fn no_record_no_wipe() {
     );
 }
 
-#[tokio::test]
-async fn a_shared_class_is_reported_as_not_served_and_no_command_runs() {
-    let api = FakeApi::new();
-    api.insert(
-        "/api/v1/nodes/node-a",
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}),
-    );
-    let vg: LVMVolumeGroup = serde_json::from_value(json!({
+const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/lvms/leases/lvms-shared-create-san";
+const HOST_IDS: &str = "/api/v1/namespaces/lvms/configmaps/lvms-sanlock-host-ids";
+const SAN_VG: &str = "/apis/lvm.topolvm.io/v1alpha1/namespaces/lvms/lvmvolumegroups/san";
+
+fn shared_vg() -> LVMVolumeGroup {
+    serde_json::from_value(json!({
         "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
         "metadata": {"name": "san", "namespace": "lvms",
                      "finalizers": [lvms_api::node_cleanup_finalizer("node-a")]},
         "spec": {"deviceAccessPolicy": "shared",
                  "deviceSelector": {"paths": ["/dev/disk/by-id/wwn-0x600a"]}}}))
-    .unwrap();
+    .unwrap()
+}
+
+fn host_ids(api: &FakeApi, data: Value) {
     api.insert(
-        "/apis/lvm.topolvm.io/v1alpha1/namespaces/lvms/lvmvolumegroups/san",
-        serde_json::to_value(&vg).unwrap(),
+        HOST_IDS,
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "lvms-sanlock-host-ids", "namespace": "lvms"},
+               "data": data}),
     );
+}
+
+/// A host with both daemons running that sees the class's LUN as `/dev/sdx`, listed in the class's
+/// devices file. `vgcreate` makes the volume group and starts the lockspace; lock-start starts it.
+/// Each executed action is logged with the creator Lease's holder at that moment.
+struct SanHost {
+    api: FakeApi,
+    vg: std::sync::Mutex<Option<SharedVg>>,
+    lockspace: std::sync::Mutex<bool>,
+    executed: std::sync::Mutex<Vec<(shared::Action, Option<String>)>>,
+}
+
+/// The class's volume group as another node made it.
+fn made_vg() -> SharedVg {
+    SharedVg {
+        name: "san".into(),
+        lock_type: "sanlock".into(),
+        tags: vec![VG_OWNER_TAG.into()],
+        pvs: vec!["/dev/sdx".into()],
+    }
+}
+
+impl SanHost {
+    fn new(api: &FakeApi, vg_exists: bool) -> Self {
+        Self {
+            api: api.clone(),
+            vg: std::sync::Mutex::new(vg_exists.then(made_vg)),
+            lockspace: std::sync::Mutex::new(false),
+            executed: std::sync::Mutex::default(),
+        }
+    }
+
+    fn executed(&self) -> Vec<(shared::Action, Option<String>)> {
+        self.executed.lock().unwrap().clone()
+    }
+}
+
+impl SharedHost for SanHost {
+    async fn observe(
+        &self,
+        class: &DeviceClassConfig,
+        node: Option<&SharedNodeConfig>,
+    ) -> lvms_host::Result<shared::Observed> {
+        Ok(shared::Observed {
+            daemons: Daemons {
+                sanlock: Daemon::Running,
+                lvmlockd: Daemon::Running,
+            },
+            host_id: node.map(|n| n.host_id),
+            may_create: node.is_some_and(|n| n.create_volume_groups),
+            resolved: class
+                .device_selector
+                .paths
+                .iter()
+                .map(|p| (p.clone(), Some("/dev/sdx".to_owned())))
+                .collect(),
+            devices_file: ["/dev/sdx".to_owned()].into(),
+            vg: self.vg.lock().unwrap().clone(),
+            orphan_pvs: BTreeSet::new(),
+            signatures: BTreeMap::new(),
+            lockspace_started: *self.lockspace.lock().unwrap(),
+        })
+    }
+
+    async fn execute(&self, action: &shared::Action) -> lvms_host::Result<()> {
+        let holder = self
+            .api
+            .get(LEASE)
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned));
+        self.executed.lock().unwrap().push((action.clone(), holder));
+        match action {
+            shared::Action::CreateVolumeGroup {
+                name, pvs, tags, ..
+            } => {
+                *self.vg.lock().unwrap() = Some(SharedVg {
+                    name: name.clone(),
+                    lock_type: "sanlock".into(),
+                    tags: tags.clone(),
+                    pvs: pvs.clone(),
+                });
+                *self.lockspace.lock().unwrap() = true;
+            }
+            shared::Action::StartLockspace { .. } => *self.lockspace.lock().unwrap() = true,
+            shared::Action::AddToDevicesFile { .. } => {}
+        }
+        Ok(())
+    }
+
+    async fn pause(&self, _: Duration) {}
+}
+
+/// Reconciles the shared class once over `host`; the class's entry in the node status object.
+async fn reconcile_san(
+    api: &FakeApi,
+    ctx: &Context<&'static RealRunner, FakeBackend>,
+    host: &SanHost,
+) -> (Action, Value) {
+    let vg = shared_vg();
     let config = volume_group::device_class_config(&vg).unwrap();
-    assert!(
-        config.is_shared(),
-        "the policy reaches the node engine's config"
+    assert!(config.is_shared(), "the policy reaches the engine's config");
+    let action = reconcile_shared(ctx, host, &vg, &config).await.unwrap();
+    let status = api.get(PATH).unwrap();
+    (action, status["spec"]["nodeStatus"][0].clone())
+}
+
+fn requests_to(api: &FakeApi, path: &str) -> usize {
+    api.requests()
+        .iter()
+        .filter(|r| r.path.starts_with(path))
+        .count()
+}
+
+#[tokio::test]
+async fn a_shared_class_waits_for_the_operator_to_assign_a_host_id_and_never_guesses_one() {
+    let api = FakeApi::new();
+    let ctx = context(&api);
+    let host = SanHost::new(&api, false);
+    for record in [
+        None,
+        Some(json!({"node-b": "1"})),
+        Some(json!({"node-a": "0"})),
+    ] {
+        if let Some(data) = record {
+            host_ids(&api, data);
+        }
+        let (action, entry) = reconcile_san(&api, &ctx, &host).await;
+        assert_eq!(action, Action::requeue(SHARED_WAIT));
+        assert_eq!(entry["status"], "Progressing");
+        let reason = entry["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("the operator has not assigned this node")
+                && reason.contains("lvms/lvms-sanlock-host-ids"),
+            "{reason}"
+        );
+        assert_eq!(entry["shared"]["lockspace"], "NotJoined");
+        assert_eq!(entry["shared"]["reason"], reason);
+        assert!(entry["shared"].get("hostId").is_none(), "{entry}");
+        assert_eq!(entry["shared"]["ioTimeoutSeconds"], 10);
+    }
+    assert!(host.executed().is_empty());
+    assert_eq!(requests_to(&api, LEASE), 0, "no host id, no creator Lease");
+    assert!(ctx.backend().borrow().is_none(), "not served");
+}
+
+#[tokio::test]
+async fn a_node_that_does_not_hold_the_creator_lease_waits_for_the_volume_group() {
+    let api = FakeApi::new();
+    host_ids(&api, json!({"node-a": "3", "node-b": "1"}));
+    api.insert(
+        LEASE,
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+               "metadata": {"name": "lvms-shared-create-san", "namespace": "lvms"},
+               "spec": {"holderIdentity": "node-b", "leaseDurationSeconds": 360,
+                        "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                            k8s_openapi::jiff::Timestamp::now())}}),
     );
-    // A runner that expects nothing: any command the agent ran would panic.
+    let before = api.get(LEASE).unwrap();
+    let ctx = context(&api);
+    let host = SanHost::new(&api, false);
+    let (action, entry) = reconcile_san(&api, &ctx, &host).await;
+    assert_eq!(action, Action::requeue(SHARED_WAIT));
+    assert_eq!(entry["status"], "Progressing");
+    let reason = entry["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("waiting for the node that creates shared volume group san")
+            && reason.contains("node node-b holds the creator Lease lvms-shared-create-san"),
+        "{reason}"
+    );
+    assert_eq!(entry["shared"]["hostId"], 3);
+    assert_eq!(entry["shared"]["devicesVisible"], true);
+    assert!(host.executed().is_empty(), "{:?}", host.executed());
+    assert_eq!(api.get(LEASE), Some(before), "node-b's Lease is untouched");
+
+    // node-b made the group: this node joins, and asks for no Lease.
+    *host.vg.lock().unwrap() = Some(made_vg());
+    api.clear_requests();
+    let (action, entry) = reconcile_san(&api, &ctx, &host).await;
+    assert_eq!(entry["status"], "Ready", "{entry}");
+    assert_eq!(entry["shared"]["lockspace"], "Joined");
+    assert_eq!(action, Action::requeue(DYNAMIC_REQUEUE));
+    assert!(matches!(
+        host.executed().as_slice(),
+        [(shared::Action::StartLockspace { host_id: 3, .. }, _)]
+    ));
+    assert_eq!(requests_to(&api, LEASE), 0);
+}
+
+#[tokio::test]
+async fn the_node_holding_the_creator_lease_creates_the_volume_group_joins_and_serves_it() {
+    let api = FakeApi::new();
+    host_ids(&api, json!({"node-a": "3"}));
+    let ctx = context(&api);
+    let rx = ctx.backend();
+    let host = SanHost::new(&api, false);
+    let (action, entry) = reconcile_san(&api, &ctx, &host).await;
+    let executed = host.executed();
+    assert_eq!(
+        executed,
+        [(
+            shared::Action::CreateVolumeGroup {
+                name: "san".into(),
+                pvs: vec!["/dev/sdx".into()],
+                tags: vec![VG_OWNER_TAG.into()],
+                host_id: 3,
+            },
+            Some("node-a".to_owned())
+        )],
+        "created once, while node-a held the Lease"
+    );
+    assert_eq!(entry["status"], "Ready", "{entry}");
+    assert_eq!(entry["reason"], Value::Null);
+    assert_eq!(
+        entry["shared"],
+        json!({"devicesVisible": true, "lockspace": "Joined", "hostId": 3,
+               "ioTimeoutSeconds": 10})
+    );
+    assert_eq!(action, Action::requeue(DYNAMIC_REQUEUE));
+    let served = rx.borrow().clone();
+    assert!(served.is_some(), "a joined class is served");
+    // Left to expire (see creator_lease): the holder renews it no more once the group exists.
+    api.clear_requests();
+    reconcile_san(&api, &ctx, &host).await;
+    assert_eq!(requests_to(&api, LEASE), 0);
+    assert_eq!(api.get(LEASE).unwrap()["spec"]["holderIdentity"], "node-a");
+}
+
+#[tokio::test]
+async fn a_creator_whose_lease_another_node_took_over_does_not_create() {
+    let api = FakeApi::new();
+    host_ids(&api, json!({"node-a": "3"}));
+    let ctx = context(&api);
+    let host = SanHost::new(&api, false);
+    // The holder's renewal is refused (someone wrote the Lease since it was read, every time).
+    api.insert(
+        LEASE,
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+               "metadata": {"name": "lvms-shared-create-san", "namespace": "lvms"},
+               "spec": {"holderIdentity": "node-a", "leaseDurationSeconds": 360,
+                        "renewTime": "2020-01-01T00:00:00.000000Z"}}),
+    );
+    api.fail(http::Method::PUT, LEASE, http::StatusCode::CONFLICT, 100);
+    let (action, entry) = reconcile_san(&api, &ctx, &host).await;
+    assert!(host.executed().is_empty(), "{:?}", host.executed());
+    assert_eq!(action, Action::requeue(SHARED_WAIT));
+    assert_eq!(entry["status"], "Progressing");
+    assert!(
+        entry["reason"]
+            .as_str()
+            .unwrap()
+            .contains("changed under every attempt"),
+        "{entry}"
+    );
+}
+
+#[tokio::test]
+async fn missing_lock_daemons_fail_the_class_naming_both_and_the_start_command() {
+    let api = FakeApi::new();
+    api.insert(
+        "/api/v1/nodes/node-a",
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}),
+    );
+    let vg = shared_vg();
+    api.insert(SAN_VG, serde_json::to_value(&vg).unwrap());
+    host_ids(&api, json!({"node-a": "3"}));
+    // The real host over a scripted runner: neither client is installed; nothing else may run.
     let fake = lvms_host::fake::FakeRunner::new();
+    fake.expect(&["sanlock", "client", "status"]).spawn_fails();
+    fake.expect(&["lvmlockctl", "--info"]).spawn_fails();
     let ctx = Arc::new(Context::new(
         api.client("lvms"),
         "node-a",
         "lvms",
         RealNodeHost::new(fake.clone()),
+        RealSharedHost::new(fake.clone()),
         Box::new(|_| FakeBackend::new()),
     ));
-    reconcile(Arc::new(vg), ctx).await.unwrap();
-    assert!(fake.calls().is_empty());
-    let status = api.get(PATH).unwrap();
-    let entry = &status["spec"]["nodeStatus"][0];
+    let action = reconcile(Arc::new(vg), ctx.clone()).await.unwrap();
+    fake.assert_done();
+    assert_eq!(action, Action::requeue(RETRY));
+    let entry = api.get(PATH).unwrap()["spec"]["nodeStatus"][0].clone();
     assert_eq!(entry["name"], "san");
     assert_eq!(entry["status"], "Failed");
     assert_eq!(entry["shared"]["lockspace"], "NotJoined");
-    assert!(
-        entry["reason"]
-            .as_str()
+    let reason = entry["reason"].as_str().unwrap();
+    for word in [
+        "sanlock is not installed",
+        "lvmlockd is not installed",
+        "systemctl enable --now sanlock",
+        "systemctl enable --now lvmlockd",
+    ] {
+        assert!(reason.contains(word), "{word:?} missing from {reason}");
+    }
+    assert_eq!(requests_to(&api, LEASE), 0);
+    assert!(ctx.backend().borrow().is_none());
+}
+
+#[test]
+fn only_a_change_of_this_nodes_host_id_entry_looks_at_the_shared_classes_again() {
+    let record = |data: Value| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": "lvms-sanlock-host-ids"}, "data": data}))
             .unwrap()
-            .contains("leaves the LUN untouched"),
-        "{entry}"
+    };
+    let last = std::sync::Mutex::new(None);
+    assert!(
+        host_id_entry_changed(&last, &record(json!({})), "node-a"),
+        "first look"
     );
+    assert!(!host_id_entry_changed(
+        &last,
+        &record(json!({"node-b": "1"})),
+        "node-a"
+    ));
+    assert!(host_id_entry_changed(
+        &last,
+        &record(json!({"node-a": "2"})),
+        "node-a"
+    ));
+    assert!(!host_id_entry_changed(
+        &last,
+        &record(json!({"node-a": "2", "node-c": "3"})),
+        "node-a"
+    ));
 }

@@ -312,3 +312,212 @@ fn raid_health_is_the_worst_of_its_volumes_and_members() {
     assert_eq!(raid_status(&[], &pvs).status, RaidHealth::Healthy);
     assert_eq!(raid_status(&[], &lost).status, RaidHealth::Degraded);
 }
+
+#[test]
+fn the_host_id_is_the_operators_entry_for_this_node_or_a_reason_never_a_guess() {
+    let record = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    assert_eq!(
+        assigned_host_id(Some(&record(&[("a", "7"), ("b", "1")])), "a", "lvms"),
+        Ok(7)
+    );
+    assert_eq!(
+        assigned_host_id(Some(&record(&[("a", " 2000\n")])), "a", "lvms"),
+        Ok(2000)
+    );
+    for absent in [None, Some(record(&[("b", "1")]))] {
+        let why = assigned_host_id(absent.as_ref(), "a", "lvms").unwrap_err();
+        assert!(
+            why.contains("has not assigned this node")
+                && why.contains("lvms/lvms-sanlock-host-ids has no entry a"),
+            "{why}"
+        );
+    }
+    for bad in ["0", "2001", "-1", "x", ""] {
+        let why = assigned_host_id(Some(&record(&[("a", bad)])), "a", "lvms").unwrap_err();
+        assert!(
+            why.contains("not an id 1–2000") && why.contains(&format!("{bad:?}")),
+            "{why}"
+        );
+    }
+}
+
+fn shared_class() -> (LVMVolumeGroup, DeviceClassConfig) {
+    let mut v = vg(json!({"deviceAccessPolicy": "shared",
+                          "deviceSelector": {"paths": ["/dev/disk/by-id/wwn-1"]},
+                          "sharedConfig": {"ioTimeoutSeconds": 20}}));
+    v.metadata.name = Some("san".into());
+    let config = device_class_config(&v).unwrap();
+    (v, config)
+}
+
+fn blank_lun(host_id: Option<u16>) -> shared::Observed {
+    shared::Observed {
+        daemons: shared::Daemons {
+            sanlock: shared::Daemon::Running,
+            lvmlockd: shared::Daemon::Running,
+        },
+        host_id,
+        may_create: false,
+        resolved: [(
+            "/dev/disk/by-id/wwn-1".to_owned(),
+            Some("/dev/sdx".to_owned()),
+        )]
+        .into(),
+        devices_file: ["/dev/sdx".to_owned()].into(),
+        vg: None,
+        orphan_pvs: Default::default(),
+        signatures: Default::default(),
+        lockspace_started: false,
+    }
+}
+
+#[test]
+fn only_a_node_about_to_create_the_volume_group_needs_the_creator_lease() {
+    let (_, class) = shared_class();
+    assert!(needs_creator(&class, &blank_lun(Some(3))));
+    let orphan = shared::Observed {
+        orphan_pvs: ["/dev/sdx".to_owned()].into(),
+        signatures: [("/dev/sdx".to_owned(), "LVM2_member".to_owned())].into(),
+        ..blank_lun(Some(3))
+    };
+    assert!(needs_creator(&class, &orphan), "an orphan PV is reused");
+
+    let exists = shared::Observed {
+        vg: Some(shared::SharedVg {
+            name: "san".into(),
+            lock_type: "sanlock".into(),
+            tags: vec![lvms_core::config::VG_OWNER_TAG.into()],
+            pvs: vec!["/dev/sdx".into()],
+        }),
+        ..blank_lun(Some(3))
+    };
+    let no_daemon = shared::Observed {
+        daemons: shared::Daemons {
+            sanlock: shared::Daemon::Missing,
+            lvmlockd: shared::Daemon::Running,
+        },
+        ..blank_lun(Some(3))
+    };
+    let not_listed = shared::Observed {
+        devices_file: Default::default(),
+        ..blank_lun(Some(3))
+    };
+    let data = shared::Observed {
+        signatures: [("/dev/sdx".to_owned(), "xfs".to_owned())].into(),
+        ..blank_lun(Some(3))
+    };
+    for (why, o) in [
+        ("the group exists", exists),
+        ("no host id", blank_lun(None)),
+        ("a daemon is missing", no_daemon),
+        ("the devices file comes first", not_listed),
+        ("the LUN holds data: refused anyway", data),
+    ] {
+        assert!(!needs_creator(&class, &o), "{why}");
+    }
+}
+
+fn report(state: shared::State, host_id: Option<u16>, failures: usize) -> SharedReport {
+    SharedReport {
+        device_class: "san".into(),
+        host_id,
+        executed: Vec::new(),
+        plan: shared::Plan {
+            actions: Vec::new(),
+            state,
+            devices_visible: true,
+        },
+        lock_start_failures: vec!["lock-start failed".to_owned(); failures],
+    }
+}
+
+#[test]
+fn the_shared_status_follows_the_engines_state() {
+    let (v, class) = shared_class();
+    let joined = shared_vg_status(
+        &v,
+        &class,
+        &report(shared::State::Joined, Some(3), 1),
+        None,
+        None,
+    );
+    assert_eq!(joined.status, Some(VGStatusType::Ready));
+    assert_eq!(joined.reason, "");
+    assert_eq!(
+        *joined.shared.unwrap(),
+        SharedVGStatus {
+            devices_visible: true,
+            lockspace: LockspaceState::Joined,
+            host_id: Some(3),
+            io_timeout_seconds: Some(20),
+            reason: String::new(),
+        }
+    );
+
+    let waiting = |reason: &str| shared::State::Waiting {
+        reason: reason.into(),
+    };
+    let retrying = shared_vg_status(
+        &v,
+        &class,
+        &report(waiting("lock-start of san failed 5 times"), Some(3), 5),
+        None,
+        None,
+    );
+    assert_eq!(retrying.status, Some(VGStatusType::Progressing));
+    assert_eq!(retrying.shared.unwrap().lockspace, LockspaceState::Joining);
+
+    let creator = shared_vg_status(
+        &v,
+        &class,
+        &report(
+            waiting("waiting for the node that creates shared volume group san"),
+            Some(3),
+            0,
+        ),
+        None,
+        Some("node node-b holds the creator Lease lvms-shared-create-san until T"),
+    );
+    assert_eq!(
+        creator.reason,
+        "waiting for the node that creates shared volume group san (node node-b holds the creator \
+         Lease lvms-shared-create-san until T)"
+    );
+    assert_eq!(creator.shared.unwrap().lockspace, LockspaceState::NotJoined);
+
+    let no_id = shared_vg_status(
+        &v,
+        &class,
+        &report(waiting("this node has no sanlock host id yet"), None, 0),
+        Some("the operator has not assigned this node a sanlock host id yet"),
+        None,
+    );
+    assert_eq!(
+        no_id.reason,
+        "the operator has not assigned this node a sanlock host id yet"
+    );
+    assert_eq!(no_id.shared.as_ref().unwrap().reason, no_id.reason);
+    assert_eq!(no_id.shared.unwrap().host_id, None);
+
+    let failed = shared_vg_status(
+        &v,
+        &class,
+        &report(
+            shared::State::Failed {
+                reason: "sanlock is not installed".into(),
+            },
+            Some(3),
+            0,
+        ),
+        None,
+        None,
+    );
+    assert_eq!(failed.status, Some(VGStatusType::Failed));
+    assert_eq!(failed.reason, "sanlock is not installed");
+    assert_eq!(failed.shared.unwrap().lockspace, LockspaceState::NotJoined);
+}

@@ -161,6 +161,8 @@ metadata:
           mountPath: /run/lvm
         - name: run-lock-lvm
           mountPath: /run/lock/lvm
+        - name: run-sanlock
+          mountPath: /run/sanlock
         - name: etc-lvm
           mountPath: /etc/lvm
         - name: run-udev
@@ -224,6 +226,10 @@ metadata:
       - name: run-lock-lvm
         hostPath:
           path: /run/lock/lvm
+          type: DirectoryOrCreate
+      - name: run-sanlock
+        hostPath:
+          path: /run/sanlock
           type: DirectoryOrCreate
       - name: etc-lvm
         hostPath:
@@ -772,6 +778,7 @@ fn configuration_flows_into_driver_paths_and_images() {
             {"name": "device-dir", "hostPath": {"path": "/dev", "type": "Directory"}},
             {"name": "run-lvm", "hostPath": {"path": "/run/lvm", "type": "DirectoryOrCreate"}},
             {"name": "run-lock-lvm", "hostPath": {"path": "/run/lock/lvm", "type": "DirectoryOrCreate"}},
+            {"name": "run-sanlock", "hostPath": {"path": "/run/sanlock", "type": "DirectoryOrCreate"}},
             {"name": "etc-lvm", "hostPath": {"path": "/etc/lvm", "type": "DirectoryOrCreate"}},
             {"name": "run-udev", "hostPath": {"path": "/run/udev"}},
             {"name": "sys", "hostPath": {"path": "/sys"}},

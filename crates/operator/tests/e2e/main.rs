@@ -22,6 +22,8 @@
 //!   nodes, and deleting a Node releases its id;
 //! - [`provisioning`]: the CSI controller and a node agent's LogicalVolume reconciler (over an in-memory
 //!   backend, no disks) make, grow, snapshot and remove a volume through LogicalVolume objects;
+//! - [`shared_lease`]: node agents, with the agent's RBAC, racing for a shared class's creator
+//!   Lease end with one holder, and an expired Lease is taken over by exactly one;
 //! - [`installed`]: on a cluster where lvms-rs is installed and nodes have a spare disk
 //!   (`LVMS_E2E_DEVICE`; skipped otherwise), an LVMCluster becomes Ready and a PVC Bound.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -36,6 +38,7 @@ mod operator;
 mod provisioning;
 mod rules;
 mod scenarios;
+mod shared_lease;
 mod stack;
 mod support;
 mod webhook;
