@@ -598,7 +598,10 @@ fn t5_the_manual_removal_in_docs_leaves_the_lun_blank_and_no_lockspace_on_either
     let lvm = format!("--config global/use_lvmlockd=1 --devicesfile lvms-{CLASS}.devices");
     n2.ok(&format!("lvm vgchange {lvm} --lock-stop {CLASS}"));
     n1.ok(&format!("lvm vgremove {lvm} --force {CLASS}"));
-    n1.ok(&format!("lvm pvremove {lvm} --yes {LUN}"));
+    // The group held the global lock: the PV, in no shared group now, is removed without lvmlockd.
+    n1.ok(&format!(
+        "lvm pvremove --config global/use_lvmlockd=0 --devicesfile lvms-{CLASS}.devices --yes {LUN}"
+    ));
     for n in [&n1, &n2] {
         n.ok(&format!(
             "rm -f ${{LVM_SYSTEM_DIR:-/etc/lvm}}/devices/lvms-{CLASS}.devices"
