@@ -314,6 +314,21 @@ fn joined(n1: &Node, n2: &Node, dir: &std::path::Path) -> (PathBuf, PathBuf) {
     (c1, c2)
 }
 
+/// Both nodes joined and serving the class with `lvms standalone`.
+fn serving() -> [Node; 2] {
+    let [n1, n2] = Node::all();
+    let dir = scratch();
+    let (c1, c2) = joined(&n1, &n2, &dir);
+    n1.start_standalone(&c1);
+    n2.start_standalone(&c2);
+    [n1, n2]
+}
+
+/// `lvm <sub>` with what every command on the class's volume group carries.
+fn scoped(sub: &str) -> String {
+    format!("lvm {sub} --config global/use_lvmlockd=1 --devicesfile lvms-{CLASS}.devices")
+}
+
 /// Writes `mib` MiB of random data to the start of `dev` (direct I/O); their sha256.
 fn write_random(n: &Node, dev: &str, mib: u32) -> String {
     n.ok(&format!(
@@ -341,11 +356,7 @@ fn device(id: &str) -> String {
 #[test]
 #[ignore = "two VMs on one LUN: cargo xtask vm-shared"]
 fn t2_a_volume_is_exclusive_to_the_node_that_stages_it_and_moves_with_its_data() {
-    let [n1, n2] = Node::all();
-    let dir = scratch();
-    let (c1, c2) = joined(&n1, &n2, &dir);
-    n1.start_standalone(&c1);
-    n2.start_standalone(&c2);
+    let [n1, n2] = serving();
 
     // A volume made on node 1 is seen on node 2, inactive on both.
     let made: Value = serde_json::from_str(
@@ -369,8 +380,11 @@ fn t2_a_volume_is_exclusive_to_the_node_that_stages_it_and_moves_with_its_data()
     n2.csi_ok(&format!("get-volume {id}"));
     let attr = |n: &Node| {
         n.ok(&format!(
-        "lvm lvs --config global/use_lvmlockd=1 --devicesfile lvms-{CLASS}.devices --noheadings -o lv_attr {CLASS}/{id}"
-    )).trim().to_owned()
+            "{} --noheadings -o lv_attr {CLASS}/{id}",
+            scoped("lvs")
+        ))
+        .trim()
+        .to_owned()
     };
     assert_eq!(attr(&n1).chars().nth(4), Some('-'), "created inactive");
 
@@ -433,11 +447,7 @@ fn t2_a_volume_is_exclusive_to_the_node_that_stages_it_and_moves_with_its_data()
 #[test]
 #[ignore = "two VMs on one LUN: cargo xtask vm-shared"]
 fn t3_a_multi_node_block_volume_is_active_on_both_nodes_and_filesystems_stay_single_node() {
-    let [n1, n2] = Node::all();
-    let dir = scratch();
-    let (c1, c2) = joined(&n1, &n2, &dir);
-    n1.start_standalone(&c1);
-    n2.start_standalone(&c2);
+    let [n1, n2] = serving();
     let rwx = "--block --mode multi-node-multi-writer";
     let id = n1.csi_ok(&format!(
         "--output id create-volume --name rwx --size 32Mi --class san {rwx}"
@@ -487,18 +497,10 @@ fn t3_a_multi_node_block_volume_is_active_on_both_nodes_and_filesystems_stay_sin
 #[test]
 #[ignore = "two VMs on one LUN: cargo xtask vm-shared"]
 fn t4_a_thin_volume_has_its_own_pool_moves_between_nodes_and_keeps_snapshots_and_clones_in_it() {
-    let [n1, n2] = Node::all();
-    let dir = scratch();
-    let (c1, c2) = joined(&n1, &n2, &dir);
-    n1.start_standalone(&c1);
-    n2.start_standalone(&c2);
+    let [n1, n2] = serving();
     let thin = "--param lvms.topolvm.io/volume-mode=thin";
-    let lvs = |n: &Node, what: &str| {
-        n.ok(&format!(
-            "lvm lvs --config global/use_lvmlockd=1 --devicesfile lvms-{CLASS}.devices --noheadings \
-             -o {what} {CLASS}"
-        ))
-    };
+    let lvs =
+        |n: &Node, what: &str| n.ok(&format!("{} --noheadings -o {what} {CLASS}", scoped("lvs")));
     let id = n1.csi_ok(&format!(
         "--output id create-volume --name thin1 --size 64Mi --class san --block {thin}"
     ));
