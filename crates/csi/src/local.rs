@@ -974,7 +974,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
         match self
             .mutate(self.lvm.lv_remove_tagged(&vg, id, ids::OWNER_TAG))
             .await
-            .map_err(shared::in_use_elsewhere(id))?
+            .map_err(shared::in_use_elsewhere(id, "delete"))?
         {
             Removal::Removed => {}
             Removal::Missing => {
@@ -1039,7 +1039,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
             }
             self.mutate(self.lvm.lv_extend(&class.name, id, size))
                 .await
-                .map_err(shared::in_use_elsewhere(id))?;
+                .map_err(shared::in_use_elsewhere(id, "grow"))?;
             return Ok(self.read_back(&class.name, id).await?.size);
         }
         if class.thin_pool.is_some() {

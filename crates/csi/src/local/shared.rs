@@ -167,10 +167,10 @@ impl<R: Runner> LocalBackend<R> {
         }
         self.mutate(self.lvm.thin_pool_extend(vg, pool, target))
             .await
-            .map_err(in_use_elsewhere(pool))?;
+            .map_err(in_use_elsewhere(pool, "grow"))?;
         self.mutate(self.lvm.thin_pool_metadata_extend(vg, pool, metadata))
             .await
-            .map_err(in_use_elsewhere(pool))?;
+            .map_err(in_use_elsewhere(pool, "grow"))?;
         Ok(())
     }
 
@@ -224,7 +224,7 @@ impl<R: Runner> LocalBackend<R> {
             )
             .await
             .map_err(|e| match e {
-                BackendError::Host(h) => in_use_elsewhere(&src.name)(h),
+                BackendError::Host(h) => in_use_elsewhere(&src.name, "snapshot")(h),
                 other => other,
             })?;
         // lvcreate activated the pool here if it was not: leave it free for the staging node.
@@ -322,11 +322,14 @@ fn conflict(id: &str) -> impl FnOnce(lvms_host::Error) -> BackendError + '_ {
 
 /// A change refused because the LV (or its pool) is active on another node, or on several:
 /// FAILED_PRECONDITION at the controller, with the fix.
-pub(super) fn in_use_elsewhere(what: &str) -> impl FnOnce(lvms_host::Error) -> BackendError + '_ {
+pub(super) fn in_use_elsewhere<'a>(
+    what: &'a str,
+    doing: &'a str,
+) -> impl FnOnce(lvms_host::Error) -> BackendError + 'a {
     move |e| match e {
         lvms_host::Error::InUse(m) => BackendError::Host(lvms_host::Error::InUse(format!(
-            "{what} is active on another node or on several nodes ({m}): grow it through the driver \
-             of the one node that has it staged, or unstage it on the other nodes first"
+            "{what} is active on another node or on several nodes ({m}): {doing} it through the \
+             driver of the one node that has it staged, or unstage it on the other nodes first"
         ))),
         other => host(other),
     }
@@ -338,6 +341,29 @@ mod tests {
 
     const MIB: u64 = 1024 * 1024;
     const GIB: u64 = 1024 * MIB;
+
+    #[test]
+    fn a_volume_held_elsewhere_is_in_use_with_the_fix_and_other_errors_keep_their_meaning() {
+        let held = lvms_host::Error::InUse("LV locked by other host: san/csi-a".into());
+        match in_use_elsewhere("csi-a", "grow")(held) {
+            BackendError::Host(lvms_host::Error::InUse(m)) => {
+                assert!(m.contains("grow it through the driver"), "{m}");
+                assert!(m.contains("unstage it on the other nodes"), "{m}");
+                assert!(m.contains("LV locked by other host"), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let full = lvms_host::Error::InsufficientSpace("no room".into());
+        assert!(matches!(
+            in_use_elsewhere("csi-a", "grow")(full),
+            BackendError::InsufficientSpace(_)
+        ));
+        let held = lvms_host::Error::InUse("LV locked by other host: san/csi-a".into());
+        match conflict("csi-a")(held) {
+            BackendError::Conflict(m) => assert!(m.contains("unstage it there first"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn a_pool_is_named_after_its_first_volume() {
