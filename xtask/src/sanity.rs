@@ -1,8 +1,8 @@
 //! `cargo xtask sanity`: the CSI conformance suite (csi-test v5.4.0's csi-sanity) against `lvms standalone`
-//! in one boot of the test VM, in seven modes: a thin class with mount volumes, the thin class with block
+//! in one boot of the test VM, in six modes: a thin class with mount volumes, the thin class with block
 //! volumes, a thick class (whose snapshot and clone specs are skipped: thick classes cannot snapshot),
-//! and a shared class with locking on (sanlock and lvmlockd in the VM) with linear and thin volumes,
-//! mount and block each (linear ones skip the snapshot and clone specs), against a second driver.
+//! and a shared class with locking on (sanlock and lvmlockd in the VM): linear volumes mount and block
+//! (skipping the snapshot and clone specs), thin volumes mount, against a second driver.
 //!
 //! csi-sanity comes from the Kubernetes assets directory ([`crate::cluster::assets`]). Each mode's whole output is kept in
 //! `target/sanity/<mode>.log`, the drivers' in `target/sanity/standalone.log` (local classes) and
@@ -64,7 +64,9 @@ const MODES: &[Mode] = &[
         params: "",
     },
     // A shared class with locking on (sanlock and lvmlockd running, the volume group made with
-    // `vgcreate --shared`): linear and thin volumes, mount and block.
+    // `vgcreate --shared`): linear volumes mount and block, thin volumes mount. Thin block is left
+    // out of the suite for time (thin mount alone takes about 10 minutes in the VM): block access is the
+    // same code for linear and thin volumes, and thin mount covers the thin paths.
     Mode {
         name: "shared-linear-mount",
         class: "sanity-shared",
@@ -83,13 +85,6 @@ const MODES: &[Mode] = &[
         name: "shared-thin-mount",
         class: "sanity-shared",
         flags: &[],
-        shared: true,
-        params: THIN_MODE,
-    },
-    Mode {
-        name: "shared-thin-block",
-        class: "sanity-shared",
-        flags: &[BLOCK],
         shared: true,
         params: THIN_MODE,
     },
