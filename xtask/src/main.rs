@@ -77,7 +77,12 @@ enum Task {
     /// `export KUBECONFIG=target/e2e/dev/admin.kubeconfig`).
     Cluster,
     /// csi-sanity against the standalone driver in the VM: thin mount, thin block and thick classes.
-    Sanity,
+    Sanity {
+        /// Also the shared class's thin volumes (about 17 minutes more in the VM; not part of
+        /// `cargo xtask test`).
+        #[arg(long)]
+        shared_thin: bool,
+    },
     /// Regenerate the Helm chart deploy/helm/lvms from the kustomize base (needs kubectl).
     Helm,
     /// The CSI benchmark in the VM (release build): the driver against raw LVM, ratios printed.
@@ -157,7 +162,7 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
             phases.done("VM suite");
             let two_nodes = shared::run(&repo, None)?;
             phases.done("two-node shared VMs");
-            let sanity = sanity::run(&repo)?;
+            let sanity = sanity::run(&repo, false)?;
             phases.done("csi-sanity");
             let e2e = e2e::run(&repo, None)?;
             phases.done("e2e on a real control plane");
@@ -194,9 +199,9 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
             deps()?;
             e2e::serve_cluster(&repo)
         }
-        Task::Sanity => {
+        Task::Sanity { shared_thin } => {
             deps()?;
-            sanity::run(&repo)
+            sanity::run(&repo, shared_thin)
         }
         Task::Helm => helm::generate(&repo).map(|()| ExitCode::SUCCESS),
         Task::Bench { args } => {
