@@ -599,7 +599,22 @@ fn t5_the_manual_removal_in_docs_leaves_the_lun_blank_and_no_lockspace_on_either
     // docs/shared-classes.md, "Removing a shared class by hand", step by step.
     let lvm = format!("--config global/use_lvmlockd=1 --devicesfile lvms-{CLASS}.devices");
     n2.ok(&format!("lvm vgchange {lvm} --lock-stop {CLASS}"));
-    n1.ok(&format!("lvm vgremove {lvm} --force {CLASS}"));
+    // sanlock on node 1 learns that node 2 left at its next lease renewal (every 2 × io timeout):
+    // until then vgremove says the lockspace is not stopped on other hosts, and is tried again.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let r = n1.sh(&format!("lvm vgremove {lvm} --force {CLASS}"));
+        if r.code == 0 {
+            break;
+        }
+        assert!(
+            r.err.contains("not stopped on other hosts") && Instant::now() < deadline,
+            "node1: vgremove: {}\n{}",
+            r.out,
+            r.err
+        );
+        std::thread::sleep(Duration::from_secs(5));
+    }
     // The group held the global lock: the PV, in no shared group now, is removed without lvmlockd.
     n1.ok(&format!(
         "lvm pvremove --config global/use_lvmlockd=0 --devicesfile lvms-{CLASS}.devices --yes {LUN}"
