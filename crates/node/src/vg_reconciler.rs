@@ -641,13 +641,7 @@ async fn cleanup_shared<R: Runner, B: Backend>(
     vg: &LVMVolumeGroup,
 ) -> Result<Action> {
     let class = vg.name_any();
-    ctx.record(&class, None, None).await?;
-    let ours = lvms_api::node_cleanup_finalizer(&ctx.node);
-    finalizers::set(api, vg, finalizers::without(vg, &ours))
-        .await
-        .map_err(kube_err(format!(
-            "remove {ours} from LVMVolumeGroup {class}"
-        )))?;
+    release(ctx, api, vg, &class).await?;
     warn!(
         "shared device class removed from this node; its volume group and this node's lockspace \
          are left as they are"
@@ -782,15 +776,26 @@ async fn cleanup<R: Runner, B: Backend>(
                 .map_err(host_err(format!("remove physical volume label of {pv}")))?;
         }
     }
-    ctx.record(&class, None, None).await?;
+    release(ctx, api, vg, &class).await?;
+    info!("device class removed from this node");
+    Ok(Action::await_change())
+}
+
+/// Forgets `class` in this node's status and removes this node's cleanup finalizer from `vg`.
+async fn release<R: Runner, B: Backend>(
+    ctx: &Context<R, B>,
+    api: &Api<LVMVolumeGroup>,
+    vg: &LVMVolumeGroup,
+    class: &str,
+) -> Result<()> {
+    ctx.record(class, None, None).await?;
     let ours = lvms_api::node_cleanup_finalizer(&ctx.node);
     finalizers::set(api, vg, finalizers::without(vg, &ours))
         .await
         .map_err(kube_err(format!(
             "remove {ours} from LVMVolumeGroup {class}"
         )))?;
-    info!("device class removed from this node");
-    Ok(Action::await_change())
+    Ok(())
 }
 
 #[cfg(test)]
