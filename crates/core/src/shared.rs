@@ -26,6 +26,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{DeviceClassConfig, VG_OWNER_TAG};
 
+pub mod leave;
+
 /// Smallest sanlock host id.
 pub const MIN_HOST_ID: u16 = 1;
 /// Largest sanlock host id (sanlock's limit with 1 MiB lease alignment).

@@ -14,6 +14,10 @@
 //! | `create_volume_group` | the plan only asks when LVM sees no such group | `vgs` first |
 //! | `lock_start` | started: `Ok` (LVM's own) | |
 //! | `lock_stop` | not started: `Ok` | `lvmlockctl --info` first |
+//! | `remove_pool` | the plan only asks for pools `lvs` shows | `lvs` first |
+//! | `remove_volume_group` | the plan only asks when LVM sees the group | `vgs` first |
+//! | `remove_pvs` | the plan only asks for labels `pvs` shows | `pvs` first |
+//! | `clear_devices_file` | an empty or missing file: `Ok` | the listing first |
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -22,7 +26,10 @@ use std::{
 
 use lvms_core::{
     config::{DeviceClassConfig, SharedNodeConfig},
-    shared::{self, Action, Daemon, Daemons, Observed, Plan, SharedVg, State},
+    shared::{
+        self, Action, Daemon, Daemons, Observed, Plan, SharedVg, State,
+        leave::{self, LeaveAction, LeaveObserved, LeavePlan, LeaveState, SharedLv},
+    },
 };
 use serde::{Deserialize, Serialize};
 
@@ -81,6 +88,21 @@ struct PvRow {
     vg_name: String,
 }
 
+#[derive(Deserialize)]
+struct LvSection {
+    #[serde(default)]
+    lv: Vec<LvRow>,
+}
+
+#[derive(Deserialize)]
+struct LvRow {
+    lv_name: String,
+    #[serde(default)]
+    segtype: String,
+    #[serde(default)]
+    pool_lv: String,
+}
+
 /// Parses `lvmlockctl --info`: the volume groups whose lockspace this host has started
 /// (`VG <name> lock_type=sanlock <uuid>` lines).
 pub fn parse_lockctl_info(text: &str) -> BTreeSet<String> {
@@ -105,6 +127,16 @@ pub fn parse_devices_file_listing(text: &str) -> BTreeSet<String> {
         .filter(|d| d.starts_with('/'))
         .map(str::to_owned)
         .collect()
+}
+
+/// Refuses a devices file name that is not a shared class's ([`shared::devices_file`]).
+fn check_devices_file(file: &str) -> Result<()> {
+    if !file.starts_with("lvms-") || file.contains('/') {
+        return Err(Error::InvalidArgument(format!(
+            "devices file {file:?} is not a shared class's"
+        )));
+    }
+    Ok(())
 }
 
 fn parse_json<T: for<'de> Deserialize<'de>>(cmd: &Command, text: &str) -> Result<Vec<T>> {
@@ -198,10 +230,15 @@ impl<R: Runner> SharedLvm<R> {
     /// The device names class `class`'s devices file lists (none when it does not exist yet).
     pub async fn devices_file(&self, class: &str) -> Result<BTreeSet<String>> {
         validate::lvm_name(class)?;
+        self.listing(&shared::devices_file(class)).await
+    }
+
+    /// The device names devices file `file` lists (none when it does not exist).
+    async fn listing(&self, file: &str) -> Result<BTreeSet<String>> {
         let args = vec![
             "lvmdevices".to_owned(),
             "--devicesfile".to_owned(),
-            shared::devices_file(class),
+            file.to_owned(),
         ];
         let cmd = Command::new(LVM, args).timeout(DEFAULT_TIMEOUT);
         let out = self.runner.run(&cmd).await?;
@@ -218,11 +255,7 @@ impl<R: Runner> SharedLvm<R> {
     /// Adds `path` to the devices file `file` ([`shared::devices_file`]), creating the file.
     pub async fn add_device(&self, file: &str, path: &str) -> Result<()> {
         validate::device_path(path)?;
-        if !file.starts_with("lvms-") || file.contains('/') {
-            return Err(Error::InvalidArgument(format!(
-                "devices file {file:?} is not a shared class's"
-            )));
-        }
+        check_devices_file(file)?;
         let args = vec![
             "lvmdevices".to_owned(),
             "--devicesfile".to_owned(),
@@ -346,6 +379,102 @@ impl<R: Runner> SharedLvm<R> {
         self.lvm(vg, None, "vgchange", &["--lock-stop", vg], LOCK_TIMEOUT)
             .await
             .map(drop)
+    }
+}
+
+impl<R: Runner> SharedLvm<R> {
+    /// The group's logical volumes through the class's devices file (hidden ones and `lvmlock`
+    /// left out).
+    pub async fn lvs(&self, class: &str) -> Result<Vec<SharedLv>> {
+        let out = self
+            .lvm(
+                class,
+                None,
+                "lvs",
+                &[
+                    "--reportformat",
+                    "json",
+                    "-o",
+                    "lv_name,segtype,pool_lv",
+                    class,
+                ],
+                DEFAULT_TIMEOUT,
+            )
+            .await?;
+        let cmd = Command::new(LVM, ["lvs"]);
+        Ok(parse_json::<LvSection>(&cmd, &out.stdout)?
+            .into_iter()
+            .flat_map(|s| s.lv)
+            .filter(|r| !r.lv_name.starts_with('[') && r.lv_name != "lvmlock")
+            .map(|r| SharedLv {
+                name: r.lv_name,
+                segtype: r.segtype,
+                pool_lv: Some(r.pool_lv).filter(|p| !p.is_empty()),
+            })
+            .collect())
+    }
+
+    /// `lvremove` of an empty, inactive thin pool, without `--yes`: LVM's questions (remove the
+    /// pool's thin volumes? remove an active LV?) are answered "no" ([`Error::InUse`]).
+    pub async fn remove_pool(&self, vg: &str, pool: &str) -> Result<()> {
+        validate::lvm_name(pool)?;
+        let target = format!("{vg}/{pool}");
+        self.lvm(vg, None, "lvremove", &[&target], LOCK_TIMEOUT)
+            .await
+            .map(drop)
+    }
+
+    /// `vgremove` without `--yes` (a group that holds a logical volume is not removed: LVM's
+    /// question is answered "no"): removes the group and stops this host's lockspace. LVM refuses
+    /// ([`Error::InUse`]) while another host has the lockspace started.
+    pub async fn remove_volume_group(&self, vg: &str) -> Result<()> {
+        self.lvm(vg, None, "vgremove", &[vg], LOCK_TIMEOUT)
+            .await
+            .map(drop)
+    }
+
+    /// `pvremove` of the class's LUNs' labels once no group holds them. Without lvmlockd: the last
+    /// shared group held lvmlockd's global lock, and with it gone a lockd `pvremove` cannot get it.
+    pub async fn remove_pvs(&self, file: &str, pvs: &[String]) -> Result<()> {
+        check_devices_file(file)?;
+        pvs.iter().try_for_each(|p| validate::device_path(p))?;
+        let mut args = vec![
+            "pvremove".to_owned(),
+            "--config".to_owned(),
+            "global/use_lvmlockd=0".to_owned(),
+            "--devicesfile".to_owned(),
+            file.to_owned(),
+            "--yes".to_owned(),
+        ];
+        args.extend(pvs.iter().cloned());
+        let cmd = Command::new(LVM, args).timeout(DEFAULT_TIMEOUT);
+        let out = self.runner.run(&cmd).await?;
+        if out.success() {
+            Ok(())
+        } else {
+            Err(classify(&cmd, out))
+        }
+    }
+
+    /// Takes every device out of devices file `file` (`lvmdevices --deldev`); the empty file
+    /// stays, and reads as no file.
+    pub async fn clear_devices_file(&self, file: &str) -> Result<()> {
+        check_devices_file(file)?;
+        for dev in self.listing(file).await? {
+            let args = vec![
+                "lvmdevices".to_owned(),
+                "--devicesfile".to_owned(),
+                file.to_owned(),
+                "--deldev".to_owned(),
+                dev,
+            ];
+            let cmd = Command::new(LVM, args).timeout(DEFAULT_TIMEOUT);
+            let out = self.runner.run(&cmd).await?;
+            if !out.success() {
+                return Err(classify(&cmd, out));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -548,6 +677,146 @@ pub async fn converge<H: SharedHost>(
                 }
             }
             executed.push(action.clone());
+        }
+    }
+    Err(Error::NotConverged {
+        device_class: class.name.clone(),
+        rounds: MAX_ROUNDS,
+    })
+}
+
+/// What [`leave`] ended with, for one shared class on this node.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaveReport {
+    pub device_class: String,
+    /// Actions executed, in order.
+    pub executed: Vec<LeaveAction>,
+    /// The last plan.
+    pub plan: LeavePlan,
+}
+
+impl LeaveReport {
+    /// Whether nothing of the class is left on this node.
+    pub fn has_left(&self) -> bool {
+        self.plan.state == LeaveState::Left
+    }
+}
+
+/// What leaving a shared class needs from the machine.
+pub trait SharedLeaveHost: Send + Sync {
+    /// What [`leave::plan_leave`] looks at; `remover` is whether this node removes the group.
+    fn observe_leave(
+        &self,
+        class: &DeviceClassConfig,
+        node: Option<&SharedNodeConfig>,
+    ) -> impl Future<Output = Result<LeaveObserved>> + Send;
+    fn execute_leave(&self, action: &LeaveAction) -> impl Future<Output = Result<()>> + Send;
+}
+
+impl<R: Runner> SharedLeaveHost for RealSharedHost<R> {
+    /// The remover is the node configured with `createVolumeGroups` (standalone); the node agent
+    /// decides by the creator Lease instead.
+    async fn observe_leave(
+        &self,
+        class: &DeviceClassConfig,
+        node: Option<&SharedNodeConfig>,
+    ) -> Result<LeaveObserved> {
+        let name = &class.name;
+        let daemons = self.lvm.daemons().await;
+        let mut observed = LeaveObserved {
+            daemons: daemons.clone(),
+            host_id: node.map(|n| n.host_id),
+            remover: node.is_some_and(|n| n.create_volume_groups),
+            devices_file: self.lvm.devices_file(name).await?,
+            vg: None,
+            orphan_pvs: BTreeSet::new(),
+            lockspace_started: false,
+            lvs: Vec::new(),
+        };
+        if daemons.sanlock != Daemon::Running || daemons.lvmlockd != Daemon::Running {
+            return Ok(observed);
+        }
+        observed.lockspace_started = self.lvm.started_lockspaces().await?.contains(name);
+        if observed.devices_file.is_empty() {
+            return Ok(observed);
+        }
+        observed.vg = self.lvm.vg(name).await?;
+        if observed.vg.is_some() {
+            observed.lvs = self.lvm.lvs(name).await?;
+        } else {
+            observed.orphan_pvs = self
+                .lvm
+                .pvs(name)
+                .await?
+                .into_iter()
+                .filter(|(pv, vg)| vg.is_empty() && observed.devices_file.contains(pv))
+                .map(|(pv, _)| pv)
+                .collect();
+        }
+        Ok(observed)
+    }
+
+    async fn execute_leave(&self, action: &LeaveAction) -> Result<()> {
+        match action {
+            LeaveAction::StartLockspace { vg, host_id } => self.lvm.lock_start(vg, *host_id).await,
+            LeaveAction::RemovePool { vg, pool } => self.lvm.remove_pool(vg, pool).await,
+            LeaveAction::RemoveVolumeGroup { vg } => self.lvm.remove_volume_group(vg).await,
+            LeaveAction::RemovePhysicalVolumes { file, pvs } => {
+                self.lvm.remove_pvs(file, pvs).await
+            }
+            LeaveAction::StopLockspace { vg } => self.lvm.lock_stop(vg).await,
+            LeaveAction::RemoveDevicesFile { file } => self.lvm.clear_devices_file(file).await,
+        }
+    }
+}
+
+/// Whether `vgremove`'s refusal is sanlock still seeing other hosts in the lockspace (the protocol
+/// asking for time, not a failure).
+fn others_in_lockspace(e: &Error) -> bool {
+    let text = e.to_string();
+    text.contains("not stopped on other hosts") || text.contains("unknown host state")
+}
+
+/// Leaves shared class `class` on this node ([`leave::plan_leave`]): plan, execute, observe again,
+/// until the plan stops. A remover whose `vgremove` finds other hosts still in the lockspace
+/// reports `Waiting`; the next call tries again.
+#[tracing::instrument(skip_all, fields(device_class = %class.name))]
+pub async fn leave<H: SharedLeaveHost>(
+    host: &H,
+    class: &DeviceClassConfig,
+    node: Option<&SharedNodeConfig>,
+) -> Result<LeaveReport> {
+    let mut executed = Vec::new();
+    for _ in 0..MAX_ROUNDS {
+        let observed = host.observe_leave(class, node).await?;
+        let plan = leave::plan_leave(&class.name, &observed);
+        if plan.actions.is_empty() {
+            return Ok(LeaveReport {
+                device_class: class.name.clone(),
+                executed,
+                plan,
+            });
+        }
+        for action in &plan.actions {
+            tracing::info!(?action, "executing");
+            match host.execute_leave(action).await {
+                Ok(()) => executed.push(action.clone()),
+                Err(e)
+                    if matches!(action, LeaveAction::RemoveVolumeGroup { .. })
+                        && others_in_lockspace(&e) =>
+                {
+                    return Ok(LeaveReport {
+                        device_class: class.name.clone(),
+                        executed,
+                        plan: LeavePlan {
+                            actions: Vec::new(),
+                            state: leave::others_still_joined(&class.name),
+                        },
+                    });
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
     Err(Error::NotConverged {

@@ -28,6 +28,9 @@ const IN_USE: &[&str] = &[
     // lvextend of an LV this host holds shared (MULTI_NODE block), which needs it exclusively:
     // "LV is already locked with incompatible mode: vg/lv".
     "locked with incompatible mode",
+    // vgremove of a sanlock volume group whose lockspace another host has started: "Lockspace for
+    // "vg" not stopped on other hosts".
+    "not stopped on other hosts",
 ];
 
 /// "Volume group "vg1" has insufficient free space (385 extents): 2560 required.",

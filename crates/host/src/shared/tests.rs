@@ -278,3 +278,199 @@ async fn a_devices_file_not_made_yet_lists_nothing() {
     assert!(lvm.devices_file("san").await.is_err());
     fake.assert_done();
 }
+
+const LISTING: &str = "  Device /dev/vdb IDTYPE=sys_serial IDNAME=lun0 DEVNAME=/dev/vdb PVID=abc\n";
+const STARTED: &str = "VG san lock_type=sanlock x\nLS sanlock lvm_san\n";
+
+/// The commands of one leave observation of a node that sees the group `san` on /dev/vdb.
+fn expect_leave_observation(fake: &FakeRunner, started: bool, lvs: &str) {
+    fake.expect(&["sanlock", "client", "status"]).succeeds();
+    fake.expect(&["lvmlockctl", "--info"]).stdout(STARTED);
+    fake.expect(&["lvm", "lvmdevices", "--devicesfile", "lvms-san.devices"])
+        .stdout(LISTING);
+    fake.expect(&["lvmlockctl", "--info"])
+        .stdout(if started { STARTED } else { "" });
+    fake.expect(&with_scope(
+        "vgs",
+        None,
+        &[
+            "--reportformat",
+            "json",
+            "-o",
+            "vg_name,vg_lock_type,vg_tags",
+            "san",
+        ],
+    ))
+    .stdout(r#"{"report":[{"vg":[{"vg_name":"san","vg_lock_type":"sanlock","vg_tags":"lvms"}]}]}"#);
+    fake.expect(&with_scope(
+        "pvs",
+        None,
+        &["--reportformat", "json", "-o", "pv_name,vg_name"],
+    ))
+    .stdout(r#"{"report":[{"pv":[{"pv_name":"/dev/vdb","vg_name":"san"}]}]}"#);
+    fake.expect(&with_scope(
+        "lvs",
+        None,
+        &[
+            "--reportformat",
+            "json",
+            "-o",
+            "lv_name,segtype,pool_lv",
+            "san",
+        ],
+    ))
+    .stdout(lvs);
+}
+
+fn node(host_id: u16, remover: bool) -> SharedNodeConfig {
+    SharedNodeConfig {
+        host_id,
+        create_volume_groups: remover,
+    }
+}
+
+#[tokio::test]
+async fn lvs_leaves_out_hidden_volumes_and_the_lock_volume() {
+    let fake = FakeRunner::new();
+    fake.expect(&with_scope(
+        "lvs",
+        None,
+        &[
+            "--reportformat",
+            "json",
+            "-o",
+            "lv_name,segtype,pool_lv",
+            "san",
+        ],
+    ))
+    .stdout(
+        r#"{"report":[{"lv":[{"lv_name":"[lvmlock]","segtype":"linear","pool_lv":""},
+            {"lv_name":"pool-a","segtype":"thin-pool","pool_lv":""},
+            {"lv_name":"v1","segtype":"thin","pool_lv":"pool-a"}]}]}"#,
+    );
+    let lvs = SharedLvm::new(fake.clone()).lvs("san").await.unwrap();
+    assert_eq!(
+        lvs,
+        [
+            SharedLv {
+                name: "pool-a".into(),
+                segtype: "thin-pool".into(),
+                pool_lv: None
+            },
+            SharedLv {
+                name: "v1".into(),
+                segtype: "thin".into(),
+                pool_lv: Some("pool-a".into())
+            },
+        ]
+    );
+    fake.assert_done();
+}
+
+#[tokio::test]
+async fn the_remover_removes_the_empty_pool_and_waits_while_another_host_holds_the_lockspace() {
+    let fake = FakeRunner::new();
+    expect_leave_observation(
+        &fake,
+        true,
+        r#"{"report":[{"lv":[{"lv_name":"pool-a","segtype":"thin-pool","pool_lv":""}]}]}"#,
+    );
+    fake.expect(&with_scope("lvremove", None, &["san/pool-a"]))
+        .succeeds();
+    fake.expect(&with_scope("vgremove", None, &["san"])).fails(
+        5,
+        "  Lockspace for \"san\" not stopped on other hosts\n  Volume group \"san\" not removed",
+    );
+    let host = RealSharedHost::new(fake.clone());
+    let report = leave(&host, &class(), Some(&node(1, true))).await.unwrap();
+    assert_eq!(
+        report.executed,
+        [LeaveAction::RemovePool {
+            vg: "san".into(),
+            pool: "pool-a".into()
+        }]
+    );
+    assert!(!report.has_left());
+    assert!(
+        matches!(&report.plan.state, LeaveState::Waiting { reason } if reason.contains("other nodes")),
+        "{report:?}"
+    );
+    fake.assert_done();
+}
+
+#[tokio::test]
+async fn another_node_stops_its_lockspace_and_empties_its_devices_file_and_has_left() {
+    let fake = FakeRunner::new();
+    expect_leave_observation(&fake, true, r#"{"report":[{"lv":[]}]}"#);
+    // lock_stop looks first.
+    fake.expect(&["lvmlockctl", "--info"]).stdout(STARTED);
+    fake.expect(&with_scope("vgchange", None, &["--lock-stop", "san"]))
+        .succeeds();
+    fake.expect(&["lvm", "lvmdevices", "--devicesfile", "lvms-san.devices"])
+        .stdout(LISTING);
+    fake.expect(&[
+        "lvm",
+        "lvmdevices",
+        "--devicesfile",
+        "lvms-san.devices",
+        "--deldev",
+        "/dev/vdb",
+    ])
+    .succeeds();
+    // Observed again: nothing left.
+    fake.expect(&["sanlock", "client", "status"]).succeeds();
+    fake.expect(&["lvmlockctl", "--info"]).stdout("");
+    fake.expect(&["lvm", "lvmdevices", "--devicesfile", "lvms-san.devices"])
+        .stdout("");
+    fake.expect(&["lvmlockctl", "--info"]).stdout("");
+    let host = RealSharedHost::new(fake.clone());
+    let report = leave(&host, &class(), Some(&node(2, false))).await.unwrap();
+    assert!(report.has_left(), "{report:?}");
+    assert_eq!(report.executed.len(), 2, "{report:?}");
+    fake.assert_done();
+}
+
+#[tokio::test]
+async fn a_volume_left_in_the_group_is_named_and_nothing_is_run() {
+    let fake = FakeRunner::new();
+    expect_leave_observation(
+        &fake,
+        true,
+        r#"{"report":[{"lv":[{"lv_name":"vol-1","segtype":"linear","pool_lv":""}]}]}"#,
+    );
+    let host = RealSharedHost::new(fake.clone());
+    let report = leave(&host, &class(), Some(&node(1, true))).await.unwrap();
+    assert!(report.executed.is_empty());
+    assert!(
+        matches!(&report.plan.state, LeaveState::Refused { reason }
+            if reason.starts_with("ManualCleanupRequired") && reason.contains("vol-1")),
+        "{report:?}"
+    );
+    fake.assert_done();
+}
+
+#[tokio::test]
+async fn labels_are_removed_without_lvmlockd_through_the_class_devices_file() {
+    let fake = FakeRunner::new();
+    fake.expect(&[
+        "lvm",
+        "pvremove",
+        "--config",
+        "global/use_lvmlockd=0",
+        "--devicesfile",
+        "lvms-san.devices",
+        "--yes",
+        "/dev/vdb",
+    ])
+    .succeeds();
+    let lvm = SharedLvm::new(fake.clone());
+    lvm.remove_pvs("lvms-san.devices", &["/dev/vdb".into()])
+        .await
+        .unwrap();
+    assert!(
+        lvm.remove_pvs("../lvm.conf", &["/dev/vdb".into()])
+            .await
+            .is_err()
+    );
+    fake.assert_done();
+}
