@@ -15,7 +15,7 @@ use lvms_core::{
     lvattr::LvAttr,
     model::BlockDevice,
     plan::{ClassState, DeviceVerdict},
-    shared::State as SharedState,
+    shared::{State as SharedState, leave::LeaveState},
     size::ByteSize,
 };
 use lvms_host::{
@@ -56,6 +56,19 @@ enum Cmd {
     Converge {
         #[arg(long, env = "LVMS_CONFIG")]
         config: PathBuf,
+        #[arg(long, value_enum, default_value_t = Output::Plain)]
+        output: Output,
+    },
+    /// Leave a shared device class of the config on this node: stop its lockspace; on the node
+    /// configured with `createVolumeGroups` (the remover), also remove the volume group, its LUNs'
+    /// labels and the devices file once the group holds no volume and the other nodes have left.
+    /// Exits non-zero until nothing of the class is left on this node (run it again).
+    Leave {
+        #[arg(long, env = "LVMS_CONFIG")]
+        config: PathBuf,
+        /// The shared device class to leave.
+        #[arg(long)]
+        class: String,
         #[arg(long, value_enum, default_value_t = Output::Plain)]
         output: Output,
     },
@@ -134,6 +147,11 @@ fn main() -> Result<()> {
     rt.block_on(async {
         match cli.command {
             Cmd::Converge { config, output } => cmd_converge(&config, output).await,
+            Cmd::Leave {
+                config,
+                class,
+                output,
+            } => cmd_leave(&config, &class, output).await,
             Cmd::Devices { config, output } => cmd_devices(config.as_deref(), output).await,
             Cmd::Crd { split } => cmd_crd(split.as_deref()),
             Cmd::Operator(args) => cmd_operator(args).await,
@@ -356,6 +374,59 @@ async fn cmd_converge(config: &std::path::Path, output: Output) -> Result<()> {
     Ok(())
 }
 
+async fn cmd_leave(config: &std::path::Path, class: &str, output: Output) -> Result<()> {
+    let config = load_config(config)?;
+    let Some(class) = config.device_classes.iter().find(|c| c.name == class) else {
+        anyhow::bail!(
+            "no device class {class} in the config: name one of {}",
+            config
+                .device_classes
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    };
+    anyhow::ensure!(
+        class.is_shared(),
+        "device class {} is not shared: `lvms leave` is for deviceAccessPolicy: shared",
+        class.name
+    );
+    let host = RealSharedHost::new(Arc::new(RealRunner));
+    let r = lvms_host::shared::leave(&host, class, config.shared.as_ref()).await?;
+    if output == Output::Json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        let state = match &r.plan.state {
+            LeaveState::Left => "Left".to_owned(),
+            LeaveState::Waiting { reason } => format!("Waiting: {reason}"),
+            LeaveState::Refused { reason } => format!("Refused: {reason}"),
+            LeaveState::Failed { reason } => format!("Failed: {reason}"),
+        };
+        println!("device class {} (shared): {state}", r.device_class);
+        print_actions(&r.executed, "none");
+    }
+    anyhow::ensure!(
+        r.has_left(),
+        "device class {} is not left yet on this node",
+        r.device_class
+    );
+    Ok(())
+}
+
+/// The actions a converge or leave executed, one JSON object a line, or `none`.
+fn print_actions<T: serde::Serialize + std::fmt::Debug>(executed: &[T], none: &str) {
+    if executed.is_empty() {
+        println!("  actions: {none}");
+    } else {
+        println!("  actions executed:");
+        for a in executed {
+            let line = serde_json::to_string(a).unwrap_or_else(|_| format!("{a:?}"));
+            println!("    {line}");
+        }
+    }
+}
+
 fn print_shared_report(r: &SharedReport) {
     let state = match &r.plan.state {
         SharedState::Joined => "Joined".to_owned(),
@@ -372,17 +443,7 @@ fn print_shared_report(r: &SharedReport) {
     for f in &r.lock_start_failures {
         println!("  lock-start failed: {f}");
     }
-    if r.executed.is_empty() {
-        println!("  actions: none");
-    } else {
-        println!("  actions executed:");
-        for a in &r.executed {
-            println!(
-                "    {}",
-                serde_json::to_string(a).unwrap_or_else(|_| format!("{a:?}"))
-            );
-        }
-    }
+    print_actions(&r.executed, "none");
 }
 
 fn print_report(r: &ConvergeReport) {
@@ -407,17 +468,7 @@ fn print_report(r: &ConvergeReport) {
             d.canonical_path.as_deref().unwrap_or("?")
         );
     }
-    if r.executed.is_empty() {
-        println!("  actions: none (already converged)");
-    } else {
-        println!("  actions executed:");
-        for a in &r.executed {
-            println!(
-                "    {}",
-                serde_json::to_string(a).unwrap_or_else(|_| format!("{a:?}"))
-            );
-        }
-    }
+    print_actions(&r.executed, "none (already converged)");
     if let Some(vg) = &r.volume_group {
         println!(
             "  volume group {}: size {}, free {}, {} LVM physical volumes, {} logical volumes, tags [{}]",
