@@ -728,6 +728,7 @@ impl<R: Runner> SharedLeaveHost for RealSharedHost<R> {
             daemons: daemons.clone(),
             host_id: node.map(|n| n.host_id),
             remover: node.is_some_and(|n| n.create_volume_groups),
+            undecided: None,
             devices_file: self.lvm.devices_file(name).await?,
             vg: None,
             orphan_pvs: BTreeSet::new(),

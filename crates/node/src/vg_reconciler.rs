@@ -45,13 +45,13 @@ use lvms_api::{
 use lvms_core::{
     config::{DeviceClassConfig, SharedNodeConfig, VG_OWNER_TAG},
     plan::{Action as HostAction, Observed},
-    shared,
+    shared::{self, leave::LeaveState},
 };
 use lvms_csi::backend::{Backend, ClassInfo};
 use lvms_host::{
     engine::{ConvergeReport, NodeHost, RealNodeHost, converge_among},
     runner::Runner,
-    shared::{RealSharedHost, SharedHost},
+    shared::{RealSharedHost, SharedHost, SharedLeaveHost},
 };
 use tokio::sync::{Mutex, watch};
 use tracing::{debug, info, instrument, warn};
@@ -491,7 +491,9 @@ pub async fn reconcile<R: Runner, B: Backend>(
             ctx.record(&class, Some(status), ready).await?;
             Ok(requeue)
         }
-        Step::Cleanup if vg.spec.is_shared() => cleanup_shared(&ctx, &api, &vg).await,
+        Step::Cleanup if vg.spec.is_shared() => {
+            cleanup_shared(&ctx, &ctx.shared_host, &api, &vg).await
+        }
         Step::Cleanup => cleanup(&ctx, &api, &vg).await,
     }
 }
@@ -633,20 +635,115 @@ impl<H: SharedHost> SharedHost for CreatorHost<'_, H> {
     }
 }
 
-/// A shared class leaves this node: it is no longer served and the finalizer goes; the volume group
-/// (other nodes' too) and this node's lockspace stay (leaving a class is not built yet).
-async fn cleanup_shared<R: Runner, B: Backend>(
+/// Leaving: the remover is whoever holds the creator Lease, asked only once the group this node
+/// sees holds nothing that keeps it (so a class whose volumes are still being deleted holds no
+/// Lease), or once it is gone and its labels remain.
+impl<H: SharedLeaveHost> SharedLeaveHost for CreatorHost<'_, H> {
+    async fn observe_leave(
+        &self,
+        class: &DeviceClassConfig,
+        node: Option<&SharedNodeConfig>,
+    ) -> lvms_host::Result<shared::leave::LeaveObserved> {
+        let mut observed = self.inner.observe_leave(class, node).await?;
+        observed.remover = false;
+        let removable = match &observed.vg {
+            Some(_) => shared::leave::remaining(&observed.lvs).is_empty(),
+            None => !observed.orphan_pvs.is_empty(),
+        };
+        if removable {
+            let name = self.lease.name();
+            match self.lease.try_hold().await {
+                Ok(Holding::Held) => observed.remover = true,
+                Ok(Holding::Other { holder, .. }) => {
+                    info!(lease = %name, %holder, "another node removes the group");
+                }
+                Ok(Holding::Contended) => {
+                    observed.undecided = Some(format!(
+                        "the creator Lease {name} changed under every attempt to take it"
+                    ));
+                }
+                Err(e) => {
+                    warn!(lease = %name, error = %e, "cannot take the creator Lease");
+                    observed.undecided = Some(format!("cannot take the creator Lease {name}: {e}"));
+                }
+            }
+        }
+        Ok(observed)
+    }
+
+    async fn execute_leave(&self, action: &shared::leave::LeaveAction) -> lvms_host::Result<()> {
+        self.inner.execute_leave(action).await
+    }
+}
+
+/// A shared class leaves this node ([`lvms_core::shared::leave`]): the lockspace stops here, and the
+/// holder of the class's creator Lease, once the group holds no volume, removes the group after
+/// every other node has left. While volumes remain the class stays served (their claims can still
+/// be deleted) and the status says `ManualCleanupRequired`, naming them.
+async fn cleanup_shared<R: Runner, B: Backend, H: SharedLeaveHost>(
     ctx: &Context<R, B>,
+    host: &H,
     api: &Api<LVMVolumeGroup>,
     vg: &LVMVolumeGroup,
 ) -> Result<Action> {
     let class = vg.name_any();
-    release(ctx, api, vg, &class).await?;
-    warn!(
-        "shared device class removed from this node; its volume group and this node's lockspace \
-         are left as they are"
-    );
-    Ok(Action::await_change())
+    let config = match volume_group::device_class_config(vg) {
+        Ok(config) => config,
+        Err(reason) => {
+            // Nothing was ever made from a spec the engine cannot read.
+            warn!(%reason, "shared class removed with a spec that does not convert; leaving it");
+            release(ctx, api, vg, &class).await?;
+            return Ok(Action::await_change());
+        }
+    };
+    let node_config = ctx.host_id().await?.ok().map(|id| SharedNodeConfig {
+        host_id: id,
+        create_volume_groups: false,
+    });
+    let lease = CreatorLease::new(ctx.client.clone(), &ctx.namespace, &class, &ctx.node);
+    let host = CreatorHost {
+        inner: host,
+        lease: &lease,
+        note: std::sync::Mutex::new(None),
+    };
+    let report = lvms_host::shared::leave(&host, &config, node_config.as_ref())
+        .await
+        .map_err(host_err(format!("leave shared class {class}")))?;
+    let (status, reason, ready, requeue) = match &report.plan.state {
+        LeaveState::Left => {
+            release(ctx, api, vg, &class).await?;
+            info!(
+                actions = report.executed.len(),
+                "shared device class left this node"
+            );
+            return Ok(Action::await_change());
+        }
+        // Still served: the remaining volumes can be deleted through their claims.
+        LeaveState::Refused { reason } => (
+            VGStatusType::Failed,
+            reason.clone(),
+            Some(ClassInfo::from_config(&config)),
+            RETRY,
+        ),
+        LeaveState::Waiting { reason } => {
+            (VGStatusType::Progressing, reason.clone(), None, SHARED_WAIT)
+        }
+        LeaveState::Failed { reason } => (VGStatusType::Failed, reason.clone(), None, RETRY),
+    };
+    warn!(%reason, "shared device class not left yet");
+    let status = VGStatus {
+        name: class.clone(),
+        status: Some(status),
+        reason: reason.clone(),
+        shared: Some(Box::new(lvms_api::SharedVGStatus {
+            host_id: node_config.map(|n| i32::from(n.host_id)),
+            reason,
+            ..lvms_api::SharedVGStatus::default()
+        })),
+        ..VGStatus::default()
+    };
+    ctx.record(&class, Some(status), ready).await?;
+    Ok(Action::requeue(requeue))
 }
 
 /// Runs the node engine for `config` over `host`, with the class's wipe record (see [`ClassHost`]);

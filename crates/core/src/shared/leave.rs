@@ -18,7 +18,8 @@
 //! 3. the group is a sanlock group made by lvms-rs — otherwise the remover refuses
 //!    (`ManualCleanupRequired`), and the others leave without touching it;
 //! 4. no logical volume remains but empty thin pools — otherwise every node refuses, naming them;
-//! 5. not the remover: stop the lockspace, remove the devices file — `Left`;
+//! 5. not the remover: stop the lockspace, remove the devices file — `Left` (while it is not known
+//!    who removes, nothing is done);
 //! 6. the remover: start the lockspace if stopped, remove the empty pools, remove the group.
 
 use std::collections::BTreeSet;
@@ -47,6 +48,10 @@ pub struct LeaveObserved {
     pub host_id: Option<u16>,
     /// Whether this node removes the volume group.
     pub remover: bool,
+    /// Why it is not known yet whether this node removes the group (the creator Lease could not
+    /// be read or taken): nothing is stopped or removed meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undecided: Option<String>,
     /// Canonical device paths the class's devices file lists (empty: no file).
     pub devices_file: BTreeSet<String>,
     pub vg: Option<SharedVg>,
@@ -184,6 +189,11 @@ pub fn plan_leave(class: &str, observed: &LeaveObserved) -> LeavePlan {
                  joined the group) and cleanup continues",
                 left.join(", ")
             ),
+        });
+    }
+    if let Some(why) = &observed.undecided {
+        return LeavePlan::stop(LeaveState::Waiting {
+            reason: format!("not yet known which node removes shared volume group {class}: {why}"),
         });
     }
     if !observed.remover {

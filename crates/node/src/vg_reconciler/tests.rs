@@ -2,7 +2,10 @@
 //! and shared classes over a fake [`SharedHost`].
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use lvms_core::shared::{Daemon, Daemons, SharedVg};
+use lvms_core::shared::{
+    Daemon, Daemons, SharedVg,
+    leave::{LeaveAction, LeaveObserved, SharedLv},
+};
 use lvms_host::runner::RealRunner;
 use lvms_testkit::{fake_api::FakeApi, fake_backend::FakeBackend};
 use serde_json::{Value, json};
@@ -329,6 +332,14 @@ struct SanHost {
     vg: std::sync::Mutex<Option<SharedVg>>,
     lockspace: std::sync::Mutex<bool>,
     executed: std::sync::Mutex<Vec<(shared::Action, Option<String>)>>,
+    /// Leaving: the group's logical volumes, whether other hosts still have the lockspace
+    /// started, whether the devices file lists the LUN, the LUN's label once the group is gone,
+    /// and every leave action tried.
+    lvs: std::sync::Mutex<Vec<SharedLv>>,
+    others_joined: std::sync::Mutex<bool>,
+    devices_file: std::sync::Mutex<bool>,
+    orphan_label: std::sync::Mutex<bool>,
+    tried: std::sync::Mutex<Vec<LeaveAction>>,
 }
 
 /// The class's volume group as another node made it.
@@ -348,7 +359,16 @@ impl SanHost {
             vg: std::sync::Mutex::new(vg_exists.then(made_vg)),
             lockspace: std::sync::Mutex::new(false),
             executed: std::sync::Mutex::default(),
+            lvs: std::sync::Mutex::default(),
+            others_joined: std::sync::Mutex::new(false),
+            devices_file: std::sync::Mutex::new(true),
+            orphan_label: std::sync::Mutex::new(false),
+            tried: std::sync::Mutex::default(),
         }
+    }
+
+    fn tried(&self) -> Vec<LeaveAction> {
+        self.tried.lock().unwrap().clone()
     }
 
     fn executed(&self) -> Vec<(shared::Action, Option<String>)> {
@@ -408,6 +428,216 @@ impl SharedHost for SanHost {
     }
 
     async fn pause(&self, _: Duration) {}
+}
+
+impl SharedLeaveHost for SanHost {
+    async fn observe_leave(
+        &self,
+        _: &DeviceClassConfig,
+        node: Option<&SharedNodeConfig>,
+    ) -> lvms_host::Result<LeaveObserved> {
+        let dev = || ["/dev/sdx".to_owned()].into_iter().collect();
+        Ok(LeaveObserved {
+            daemons: Daemons {
+                sanlock: Daemon::Running,
+                lvmlockd: Daemon::Running,
+            },
+            host_id: node.map(|n| n.host_id),
+            remover: node.is_some_and(|n| n.create_volume_groups),
+            undecided: None,
+            devices_file: if *self.devices_file.lock().unwrap() {
+                dev()
+            } else {
+                BTreeSet::new()
+            },
+            vg: self.vg.lock().unwrap().clone(),
+            orphan_pvs: if *self.orphan_label.lock().unwrap() {
+                dev()
+            } else {
+                BTreeSet::new()
+            },
+            lockspace_started: *self.lockspace.lock().unwrap(),
+            lvs: self.lvs.lock().unwrap().clone(),
+        })
+    }
+
+    async fn execute_leave(&self, action: &LeaveAction) -> lvms_host::Result<()> {
+        self.tried.lock().unwrap().push(action.clone());
+        match action {
+            LeaveAction::StartLockspace { .. } => *self.lockspace.lock().unwrap() = true,
+            LeaveAction::StopLockspace { .. } => *self.lockspace.lock().unwrap() = false,
+            LeaveAction::RemovePool { pool, .. } => {
+                self.lvs.lock().unwrap().retain(|l| &l.name != pool)
+            }
+            LeaveAction::RemoveVolumeGroup { .. } => {
+                if *self.others_joined.lock().unwrap() {
+                    return Err(lvms_host::Error::InUse(
+                        "Lockspace for \"san\" not stopped on other hosts".into(),
+                    ));
+                }
+                *self.vg.lock().unwrap() = None;
+                *self.lockspace.lock().unwrap() = false;
+                *self.orphan_label.lock().unwrap() = true;
+            }
+            LeaveAction::RemovePhysicalVolumes { .. } => *self.orphan_label.lock().unwrap() = false,
+            LeaveAction::RemoveDevicesFile { .. } => *self.devices_file.lock().unwrap() = false,
+        }
+        Ok(())
+    }
+}
+
+/// The shared class, being deleted, as the API server has it; a joined host of it.
+fn leaving(api: &FakeApi, lvs: Vec<SharedLv>) -> (LVMVolumeGroup, SanHost) {
+    let mut vg = shared_vg();
+    vg.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    api.insert(SAN_VG, serde_json::to_value(&vg).unwrap());
+    let vg: LVMVolumeGroup = serde_json::from_value(api.get(SAN_VG).unwrap()).unwrap();
+    host_ids(api, json!({"node-a": "3", "node-b": "4"}));
+    let host = SanHost::new(api, true);
+    *host.lockspace.lock().unwrap() = true;
+    *host.lvs.lock().unwrap() = lvs;
+    (vg, host)
+}
+
+/// The class's finalizers; `Null` once none is left (the API server then drops the object, which
+/// is being deleted).
+fn san_finalizers(api: &FakeApi) -> Value {
+    api.get(SAN_VG)
+        .map_or(Value::Null, |vg| vg["metadata"]["finalizers"].clone())
+}
+
+fn lv(name: &str, segtype: &str, pool: Option<&str>) -> SharedLv {
+    SharedLv {
+        name: name.into(),
+        segtype: segtype.into(),
+        pool_lv: pool.map(str::to_owned),
+    }
+}
+
+#[tokio::test]
+async fn a_removed_shared_class_holding_volumes_names_them_keeps_its_lockspace_and_stays_served() {
+    let api = FakeApi::new();
+    let ctx = context(&api);
+    let (vg, host) = leaving(
+        &api,
+        vec![
+            lv("pool-1", "thin-pool", None),
+            lv("vol-1", "thin", Some("pool-1")),
+        ],
+    );
+    let apis: Api<LVMVolumeGroup> = Api::namespaced(api.client("lvms"), "lvms");
+    let action = cleanup_shared(&ctx, &host, &apis, &vg).await.unwrap();
+    assert_eq!(action, Action::requeue(RETRY));
+    let entry = api.get(PATH).unwrap()["spec"]["nodeStatus"][0].clone();
+    assert_eq!(entry["status"], "Failed");
+    let reason = entry["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("ManualCleanupRequired") && reason.contains("pool-1, vol-1"),
+        "{reason}"
+    );
+    assert!(host.tried().is_empty(), "{:?}", host.tried());
+    assert!(*host.lockspace.lock().unwrap());
+    assert!(ctx.backend().borrow().is_some(), "still served");
+    assert_eq!(
+        requests_to(&api, LEASE),
+        0,
+        "no remover while volumes remain"
+    );
+    assert_eq!(
+        san_finalizers(&api),
+        json!([lvms_api::node_cleanup_finalizer("node-a")])
+    );
+}
+
+#[tokio::test]
+async fn a_node_that_does_not_hold_the_creator_lease_stops_its_lockspace_and_drops_its_finalizer() {
+    let api = FakeApi::new();
+    api.insert(
+        LEASE,
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+               "metadata": {"name": "lvms-shared-create-san", "namespace": "lvms"},
+               "spec": {"holderIdentity": "node-b", "leaseDurationSeconds": 360,
+                        "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                            k8s_openapi::jiff::Timestamp::now())}}),
+    );
+    let ctx = context(&api);
+    let (vg, host) = leaving(&api, Vec::new());
+    let apis: Api<LVMVolumeGroup> = Api::namespaced(api.client("lvms"), "lvms");
+    let action = cleanup_shared(&ctx, &host, &apis, &vg).await.unwrap();
+    assert_eq!(action, Action::await_change());
+    assert_eq!(
+        host.tried(),
+        [
+            LeaveAction::StopLockspace { vg: "san".into() },
+            LeaveAction::RemoveDevicesFile {
+                file: "lvms-san.devices".into()
+            },
+        ]
+    );
+    assert!(
+        host.vg.lock().unwrap().is_some(),
+        "the group is node-b's to remove"
+    );
+    assert_eq!(san_finalizers(&api), Value::Null);
+    assert!(ctx.backend().borrow().is_none());
+}
+
+#[tokio::test]
+async fn the_lease_holder_removes_the_empty_group_once_the_others_left_then_drops_its_finalizer() {
+    let api = FakeApi::new();
+    let ctx = context(&api);
+    let (vg, host) = leaving(&api, vec![lv("pool-9", "thin-pool", None)]);
+    *host.others_joined.lock().unwrap() = true;
+    let apis: Api<LVMVolumeGroup> = Api::namespaced(api.client("lvms"), "lvms");
+    let action = cleanup_shared(&ctx, &host, &apis, &vg).await.unwrap();
+    assert_eq!(action, Action::requeue(SHARED_WAIT));
+    assert_eq!(api.get(LEASE).unwrap()["spec"]["holderIdentity"], "node-a");
+    let entry = api.get(PATH).unwrap()["spec"]["nodeStatus"][0].clone();
+    assert_eq!(entry["status"], "Progressing");
+    assert!(
+        entry["reason"]
+            .as_str()
+            .unwrap()
+            .contains("other nodes still have the lockspace"),
+        "{entry}"
+    );
+    assert!(
+        ctx.backend().borrow().is_none(),
+        "not served while the group goes"
+    );
+    assert!(host.vg.lock().unwrap().is_some());
+    assert!(san_finalizers(&api).is_array());
+
+    *host.others_joined.lock().unwrap() = false;
+    let vg: LVMVolumeGroup = serde_json::from_value(api.get(SAN_VG).unwrap()).unwrap();
+    let action = cleanup_shared(&ctx, &host, &apis, &vg).await.unwrap();
+    assert_eq!(action, Action::await_change());
+    assert_eq!(
+        host.tried(),
+        [
+            LeaveAction::RemovePool {
+                vg: "san".into(),
+                pool: "pool-9".into()
+            },
+            LeaveAction::RemoveVolumeGroup { vg: "san".into() },
+            LeaveAction::RemoveVolumeGroup { vg: "san".into() },
+            LeaveAction::RemovePhysicalVolumes {
+                file: "lvms-san.devices".into(),
+                pvs: vec!["/dev/sdx".into()]
+            },
+            LeaveAction::RemoveDevicesFile {
+                file: "lvms-san.devices".into()
+            },
+        ]
+    );
+    assert_eq!(san_finalizers(&api), Value::Null);
+    let status = api.get(PATH).unwrap_or_default();
+    assert!(
+        !status.to_string().contains("\"san\""),
+        "no entry for the class: {status}"
+    );
 }
 
 /// Reconciles the shared class once over `host`; the class's entry in the node status object.

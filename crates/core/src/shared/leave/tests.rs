@@ -16,6 +16,7 @@ fn joined(remover: bool) -> LeaveObserved {
         daemons: running(),
         host_id: Some(3),
         remover,
+        undecided: None,
         devices_file: [DEV.to_owned()].into(),
         vg: Some(SharedVg {
             name: "san".into(),
@@ -188,6 +189,7 @@ fn a_node_that_never_saw_the_lun_has_nothing_to_do() {
             daemons: running(),
             host_id: Some(1),
             remover,
+            undecided: None,
             devices_file: BTreeSet::new(),
             vg: None,
             orphan_pvs: BTreeSet::new(),
@@ -207,4 +209,16 @@ fn only_pools_no_volume_uses_are_removable() {
     ];
     assert_eq!(remaining(&lvs), ["p1", "t1"]);
     assert!(remaining(&[lv("p2", "thin-pool", None)]).is_empty());
+}
+
+#[test]
+fn while_the_remover_is_not_known_nothing_is_stopped() {
+    let mut o = joined(false);
+    o.undecided = Some("the Lease changed under every attempt".into());
+    let plan = plan_leave("san", &o);
+    assert!(plan.actions.is_empty(), "{plan:?}");
+    assert!(
+        matches!(&plan.state, LeaveState::Waiting { reason } if reason.contains("every attempt")),
+        "{plan:?}"
+    );
 }
