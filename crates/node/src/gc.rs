@@ -3,8 +3,11 @@
 //!
 //! - On a node: an LV of ours (a `csi-…` volume or `snap-…` snapshot) that no `LogicalVolume` names (a
 //!   controller that crashed after the agent made it, an object deleted by force). Volumes of shared
-//!   classes are left out ([`collectable`]): every node that joined sees them, made for any node's
-//!   `LogicalVolume`s, so one node's objects cannot tell an orphan among them.
+//!   classes ([`by_kind`]) are judged against every node's `LogicalVolume`s (any joined node may have
+//!   made them), and are only ever reported, never removed ([`removable`]): every joined node sees
+//!   them, so every joined node reports the same orphan, and a removal on one node's word could take
+//!   a volume another node has staged from under it (LVM's lock would refuse, but report-only does not
+//!   depend on that).
 //! - In the cluster: a `LogicalVolume` of a volume (not a snapshot: those belong to
 //!   `VolumeSnapshotContent`s) that no `PersistentVolume` refers to (a provisioner that gave up, a PV
 //!   deleted by hand with the Retain policy).
@@ -69,22 +72,29 @@ impl Tracker {
     }
 }
 
-/// The ids of `volumes` a node's collector may judge: those of its own disks' classes, not of the
-/// shared classes among `classes` (see the module documentation).
-pub fn collectable(
+/// The ids of `volumes`: (those of this node's own disks' classes, those of the shared classes
+/// among `classes`) (see the module documentation).
+pub fn by_kind(
     volumes: Vec<lvms_csi::backend::Volume>,
     classes: &[lvms_csi::backend::ClassInfo],
-) -> Vec<String> {
+) -> (Vec<String>, Vec<String>) {
     let shared: BTreeSet<&str> = classes
         .iter()
         .filter(|c| c.shared.is_some())
         .map(|c| c.name.as_str())
         .collect();
-    volumes
+    let (shared, local): (Vec<_>, Vec<_>) = volumes
         .into_iter()
-        .filter(|v| !shared.contains(v.class.as_str()))
-        .map(|v| v.id)
-        .collect()
+        .partition(|v| shared.contains(v.class.as_str()));
+    (
+        local.into_iter().map(|v| v.id).collect(),
+        shared.into_iter().map(|v| v.id).collect(),
+    )
+}
+
+/// The due orphans a node may remove: none of a shared class's.
+pub fn removable(due: Vec<String>, shared: &BTreeSet<String>) -> Vec<String> {
+    due.into_iter().filter(|id| !shared.contains(id)).collect()
 }
 
 /// LVs of ours on a node that no `LogicalVolume` names: `on_disk` are the node's volume and snapshot ids,
@@ -207,40 +217,47 @@ impl<B: lvms_csi::backend::Backend> NodeCollector<B> {
             return Ok(Sweep::default());
         };
         // Disk first: an LV made after this read has its object already.
-        let on_disk = collectable(
+        let (on_disk, shared_on_disk) = by_kind(
             backend
                 .list()
                 .await
                 .map_err(|e| format!("list volumes: {e}"))?,
             &backend.classes(),
         );
-        let objects = kube::Api::<LogicalVolume>::all(self.client.clone())
-            .list(
-                &kube::api::ListParams::default()
-                    .fields(&crate::lv_reconciler::node_selector(&self.node)),
-            )
+        let api = kube::Api::<LogicalVolume>::all(self.client.clone());
+        // A shared class's volumes are any node's: every object counts (one list, only when there
+        // are such volumes); this node's own otherwise.
+        let params = if shared_on_disk.is_empty() {
+            kube::api::ListParams::default()
+                .fields(&crate::lv_reconciler::node_selector(&self.node))
+        } else {
+            kube::api::ListParams::default()
+        };
+        let objects = api
+            .list(&params)
             .await
             .map_err(|e| format!("list LogicalVolumes: {e}"))?;
-        let mut named = BTreeSet::new();
-        for lv in objects
+        let names = |lv: &LogicalVolume| {
+            let mut n = vec![lv.name_any(), crate::logical_volume::lv_name(lv)];
+            if let Some(s) = &lv.status {
+                n.push(s.volume_id.clone());
+            }
+            n
+        };
+        let named: BTreeSet<String> = objects
             .items
             .iter()
             .filter(|lv| lv.spec.node_name == self.node)
-        {
-            named.insert(lv.name_any());
-            named.insert(crate::logical_volume::lv_name(lv));
-            if let Some(s) = &lv.status {
-                named.insert(s.volume_id.clone());
-            }
-        }
+            .flat_map(names)
+            .collect();
+        let named_anywhere: BTreeSet<String> = objects.items.iter().flat_map(names).collect();
+        let shared_orphans = orphaned_lvs(&shared_on_disk, &named_anywhere);
+        let mut orphaned = orphaned_lvs(&on_disk, &named);
+        orphaned.extend(shared_orphans.iter().cloned());
         let referenced = pv_handles(&self.client, &self.driver).await?;
         let now = self.started.elapsed();
-        let sweep = self.tracker.sweep(
-            now,
-            &orphaned_lvs(&on_disk, &named),
-            &referenced,
-            self.window,
-        );
+        let mut sweep = self.tracker.sweep(now, &orphaned, &referenced, self.window);
+        sweep.delete = removable(std::mem::take(&mut sweep.delete), &shared_orphans);
         let node_ref = k8s_openapi::api::core::v1::Node {
             metadata: kube::api::ObjectMeta {
                 name: Some(self.node.clone()),
@@ -261,6 +278,12 @@ impl<B: lvms_csi::backend::Backend> NodeCollector<B> {
                         o.id,
                         self.node,
                         match self.window {
+                            _ if shared_orphans.contains(&o.id) => {
+                                "; it belongs to a shared class, whose orphans are only reported: \
+                                 remove it with lvremove on a node that joined the class if nothing \
+                                 uses it"
+                                    .to_owned()
+                            }
                             Some(w) => format!(
                                 "; it is removed after {} s unless one appears",
                                 w.as_secs()
@@ -366,7 +389,7 @@ mod tests {
     }
 
     #[test]
-    fn volumes_of_shared_classes_are_never_judged() {
+    fn volumes_of_shared_classes_are_told_apart_and_never_removed() {
         use lvms_csi::backend::{ClassInfo, LvType, Volume};
         let class = |name: &str, shared: bool| ClassInfo {
             name: name.into(),
@@ -391,10 +414,14 @@ mod tests {
             device: String::new(),
         };
         assert_eq!(
-            collectable(
+            by_kind(
                 vec![volume("csi-a", "local"), volume("csi-b", "san")],
                 &[class("local", false), class("san", true)]
             ),
+            (vec!["csi-a".to_owned()], vec!["csi-b".to_owned()])
+        );
+        assert_eq!(
+            removable(vec!["csi-a".into(), "csi-b".into()], &set(&["csi-b"])),
             ["csi-a"]
         );
     }
@@ -475,6 +502,51 @@ mod tests {
                 "no new event for a known orphan"
             );
             assert_eq!(backend.state.lock().unwrap().volumes.len(), 3);
+        }
+
+        #[tokio::test]
+        async fn a_shared_volume_is_judged_by_every_nodes_objects_and_only_reported() {
+            let api = FakeApi::new();
+            let backend = Arc::new(
+                FakeBackend::new().with_shared("thin", lvms_core::config::SharedVolumeMode::Thin),
+            );
+            let elsewhere = volume(&backend, "elsewhere").await;
+            let orphan = volume(&backend, "orphan").await;
+            // Made for node-b's LogicalVolume: not this node's object, still not an orphan.
+            api.insert(
+                &format!("/apis/topolvm.io/v1/logicalvolumes/{elsewhere}"),
+                json!({"metadata": {"name": elsewhere},
+                       "spec": {"name": "elsewhere", "nodeName": "node-b", "size": "1Gi"}}),
+            );
+            let (_tx, rx) = tokio::sync::watch::channel(Some(backend.clone()));
+            let mut c = NodeCollector::new(
+                api.client("default"),
+                "node-a",
+                "topolvm.io",
+                rx,
+                Some(Duration::ZERO),
+            );
+            let s = c.sweep_once().await.unwrap();
+            assert_eq!(
+                s.orphans.iter().map(|o| o.id.clone()).collect::<Vec<_>>(),
+                std::slice::from_ref(&orphan)
+            );
+            assert!(s.delete.is_empty(), "a shared orphan is never removed");
+            assert_eq!(backend.state.lock().unwrap().volumes.len(), 2);
+            let events: Vec<_> = api
+                .requests()
+                .into_iter()
+                .filter(|r| r.path.contains("/events"))
+                .collect();
+            assert_eq!(events.len(), 1);
+            let note = events[0].body["note"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            assert!(
+                note.contains(&orphan) && note.contains("shared class"),
+                "{note}"
+            );
         }
 
         #[tokio::test]
