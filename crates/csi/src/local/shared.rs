@@ -4,7 +4,7 @@
 //!   one node, shared (`sy`) for MULTI_NODE_* block volumes. With `wipePolicy: Full` a new volume
 //!   carries [`ids::UNWIPED_TAG`] and is zeroed at its first stage, in chunks ([`zero_chunk`]): after
 //!   each chunk is zeroed and flushed, [`ids::WIPED_TO_TAG_PREFIX`] on the LV records how far, so a
-//!   stage after a crash (or a cancelled stage) resumes there ([`next_zero_range`]).
+//!   stage after a crash resumes there ([`next_zero_range`]).
 //! - **Thin** volumes get a thin pool each (`pool-<digest>`, [`pool_name`]), because lvmlockd locks a
 //!   thin pool, not its thin volumes: every thin volume of a pool is active on the same node. Snapshots
 //!   and clones of a volume live in its pool. The pool's data is kept at least the sum of its thin
