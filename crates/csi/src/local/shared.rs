@@ -327,8 +327,8 @@ impl<R: Runner> LocalBackend<R> {
     /// [`ids::UNWIPED_TAG`] and the record. Each chunk is flushed before it is recorded, so the record
     /// never claims more than is zeroed; the new record is added before the old one is removed, so a
     /// crash in between leaves two, of which the larger counts. The last chunk is not recorded:
-    /// removing [`ids::UNWIPED_TAG`] says it. A record left by a crash after that is removed at the next stage
-    /// ([`Self::drop_stale_wipe_records`]).
+    /// removing [`ids::UNWIPED_TAG`] says it. A record left by a crash after that is removed at the
+    /// next stage ([`Self::drop_stale_wipe_records`]).
     async fn zero_unwiped(&self, lv: &LogicalVolume, device: &str) -> Result<()> {
         let (vg, id) = (lv.vg_name.as_str(), lv.name.as_str());
         let mut records: Vec<String> = lv
