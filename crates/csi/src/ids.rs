@@ -18,8 +18,11 @@ pub const NAME_TAG_PREFIX: &str = "lvms.name=";
 /// Prefix of the tag carrying the content source: `vol:<id>` or `snap:<id>`.
 pub const SOURCE_TAG_PREFIX: &str = "lvms.src=";
 /// Tag on a shared class's linear LV that has not been zeroed yet (`wipePolicy: Full`): the first
-/// stage zeroes it, then removes the tag; a crash in between zeroes it again.
+/// stage zeroes it, then removes the tag; a crash in between resumes from [`WIPED_TO_TAG_PREFIX`].
 pub const UNWIPED_TAG: &str = "lvms.unwiped";
+/// Prefix of the tag recording how many bytes from its start an [`UNWIPED_TAG`] LV has been zeroed
+/// (and flushed): the next stage after a crash zeroes from there.
+pub const WIPED_TO_TAG_PREFIX: &str = "lvms.wiped-to=";
 /// Tag on snapshot LVs.
 pub const SNAPSHOT_TAG: &str = "lvms.snapshot";
 /// Prefix of the tag carrying the creation time (seconds since the Unix epoch).
@@ -160,6 +163,21 @@ pub fn requested_from_tags(tags: &[String]) -> Option<u64> {
         .and_then(|s| s.parse().ok())
 }
 
+/// The tag recording that the first `bytes` of a volume are zeroed.
+pub fn wiped_to_tag(bytes: u64) -> String {
+    format!("{WIPED_TO_TAG_PREFIX}{bytes}")
+}
+
+/// How far the zeroing recorded in `tags` got: the largest [`WIPED_TO_TAG_PREFIX`] value, since a
+/// crash between adding a new record and removing the old one leaves both. Unreadable records
+/// count for nothing.
+pub fn wiped_to_from_tags(tags: &[String]) -> Option<u64> {
+    tags.iter()
+        .filter_map(|t| t.strip_prefix(WIPED_TO_TAG_PREFIX))
+        .filter_map(|s| s.parse().ok())
+        .max()
+}
+
 /// The creation time recorded in `tags`, if any.
 pub fn created_from_tags(tags: &[String]) -> Option<u64> {
     tags.iter()
@@ -228,6 +246,26 @@ mod tests {
             assert_eq!(Source::from_tags(&["lvms".into(), s.tag()]), Some(s));
         }
         assert_eq!(Source::from_tags(&["lvms".into()]), None);
+    }
+
+    #[test]
+    fn the_furthest_readable_wiped_to_record_counts() {
+        let tags = |t: &[&str]| t.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(wiped_to_from_tags(&tags(&["lvms", "lvms.unwiped"])), None);
+        assert_eq!(
+            wiped_to_from_tags(&[wiped_to_tag(1 << 30), "lvms".into()]),
+            Some(1 << 30)
+        );
+        // A crash between adding the new record and removing the old one leaves both.
+        assert_eq!(
+            wiped_to_from_tags(&[wiped_to_tag(1 << 30), wiped_to_tag(2 << 30)]),
+            Some(2 << 30)
+        );
+        assert_eq!(
+            wiped_to_from_tags(&tags(&["lvms.wiped-to=x", "lvms.wiped-to=-1"])),
+            None
+        );
+        lvms_host::validate::lvm_tag(&wiped_to_tag(u64::MAX)).unwrap();
     }
 
     proptest! {

@@ -186,6 +186,45 @@ pub async fn zero_out<R: Runner>(runner: &R, dev: &str) -> Result<()> {
     }
 }
 
+/// Writes zeros over `length` bytes of `dev` from byte `offset` (`blkdiscard --zeroout --offset
+/// <offset> --length <length>`; both a multiple of the device's sector size, or blkdiscard refuses).
+/// Destroys the data in that range: only for a volume of ours that holds none yet.
+pub async fn zero_range<R: Runner>(runner: &R, dev: &str, offset: u64, length: u64) -> Result<()> {
+    validate::device_path(dev)?;
+    let (offset, length) = (offset.to_string(), length.to_string());
+    let cmd = Command::new(
+        "blkdiscard",
+        [
+            "--zeroout",
+            "--offset",
+            offset.as_str(),
+            "--length",
+            length.as_str(),
+            dev,
+        ],
+    )
+    .timeout(ZERO_TIMEOUT);
+    let out = runner.run(&cmd).await?;
+    if out.success() {
+        Ok(())
+    } else {
+        Err(busy_or_failed(&cmd, out))
+    }
+}
+
+/// Makes what was written to `dev` durable (`sync <dev>`: an fsync of the block device, which sends
+/// the device a cache flush), so that a record of it can be trusted after a power loss too.
+pub async fn flush<R: Runner>(runner: &R, dev: &str) -> Result<()> {
+    validate::device_path(dev)?;
+    let cmd = Command::new("sync", [dev]).timeout(DEFAULT_TIMEOUT);
+    let out = runner.run(&cmd).await?;
+    if out.success() {
+        Ok(())
+    } else {
+        Err(out.into_error(&cmd))
+    }
+}
+
 /// A failed command, as [`Error::InUse`] when the kernel said the device is busy.
 fn busy_or_failed(cmd: &Command, out: Output) -> Error {
     if out.stderr.contains("Device or resource busy") {

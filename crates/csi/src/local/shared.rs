@@ -2,7 +2,9 @@
 //!
 //! - **Linear** volumes are made inactive and activated where they are staged: exclusively (`ey`) for
 //!   one node, shared (`sy`) for MULTI_NODE_* block volumes. With `wipePolicy: Full` a new volume
-//!   carries [`ids::UNWIPED_TAG`] and is zeroed at its first stage.
+//!   carries [`ids::UNWIPED_TAG`] and is zeroed at its first stage, in chunks ([`zero_chunk`]): after
+//!   each chunk is zeroed and flushed, [`ids::WIPED_TO_TAG_PREFIX`] on the LV records how far, so a
+//!   stage after a crash resumes there ([`next_zero_range`]).
 //! - **Thin** volumes get a thin pool each (`pool-<digest>`, [`pool_name`]), because lvmlockd locks a
 //!   thin pool, not its thin volumes: every thin volume of a pool is active on the same node. Snapshots
 //!   and clones of a volume live in its pool. The pool's data is kept at least the sum of its thin
@@ -11,9 +13,13 @@
 //!   volume never shows a previous tenant's data, so `wipePolicy` does not apply to it. A new pool and
 //!   volume are left inactive; the staging node activates both exclusively, unstage deactivates both.
 
-use lvms_core::{lvattr::LvAttr, model::LogicalVolume, size::round_up_to_extent};
+use lvms_core::{
+    lvattr::LvAttr,
+    model::LogicalVolume,
+    size::{GIB, MIB, round_up_to_extent},
+};
 use lvms_host::{
-    devices::zero_out,
+    devices::{flush, zero_range},
     lvm::{Activation, PoolSize, ThinPoolSpec},
     runner::Runner,
 };
@@ -34,6 +40,36 @@ const POOL_CHUNK: u64 = 64 * 1024;
 const MIN_POOL_METADATA: u64 = 4 * 1024 * 1024;
 /// LVM's largest thin pool metadata (15.81 GiB), rounded down.
 const MAX_POOL_METADATA: u64 = 15 * 1024 * 1024 * 1024;
+
+/// The smallest chunk a new volume is zeroed in.
+const MIN_ZERO_CHUNK: u64 = GIB;
+/// A volume larger than 32 GiB is zeroed in about this many chunks.
+const ZERO_CHUNKS: u64 = 32;
+/// Chunks, and a resumed zeroing's start, are whole MiB: a multiple of every sector size, which
+/// `blkdiscard --offset/--length` needs.
+const ZERO_ALIGN: u64 = MIB;
+
+/// The chunk a volume of `size` bytes is zeroed in: a 32nd of it, at least 1 GiB, in whole MiB.
+/// After each chunk the progress is written to the LV's tags, one `lvchange` (a VG metadata write
+/// under the shared VG lock, taken from every node) per chunk: at most about 32 of them per volume,
+/// however large, while a crash repeats at most one chunk, 1 GiB (a few seconds) for a small volume
+/// and 1/32 of the work for a large one.
+pub(super) fn zero_chunk(size: u64) -> u64 {
+    let chunk = (size / ZERO_CHUNKS).max(MIN_ZERO_CHUNK);
+    chunk.div_ceil(ZERO_ALIGN).saturating_mul(ZERO_ALIGN)
+}
+
+/// The next range to zero, `(offset, length)`, of a volume of `size` bytes of which the first
+/// `done` are zeroed, in chunks of `chunk` bytes; `None` when nothing is left. A `done` off the MiB
+/// grid (a record not written by [`zero_chunk`]'s chunks) is rounded down: the range may zero
+/// some bytes again, never skip one.
+pub(super) fn next_zero_range(size: u64, done: u64, chunk: u64) -> Option<(u64, u64)> {
+    if done >= size {
+        return None;
+    }
+    let offset = done - done % ZERO_ALIGN;
+    Some((offset, chunk.max(ZERO_ALIGN).min(size - offset)))
+}
 
 /// The thin pool of the shared class's thin volume `id` (`csi-<digest>` → `pool-<digest>`).
 pub(super) fn pool_name(id: &str) -> String {
@@ -237,8 +273,8 @@ impl<R: Runner> LocalBackend<R> {
     /// Activates a shared class's volume for this stage: exclusively (`ey`) for one node, shared
     /// (`sy`) for several (linear only: a thin volume's pool is active on one node). A volume still
     /// carrying [`ids::UNWIPED_TAG`] is zeroed first, exclusively, then the tag removed (a crash in
-    /// between zeroes it again at the next stage). The LV is read afresh: another node may have
-    /// changed it since the cached report.
+    /// between resumes at the next stage from the last chunk recorded, [`Self::zero_unwiped`]). The
+    /// LV is read afresh: another node may have changed it since the cached report.
     pub(super) async fn activate_shared(
         &self,
         lv: &LogicalVolume,
@@ -265,21 +301,14 @@ impl<R: Runner> LocalBackend<R> {
             self.mutate(self.lvm.lv_activate_shared(vg, id, Activation::Exclusive))
                 .await
                 .map_err(conflict(id))?;
-            tracing::info!(
-                volume_id = id,
-                "zeroing a new volume of a shared class before first use"
-            );
-            self.mutate(zero_out(self.lvm.runner(), &device))
-                .await
-                .map_err(host)?;
-            self.mutate(self.lvm.lv_del_tag(vg, id, ids::UNWIPED_TAG))
-                .await
-                .map_err(host)?;
+            self.zero_unwiped(&fresh, &device).await?;
             if multi_node {
                 self.mutate(self.lvm.lv_deactivate(vg, id))
                     .await
                     .map_err(host)?;
             }
+        } else {
+            self.drop_stale_wipe_records(&fresh).await;
         }
         let how = if multi_node {
             Activation::Shared
@@ -291,6 +320,82 @@ impl<R: Runner> LocalBackend<R> {
             .map_err(conflict(id))?;
         self.read_back_lv(vg, id, "activating").await;
         Ok(device)
+    }
+
+    /// Zeroes the new volume `lv`, active exclusively here (so no other node writes it), from where
+    /// its [`ids::WIPED_TO_TAG_PREFIX`] record says an earlier stage got, chunk by chunk, then removes
+    /// [`ids::UNWIPED_TAG`] and the record. Each chunk is flushed before it is recorded, so the record
+    /// never claims more than is zeroed; the new record is added before the old one is removed, so a
+    /// crash in between leaves two, of which the larger counts. The last chunk is not recorded:
+    /// removing [`ids::UNWIPED_TAG`] says it. A record left by a crash after that is removed at the
+    /// next stage ([`Self::drop_stale_wipe_records`]).
+    async fn zero_unwiped(&self, lv: &LogicalVolume, device: &str) -> Result<()> {
+        let (vg, id) = (lv.vg_name.as_str(), lv.name.as_str());
+        let mut records: Vec<String> = lv
+            .tags
+            .iter()
+            .filter(|t| t.starts_with(ids::WIPED_TO_TAG_PREFIX))
+            .cloned()
+            .collect();
+        let chunk = zero_chunk(lv.size);
+        let mut done = ids::wiped_to_from_tags(&lv.tags).unwrap_or(0);
+        tracing::info!(
+            volume_id = id,
+            from = done,
+            size = lv.size,
+            chunk,
+            "zeroing a new volume of a shared class before first use"
+        );
+        while let Some((offset, length)) = next_zero_range(lv.size, done, chunk) {
+            self.mutate(zero_range(self.lvm.runner(), device, offset, length))
+                .await
+                .map_err(host)?;
+            done = offset + length;
+            if done >= lv.size {
+                break;
+            }
+            self.mutate(flush(self.lvm.runner(), device))
+                .await
+                .map_err(host)?;
+            let record = ids::wiped_to_tag(done);
+            self.mutate(self.lvm.lv_add_tag(vg, id, &record))
+                .await
+                .map_err(host)?;
+            for old in std::mem::replace(&mut records, vec![record]) {
+                self.mutate(self.lvm.lv_del_tag(vg, id, &old))
+                    .await
+                    .map_err(host)?;
+            }
+            tracing::debug!(volume_id = id, done, size = lv.size, "zeroed so far");
+        }
+        self.mutate(flush(self.lvm.runner(), device))
+            .await
+            .map_err(host)?;
+        self.mutate(self.lvm.lv_del_tag(vg, id, ids::UNWIPED_TAG))
+            .await
+            .map_err(host)?;
+        for old in records {
+            self.mutate(self.lvm.lv_del_tag(vg, id, &old))
+                .await
+                .map_err(host)?;
+        }
+        Ok(())
+    }
+
+    /// Removes the [`ids::WIPED_TO_TAG_PREFIX`] records of a zeroed volume, which a crash right
+    /// after its [`ids::UNWIPED_TAG`] was removed leaves; a failure is logged and left for the next
+    /// stage (the records mean nothing without [`ids::UNWIPED_TAG`]).
+    async fn drop_stale_wipe_records(&self, lv: &LogicalVolume) {
+        let (vg, id) = (lv.vg_name.as_str(), lv.name.as_str());
+        for record in lv
+            .tags
+            .iter()
+            .filter(|t| t.starts_with(ids::WIPED_TO_TAG_PREFIX))
+        {
+            if let Err(e) = self.mutate(self.lvm.lv_del_tag(vg, id, record)).await {
+                tracing::warn!(volume_id = id, error = %e, "could not remove a stale zeroing record");
+            }
+        }
     }
 
     /// Unstage of a shared class's volume: deactivates it (and a thin volume's pool), so another
@@ -337,10 +442,294 @@ pub(super) fn in_use_elsewhere<'a>(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use lvms_core::config::SharedConfig;
+    use lvms_host::{
+        fake::FakeRunner,
+        lvm::{LV_FIELDS, Lvm},
+    };
+    use proptest::prelude::*;
 
-    const MIB: u64 = 1024 * 1024;
-    const GIB: u64 = 1024 * MIB;
+    use super::*;
+    use crate::backend::LvType;
+
+    #[test]
+    fn zeroing_chunks_are_a_32nd_of_the_volume_at_least_1_gib_in_whole_mib() {
+        assert_eq!(zero_chunk(0), GIB);
+        assert_eq!(zero_chunk(100 * MIB), GIB);
+        assert_eq!(zero_chunk(32 * GIB), GIB);
+        assert_eq!(zero_chunk(100 * GIB), 3200 * MIB);
+        // 1/32 of 100 GiB + 4 MiB is not whole MiB: rounded up.
+        assert_eq!(zero_chunk(100 * GIB + 4 * MIB), 3201 * MIB);
+        assert_eq!(zero_chunk(u64::MAX) % MIB, 0);
+    }
+
+    #[test]
+    fn the_next_zero_range_starts_at_the_record_and_stops_at_the_end() {
+        // Fresh, then resumed after one chunk, then the short last chunk, then nothing.
+        assert_eq!(next_zero_range(3 * GIB, 0, GIB), Some((0, GIB)));
+        assert_eq!(next_zero_range(3 * GIB, GIB, GIB), Some((GIB, GIB)));
+        assert_eq!(
+            next_zero_range(2 * GIB + 4 * MIB, 2 * GIB, GIB),
+            Some((2 * GIB, 4 * MIB))
+        );
+        assert_eq!(next_zero_range(3 * GIB, 3 * GIB, GIB), None);
+        // A record beyond the end (the volume cannot shrink; a hand-set tag) is done.
+        assert_eq!(next_zero_range(3 * GIB, 5 * GIB, GIB), None);
+        // A record off the MiB grid is rounded down: zero again, never skip.
+        assert_eq!(next_zero_range(3 * GIB, GIB + 512, GIB), Some((GIB, GIB)));
+        // The end of a volume not in whole MiB is the end, not a record to round down.
+        assert_eq!(next_zero_range(GIB + 512, GIB + 512, GIB), None);
+        // A volume smaller than a chunk, and a chunk of 0 that would never finish.
+        assert_eq!(next_zero_range(8 * MIB, 0, GIB), Some((0, 8 * MIB)));
+        assert_eq!(next_zero_range(8 * MIB, 0, 0), Some((0, MIB)));
+    }
+
+    proptest! {
+        #[test]
+        fn zeroing_from_any_record_covers_the_rest_in_whole_mib_chunks(
+            sectors in 1u64..(1 << 35),
+            recorded in 0u64..(1 << 45),
+        ) {
+            let size = sectors * 512;
+            let chunk = zero_chunk(size);
+            let mut done = recorded;
+            let mut ranges = Vec::new();
+            while let Some((offset, length)) = next_zero_range(size, done, chunk) {
+                ranges.push((offset, length));
+                done = offset + length;
+                prop_assert!(ranges.len() <= 34, "{ranges:?}");
+            }
+            let start = recorded - recorded % MIB;
+            if recorded < size {
+                prop_assert_eq!(ranges.first().map(|r| r.0), Some(start));
+                prop_assert_eq!(done, size);
+            } else {
+                prop_assert!(ranges.is_empty());
+            }
+            for w in ranges.windows(2) {
+                prop_assert_eq!(w[0].0 + w[0].1, w[1].0, "contiguous");
+            }
+            for (offset, length) in &ranges {
+                prop_assert!(offset % MIB == 0 && *length > 0 && *length <= chunk);
+                prop_assert!(length % 512 == 0);
+            }
+        }
+    }
+
+    // ---- the stage path of a `wipePolicy: Full` volume, command by command ----
+
+    const SAN: &str = "san";
+
+    fn shared_backend() -> (FakeRunner, LocalBackend<FakeRunner>) {
+        let fake = FakeRunner::new();
+        let class = ClassInfo {
+            name: SAN.into(),
+            thin_pool: None,
+            overprovision_ratio: 1,
+            default: true,
+            layout: LvType::Linear,
+            fstype: None,
+            shared: Some(SharedConfig::default()),
+        };
+        let lvm = Lvm::new(fake.clone()).with_shared([SAN.to_owned()]);
+        (fake, LocalBackend::new("node-a", vec![class], lvm))
+    }
+
+    /// A linear volume of the shared class with these tags beside ours.
+    fn linear(size: u64, tags: &[String]) -> LogicalVolume {
+        LogicalVolume {
+            name: ids::volume_lv_name("pvc-1"),
+            vg_name: SAN.into(),
+            size,
+            attr: "-wi-------".into(),
+            segtype: "linear".into(),
+            tags: [ids::OWNER_TAG.to_owned(), ids::name_tag("pvc-1")]
+                .into_iter()
+                .chain(tags.iter().cloned())
+                .collect(),
+            uuid: "u".into(),
+            pool_lv: None,
+            origin: None,
+            data_percent: None,
+            metadata_percent: None,
+            metadata_size: None,
+            sync_percent: None,
+            path: None,
+            dm_path: None,
+            stripes: Some(1),
+            stripe_size: Some(0),
+        }
+    }
+
+    /// `lvm <sub> <scope of the shared class> <args...>`.
+    fn lvm_san(sub: &str, args: &[&str]) -> Vec<String> {
+        let mut argv = vec!["lvm".to_owned(), sub.to_owned()];
+        argv.extend(lvms_host::shared::SharedLvm::<FakeRunner>::scope_args(
+            SAN, None,
+        ));
+        argv.extend(args.iter().map(|a| (*a).to_owned()));
+        argv
+    }
+
+    fn expect<'a>(fake: &'a FakeRunner, argv: &[String]) -> lvms_host::fake::Expect<'a> {
+        fake.expect(&argv.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+
+    /// The look at `lv` that the stage and its read-back make, answering `lv`.
+    fn expect_lv(fake: &FakeRunner, lv: &LogicalVolume) {
+        let target = format!("{SAN}/{}", lv.name);
+        let argv = lvm_san(
+            "lvs",
+            &[
+                "--reportformat",
+                "json",
+                "--units",
+                "b",
+                "--nosuffix",
+                "-o",
+                LV_FIELDS,
+                &target,
+            ],
+        );
+        let row = format!(
+            r#"{{"report":[{{"lv":[{{"lv_name":"{}", "vg_name":"{SAN}", "lv_uuid":"u", "lv_size":"{}", "lv_attr":"{}", "segtype":"linear", "pool_lv":"", "origin":"", "data_percent":"", "metadata_percent":"", "lv_metadata_size":"", "sync_percent":"", "lv_tags":"{}", "lv_path":"", "lv_dm_path":"", "stripes":"1", "stripe_size":"0"}}]}}]}}"#,
+            lv.name,
+            lv.size,
+            lv.attr,
+            lv.tags.join(",")
+        );
+        expect(fake, &argv).stdout(row);
+    }
+
+    fn expect_lvchange(fake: &FakeRunner, lv: &LogicalVolume, args: &[&str]) {
+        let target = format!("{SAN}/{}", lv.name);
+        let mut args = args.to_vec();
+        args.push(&target);
+        expect(fake, &lvm_san("lvchange", &args)).succeeds();
+    }
+
+    fn expect_zero(fake: &FakeRunner, lv: &LogicalVolume, offset: u64, length: u64) {
+        let dev = format!("/dev/{SAN}/{}", lv.name);
+        let (offset, length) = (offset.to_string(), length.to_string());
+        fake.expect(&[
+            "blkdiscard",
+            "--zeroout",
+            "--offset",
+            &offset,
+            "--length",
+            &length,
+            &dev,
+        ])
+        .succeeds();
+    }
+
+    fn expect_flush(fake: &FakeRunner, lv: &LogicalVolume) {
+        let dev = format!("/dev/{SAN}/{}", lv.name);
+        fake.expect(&["sync", &dev]).succeeds();
+    }
+
+    /// The single-node activation after the zeroing, and its read-back.
+    fn expect_activated(fake: &FakeRunner, lv: &LogicalVolume) {
+        expect_lvchange(fake, lv, &["--activate", "ey", "--ignoreactivationskip"]);
+        let mut active = lv.clone();
+        active.attr = "-wi-a-----".into();
+        active
+            .tags
+            .retain(|t| t != ids::UNWIPED_TAG && !t.starts_with(ids::WIPED_TO_TAG_PREFIX));
+        expect_lv(fake, &active);
+    }
+
+    #[tokio::test]
+    async fn a_new_volume_is_zeroed_chunk_by_chunk_each_recorded_after_it_is_flushed() {
+        let (fake, b) = shared_backend();
+        let lv = linear(3 * GIB, &[ids::UNWIPED_TAG.to_owned()]);
+        let (one, two) = (ids::wiped_to_tag(GIB), ids::wiped_to_tag(2 * GIB));
+        expect_lv(&fake, &lv);
+        expect_lvchange(&fake, &lv, &["--activate", "ey", "--ignoreactivationskip"]);
+        expect_zero(&fake, &lv, 0, GIB);
+        expect_flush(&fake, &lv);
+        expect_lvchange(&fake, &lv, &["--addtag", &one]);
+        expect_zero(&fake, &lv, GIB, GIB);
+        expect_flush(&fake, &lv);
+        expect_lvchange(&fake, &lv, &["--addtag", &two]);
+        expect_lvchange(&fake, &lv, &["--deltag", &one]);
+        // The last chunk is not recorded: removing the unwiped tag says it.
+        expect_zero(&fake, &lv, 2 * GIB, GIB);
+        expect_flush(&fake, &lv);
+        expect_lvchange(&fake, &lv, &["--deltag", ids::UNWIPED_TAG]);
+        expect_lvchange(&fake, &lv, &["--deltag", &two]);
+        expect_activated(&fake, &lv);
+        assert_eq!(
+            b.activate_shared(&lv, false).await.unwrap(),
+            format!("/dev/{SAN}/{}", lv.name)
+        );
+        fake.assert_done();
+    }
+
+    #[tokio::test]
+    async fn a_stage_after_a_crash_resumes_from_the_furthest_record() {
+        let (fake, b) = shared_backend();
+        // Crashed between adding the record of 2 GiB and removing that of 1 GiB.
+        let (one, two) = (ids::wiped_to_tag(GIB), ids::wiped_to_tag(2 * GIB));
+        let lv = linear(
+            3 * GIB + 8 * MIB,
+            &[ids::UNWIPED_TAG.to_owned(), one.clone(), two.clone()],
+        );
+        expect_lv(&fake, &lv);
+        expect_lvchange(&fake, &lv, &["--activate", "ey", "--ignoreactivationskip"]);
+        expect_zero(&fake, &lv, 2 * GIB, GIB);
+        expect_flush(&fake, &lv);
+        let three = ids::wiped_to_tag(3 * GIB);
+        expect_lvchange(&fake, &lv, &["--addtag", &three]);
+        expect_lvchange(&fake, &lv, &["--deltag", &one]);
+        expect_lvchange(&fake, &lv, &["--deltag", &two]);
+        expect_zero(&fake, &lv, 3 * GIB, 8 * MIB);
+        expect_flush(&fake, &lv);
+        expect_lvchange(&fake, &lv, &["--deltag", ids::UNWIPED_TAG]);
+        expect_lvchange(&fake, &lv, &["--deltag", &three]);
+        expect_activated(&fake, &lv);
+        b.activate_shared(&lv, false).await.unwrap();
+        fake.assert_done();
+    }
+
+    #[tokio::test]
+    async fn a_failed_chunk_is_not_recorded_and_fails_the_stage() {
+        let (fake, b) = shared_backend();
+        let lv = linear(3 * GIB, &[ids::UNWIPED_TAG.to_owned()]);
+        let one = ids::wiped_to_tag(GIB);
+        expect_lv(&fake, &lv);
+        expect_lvchange(&fake, &lv, &["--activate", "ey", "--ignoreactivationskip"]);
+        expect_zero(&fake, &lv, 0, GIB);
+        expect_flush(&fake, &lv);
+        expect_lvchange(&fake, &lv, &["--addtag", &one]);
+        let dev = format!("/dev/{SAN}/{}", lv.name);
+        let (offset, length) = (GIB.to_string(), GIB.to_string());
+        fake.expect(&[
+            "blkdiscard",
+            "--zeroout",
+            "--offset",
+            &offset,
+            "--length",
+            &length,
+            &dev,
+        ])
+        .fails(1, "blkdiscard: BLKZEROOUT ioctl failed: Input/output error");
+        let err = b.activate_shared(&lv, false).await.unwrap_err();
+        assert!(err.to_string().contains("Input/output error"), "{err}");
+        fake.assert_done();
+    }
+
+    #[tokio::test]
+    async fn a_record_left_beside_a_zeroed_volume_is_removed_at_its_next_stage() {
+        let (fake, b) = shared_backend();
+        let stale = ids::wiped_to_tag(GIB);
+        let lv = linear(3 * GIB, std::slice::from_ref(&stale));
+        expect_lv(&fake, &lv);
+        expect_lvchange(&fake, &lv, &["--deltag", &stale]);
+        expect_activated(&fake, &lv);
+        b.activate_shared(&lv, false).await.unwrap();
+        fake.assert_done();
+    }
 
     #[test]
     fn a_volume_held_elsewhere_is_in_use_with_the_fix_and_other_errors_keep_their_meaning() {

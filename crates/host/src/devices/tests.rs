@@ -190,6 +190,52 @@ async fn probe_refuses_paths_outside_dev() {
     assert!(fake.calls().is_empty());
 }
 
+#[tokio::test]
+async fn zeroing_a_range_names_its_offset_and_length_in_bytes_and_a_busy_device_is_in_use() {
+    let fake = FakeRunner::new();
+    fake.expect(&[
+        "blkdiscard",
+        "--zeroout",
+        "--offset",
+        "1073741824",
+        "--length",
+        "536870912",
+        "/dev/san/csi-a",
+    ])
+    .succeeds();
+    fake.expect(&["sync", "/dev/san/csi-a"]).succeeds();
+    fake.expect(&[
+        "blkdiscard",
+        "--zeroout",
+        "--offset",
+        "0",
+        "--length",
+        "4096",
+        "/dev/san/csi-a",
+    ])
+    .fails(
+        1,
+        "blkdiscard: cannot open /dev/san/csi-a: Device or resource busy",
+    );
+    zero_range(&fake, "/dev/san/csi-a", 1 << 30, 1 << 29)
+        .await
+        .unwrap();
+    flush(&fake, "/dev/san/csi-a").await.unwrap();
+    let err = zero_range(&fake, "/dev/san/csi-a", 0, 4096)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InUse(_)), "{err:?}");
+    assert!(matches!(
+        zero_range(&fake, "--all", 0, 4096).await,
+        Err(Error::InvalidDevicePath { .. })
+    ));
+    assert!(matches!(
+        flush(&fake, "-f").await,
+        Err(Error::InvalidDevicePath { .. })
+    ));
+    fake.assert_done();
+}
+
 // ---- discovery ----
 
 #[tokio::test]
