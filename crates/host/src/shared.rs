@@ -336,6 +336,17 @@ impl<R: Runner> SharedLvm<R> {
             .collect())
     }
 
+    /// The physical volumes the class's devices file lets LVM see that belong to no volume group.
+    pub async fn orphan_pvs(&self, class: &str) -> Result<BTreeSet<String>> {
+        Ok(self
+            .pvs(class)
+            .await?
+            .into_iter()
+            .filter(|(_, vg)| vg.is_empty())
+            .map(|(pv, _)| pv)
+            .collect())
+    }
+
     /// `vgcreate --shared`: makes the volume group and its `lvmlock` LV, and starts this host's
     /// lockspace.
     pub async fn create_volume_group(
@@ -569,14 +580,7 @@ impl<R: Runner> SharedHost for RealSharedHost<R> {
         let mut signatures = BTreeMap::new();
         if vg.is_none() {
             if !devices_file.is_empty() {
-                orphan_pvs = self
-                    .lvm
-                    .pvs(&class.name)
-                    .await?
-                    .into_iter()
-                    .filter(|(_, vg)| vg.is_empty())
-                    .map(|(pv, _)| pv)
-                    .collect();
+                orphan_pvs = self.lvm.orphan_pvs(&class.name).await?;
             }
             for canonical in resolved.values().flatten() {
                 if let Some(sig) = self.devices.probe_signature(canonical).await? {
@@ -746,14 +750,7 @@ impl<R: Runner> SharedLeaveHost for RealSharedHost<R> {
         if observed.vg.is_some() {
             observed.lvs = self.lvm.lvs(name).await?;
         } else {
-            observed.orphan_pvs = self
-                .lvm
-                .pvs(name)
-                .await?
-                .into_iter()
-                .filter(|(pv, vg)| vg.is_empty() && observed.devices_file.contains(pv))
-                .map(|(pv, _)| pv)
-                .collect();
+            observed.orphan_pvs = self.lvm.orphan_pvs(name).await?;
         }
         Ok(observed)
     }

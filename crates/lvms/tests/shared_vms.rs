@@ -625,14 +625,7 @@ fn t5_the_manual_removal_in_docs_leaves_the_lun_blank_and_no_lockspace_on_either
         ));
     }
     for n in [&n1, &n2] {
-        let lockspaces = n.ok("sanlock client status");
-        assert!(
-            !lockspaces.contains(&format!("lvm_{CLASS}")),
-            "{}: {lockspaces}",
-            n.name
-        );
-        let signatures = n.ok(&format!("wipefs --no-act {LUN}"));
-        assert!(signatures.trim().is_empty(), "{}: {signatures}", n.name);
+        n.assert_blank();
     }
 }
 
@@ -647,6 +640,19 @@ impl Node {
         let report: Value = serde_json::from_str(&r.out)
             .unwrap_or_else(|e| panic!("{}: no JSON ({e}):\n{}\n{}", self.name, r.out, r.err));
         (r.code == 0, report)
+    }
+
+    /// No sanlock lockspace of the class on this node, and no signature on the LUN.
+    #[track_caller]
+    fn assert_blank(&self) {
+        let lockspaces = self.ok("sanlock client status");
+        assert!(
+            !lockspaces.contains(&format!("lvm_{CLASS}")),
+            "{}: {lockspaces}",
+            self.name
+        );
+        let signatures = self.ok(&format!("wipefs --no-act {LUN}"));
+        assert!(signatures.trim().is_empty(), "{}: {signatures}", self.name);
     }
 
     fn lockspace_started(&self) -> bool {
@@ -736,14 +742,7 @@ fn t6_leaving_the_class_stops_both_lockspaces_and_the_remover_removes_the_group_
     );
     for n in [&n1, &n2] {
         assert!(!n.lockspace_started(), "{}", n.name);
-        let lockspaces = n.ok("sanlock client status");
-        assert!(
-            !lockspaces.contains(&format!("lvm_{CLASS}")),
-            "{}: {lockspaces}",
-            n.name
-        );
-        let signatures = n.ok(&format!("wipefs --no-act {LUN}"));
-        assert!(signatures.trim().is_empty(), "{}: {signatures}", n.name);
+        n.assert_blank();
         let listed = n.sh(&format!(
             "lvm lvmdevices --devicesfile lvms-{CLASS}.devices"
         ));
