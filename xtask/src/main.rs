@@ -82,6 +82,10 @@ enum Task {
         /// `cargo xtask test`).
         #[arg(long)]
         shared_thin: bool,
+        /// Only these modes (repeatable): thin-mount, thin-block, thick, shared-linear-mount,
+        /// shared-linear-block, shared-thin-mount, shared-thin-block.
+        #[arg(long = "only")]
+        only: Vec<String>,
     },
     /// Regenerate the Helm chart deploy/helm/lvms from the kustomize base (needs kubectl).
     Helm,
@@ -162,7 +166,7 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
             phases.done("VM suite");
             let two_nodes = shared::run(&repo, None)?;
             phases.done("two-node shared VMs");
-            let sanity = sanity::run(&repo, false)?;
+            let sanity = sanity::run(&repo, false, &[])?;
             phases.done("csi-sanity");
             let e2e = e2e::run(&repo, None)?;
             phases.done("e2e on a real control plane");
@@ -199,9 +203,9 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
             deps()?;
             e2e::serve_cluster(&repo)
         }
-        Task::Sanity { shared_thin } => {
+        Task::Sanity { shared_thin, only } => {
             deps()?;
-            sanity::run(&repo, shared_thin)
+            sanity::run(&repo, shared_thin, &only)
         }
         Task::Helm => helm::generate(&repo).map(|()| ExitCode::SUCCESS),
         Task::Bench { args } => {

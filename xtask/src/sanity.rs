@@ -185,8 +185,8 @@ fn guest_script(lvms: &Path, sanity: &Path, out: &Path, modes: &[&Mode]) -> Stri
         r#"status=0
 driver=
 start_driver() {
-  "$lvms" standalone --config "$out/$1.yaml" --endpoint "$sock" --node-id sanity-node \
-    2>"$out/$1.log" &
+  LVMS_LOG="${LVMS_LOG:-warn}" "$lvms" standalone --config "$out/$1.yaml" --endpoint "$sock" \
+    --node-id sanity-node 2>"$out/$1.log" &
   driver=$!
   i=0
   until "$lvms" csi --endpoint "$sock" probe >/dev/null 2>&1; do
@@ -214,6 +214,9 @@ run_mode() {
 "#,
     );
     for shared in [false, true] {
+        if !modes.iter().any(|m| m.shared == shared) {
+            continue;
+        }
         if shared {
             // The shared class's lock managers run as host services would (the driver only checks
             // them).
@@ -247,8 +250,26 @@ run_mode() {
 }
 
 /// `cargo xtask sanity`.
-pub fn run(repo: &Path, shared_thin: bool) -> Result<ExitCode> {
-    let modes: Vec<&Mode> = MODES.iter().filter(|m| shared_thin || !m.extra).collect();
+pub fn run(repo: &Path, shared_thin: bool, only: &[String]) -> Result<ExitCode> {
+    if let Some(unknown) = only
+        .iter()
+        .find(|o| !MODES.iter().any(|m| m.name == o.as_str()))
+    {
+        bail!(
+            "--only {unknown}: no such mode; the modes are {}",
+            MODES.iter().map(|m| m.name).collect::<Vec<_>>().join(", ")
+        );
+    }
+    let modes: Vec<&Mode> = MODES
+        .iter()
+        .filter(|m| {
+            if only.is_empty() {
+                shared_thin || !m.extra
+            } else {
+                only.iter().any(|o| o == m.name)
+            }
+        })
+        .collect();
     let sanity = crate::cluster::assets(repo, &["csi-sanity"])?.join("csi-sanity");
     // The workspace's tests build target/debug/lvms with the features the VM suite uses, so
     // `cargo xtask test` builds nothing twice.
@@ -283,7 +304,10 @@ pub fn run(repo: &Path, shared_thin: bool) -> Result<ExitCode> {
         forwards: vec![],
         command: format!("sh {}", vm::shell_quote(&script.to_string_lossy())),
         cwd: repo.to_path_buf(),
-        env: vec![],
+        // `LVMS_LOG=lvms_host=debug` logs every command with its duration in the drivers' logs.
+        env: std::env::var("LVMS_LOG")
+            .map(|v| vec![("LVMS_LOG".to_owned(), v)])
+            .unwrap_or_default(),
         timeout: Duration::from_secs(90 * 60),
     };
     let outcome = vm::run_all(repo, vec![spec])?.remove(0);

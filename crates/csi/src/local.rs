@@ -813,8 +813,16 @@ impl<R: Runner> Backend for LocalBackend<R> {
         let class = self.class(&req.class)?;
         let lv_name = ids::volume_lv_name(&req.name);
         let _queued = self.lock_vg(&class.name).await?;
+        let locked = Instant::now();
         let report = self.report().await?;
+        let tags = vec![ids::OWNER_TAG.to_owned(), ids::name_tag(&req.name)];
         if let Some(lv) = report.find(&lv_name) {
+            if lv.tags.is_empty() && class.shared.is_some() {
+                // Perhaps a shared thin volume a crash left untagged beside its pool.
+                return self
+                    .finish_shared_thin(&class.name, &lv_name, &req.name, &tags)
+                    .await;
+            }
             let vol = self.adopt(lv, &req.name)?;
             // A restore interrupted between the snapshot and the extend: finish it.
             if req.source.is_some() && vol.source == req.source && vol.class == class.name {
@@ -835,7 +843,6 @@ impl<R: Runner> Backend for LocalBackend<R> {
                 .restore(report, class, req, source, &lv_name, size)
                 .await;
         }
-        let tags = vec![ids::OWNER_TAG.to_owned(), ids::name_tag(&req.name)];
         match &class.thin_pool {
             Some(pool) => {
                 self.check_thin_space(&report, class, size)?;
@@ -858,8 +865,11 @@ impl<R: Runner> Backend for LocalBackend<R> {
                     )));
                 }
                 if req.volume_mode.unwrap_or(shared.volume_mode) == SharedVolumeMode::Thin {
+                    // A report taken inside this node's queue is fresh enough: a pool made
+                    // meanwhile by another node makes the lvcreate fail and the volume be found.
+                    let fresh = (report.taken >= locked).then_some(report);
                     return self
-                        .create_shared_thin(class, &lv_name, &req.name, size, &tags)
+                        .create_shared_thin(fresh, class, &lv_name, &req.name, size, &tags)
                         .await;
                 }
                 let mut tags = tags;

@@ -186,6 +186,38 @@ fn check_size(what: &str, size: u64) -> Result<()> {
     Ok(())
 }
 
+/// A new thin pool's size, chunk size, metadata size and zeroing arguments.
+fn pool_args(spec: &ThinPoolSpec) -> Result<Vec<String>> {
+    let mut args = Vec::new();
+    match spec.size {
+        PoolSize::Bytes(n) => {
+            check_size("thin pool size", n)?;
+            args.extend(["--size".to_owned(), size_arg(n)]);
+        }
+        PoolSize::PercentFree(p) => {
+            if !(1..=100).contains(&p) {
+                return Err(Error::InvalidArgument(format!(
+                    "thin pool size {p}% of free space: give 1 to 100"
+                )));
+            }
+            args.extend(["--extents".to_owned(), format!("{p}%FREE")]);
+        }
+    }
+    if let Some(c) = spec.chunk_size {
+        check_size("chunk size", c)?;
+        args.extend(["--chunksize".to_owned(), bytes(c)]);
+    }
+    if let Some(m) = spec.metadata_size {
+        check_size("metadata size", m)?;
+        args.extend(["--poolmetadatasize".to_owned(), size_arg(m)]);
+    }
+    args.extend([
+        "--zero".to_owned(),
+        if spec.zero { "y" } else { "n" }.to_owned(),
+    ]);
+    Ok(args)
+}
+
 fn push_tags(args: &mut Vec<String>, tags: &[String]) {
     for t in tags {
         args.push("--addtag".to_owned());
@@ -585,35 +617,42 @@ impl<R: Runner> Lvm<R> {
         let mut args = ["lvcreate", "--yes", "--type", "thin-pool"]
             .map(str::to_owned)
             .to_vec();
-        match spec.size {
-            PoolSize::Bytes(n) => {
-                check_size("thin pool size", n)?;
-                args.extend(["--size".to_owned(), size_arg(n)]);
-            }
-            PoolSize::PercentFree(p) => {
-                if !(1..=100).contains(&p) {
-                    return Err(Error::InvalidArgument(format!(
-                        "thin pool size {p}% of free space: give 1 to 100"
-                    )));
-                }
-                args.extend(["--extents".to_owned(), format!("{p}%FREE")]);
-            }
-        }
-        if let Some(c) = spec.chunk_size {
-            check_size("chunk size", c)?;
-            args.extend(["--chunksize".to_owned(), bytes(c)]);
-        }
-        if let Some(m) = spec.metadata_size {
-            check_size("metadata size", m)?;
-            args.extend(["--poolmetadatasize".to_owned(), size_arg(m)]);
-        }
+        args.extend(pool_args(spec)?);
+        args.extend(["--name".to_owned(), spec.name.clone(), spec.vg.clone()]);
+        self.exec(args).await.map(drop)
+    }
+
+    /// Creates the thin volume `name` together with the new thin pool `pool` that holds it, in one
+    /// command, both left inactive: `lvcreate --yes --type thin --virtualsize <n>b --thinpool <pool>
+    /// (--size <n>b | --extents <p>%FREE) [--chunksize <n>b] [--poolmetadatasize <n>b] --zero y|n
+    /// --activate n [--addtag <t>]... --name <name> <vg>`. LVM puts the tags on the pool, not on the
+    /// volume (lvm2 2.03.16): tag the volume with [`Lvm::lv_add_tags`]. One command instead of three
+    /// (pool, volume, deactivation): on a shared volume group each takes the lock and the second
+    /// activates the pool.
+    #[tracing::instrument(level = "debug", skip(self))]
+    pub async fn thin_lv_create_with_pool(
+        &self,
+        pool: &ThinPoolSpec,
+        name: &str,
+        virtual_size: u64,
+        pool_tags: &[String],
+    ) -> Result<()> {
+        check_vg_lv(&pool.vg, name)?;
+        validate::lvm_name(&pool.name)?;
+        check_tags(pool_tags)?;
+        check_size("virtual size", virtual_size)?;
+        let mut args = ["lvcreate", "--yes", "--type", "thin", "--virtualsize"]
+            .map(str::to_owned)
+            .to_vec();
         args.extend([
-            "--zero".to_owned(),
-            if spec.zero { "y" } else { "n" }.to_owned(),
-            "--name".to_owned(),
-            spec.name.clone(),
-            spec.vg.clone(),
+            size_arg(virtual_size),
+            "--thinpool".to_owned(),
+            pool.name.clone(),
         ]);
+        args.extend(pool_args(pool)?);
+        args.extend(["--activate".to_owned(), "n".to_owned()]);
+        push_tags(&mut args, pool_tags);
+        args.extend(["--name".to_owned(), name.to_owned(), pool.vg.clone()]);
         self.exec(args).await.map(drop)
     }
 
@@ -851,6 +890,29 @@ impl<R: Runner> Lvm<R> {
             .await
     }
 
+    /// Removes the thin pool `vg/name` when it carries `tag` and holds no thin volume, from one look
+    /// at the group (pool and users in one report); [`Error::InUse`] naming the volumes it holds.
+    #[tracing::instrument(level = "debug", skip(self))]
+    pub async fn thin_pool_remove_tagged(
+        &self,
+        vg: &str,
+        name: &str,
+        tag: &str,
+    ) -> Result<Removal> {
+        check_vg_lv(vg, name)?;
+        let lvs = match self.lvs(Some(vg)).await {
+            Err(Error::NotFound(_)) => return Ok(Removal::Missing),
+            other => other?,
+        };
+        let Some(lv) = lvs.iter().find(|l| l.name == name) else {
+            return Ok(Removal::Missing);
+        };
+        if lv.segtype != "thin-pool" || !lv.tags.iter().any(|t| t == tag) {
+            return Ok(Removal::Refused(Box::new(lv.clone())));
+        }
+        self.remove_checked(vg, name, &lvs).await
+    }
+
     async fn remove_if(
         &self,
         vg: &str,
@@ -865,20 +927,27 @@ impl<R: Runner> Lvm<R> {
         if !allowed(&lv) {
             return Ok(Removal::Refused(Box::new(lv)));
         }
-        if lv.segtype == "thin-pool" {
-            let users: Vec<String> = self
-                .lvs(Some(vg))
-                .await?
-                .into_iter()
-                .filter(|l| l.pool_lv.as_deref() == Some(name))
-                .map(|l| l.name)
-                .collect();
-            if !users.is_empty() {
-                return Err(Error::InUse(format!(
-                    "thin pool {vg}/{name} still has thin volumes: {}",
-                    users.join(", ")
-                )));
-            }
+        let users = if lv.segtype == "thin-pool" {
+            self.lvs(Some(vg)).await?
+        } else {
+            Vec::new()
+        };
+        self.remove_checked(vg, name, &users).await
+    }
+
+    /// `lvremove --yes <vg>/<name>` unless `lvs` (the group's volumes, when `name` is a thin pool)
+    /// shows thin volumes in it.
+    async fn remove_checked(&self, vg: &str, name: &str, lvs: &[LogicalVolume]) -> Result<Removal> {
+        let users: Vec<&str> = lvs
+            .iter()
+            .filter(|l| l.pool_lv.as_deref() == Some(name))
+            .map(|l| l.name.as_str())
+            .collect();
+        if !users.is_empty() {
+            return Err(Error::InUse(format!(
+                "thin pool {vg}/{name} still has thin volumes: {}",
+                users.join(", ")
+            )));
         }
         let args = vec!["lvremove".to_owned(), "--yes".to_owned(), lv_path(vg, name)];
         match self.exec(args).await {
@@ -947,6 +1016,20 @@ impl<R: Runner> Lvm<R> {
     #[tracing::instrument(level = "debug", skip(self))]
     pub async fn lv_del_tag(&self, vg: &str, name: &str, tag: &str) -> Result<()> {
         self.lv_tag(vg, name, "--deltag", tag).await
+    }
+
+    /// `lvchange --addtag <t>... <vg>/<lv>`: several tags in one command.
+    #[tracing::instrument(level = "debug", skip(self))]
+    pub async fn lv_add_tags(&self, vg: &str, name: &str, tags: &[String]) -> Result<()> {
+        check_vg_lv(vg, name)?;
+        check_tags(tags)?;
+        if tags.is_empty() {
+            return Ok(());
+        }
+        let mut args = vec!["lvchange".to_owned()];
+        push_tags(&mut args, tags);
+        args.push(lv_path(vg, name));
+        self.exec(args).await.map(drop)
     }
 
     async fn lv_tag(&self, vg: &str, name: &str, op: &str, tag: &str) -> Result<()> {

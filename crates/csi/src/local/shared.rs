@@ -13,6 +13,8 @@
 //!   volume never shows a previous tenant's data, so `wipePolicy` does not apply to it. A new pool and
 //!   volume are left inactive; the staging node activates both exclusively, unstage deactivates both.
 
+use std::sync::Arc;
+
 use lvms_core::{
     lvattr::LvAttr,
     model::LogicalVolume,
@@ -97,9 +99,11 @@ pub(super) fn max_thin_volume(free: u64, extent: u64) -> u64 {
 
 impl<R: Runner> LocalBackend<R> {
     /// Makes the thin volume `lv_name` of a shared class in a pool of its own, both left inactive.
-    /// A crash after the pool was made finds and reuses it.
+    /// A crash after the pool was made finds and reuses it. Without a `fresh` report (one taken in
+    /// this node's queue for the group) the group is read afresh: other nodes change it.
     pub(super) async fn create_shared_thin(
         &self,
+        fresh: Option<Arc<Report>>,
         class: &ClassInfo,
         lv_name: &str,
         name: &str,
@@ -108,7 +112,10 @@ impl<R: Runner> LocalBackend<R> {
     ) -> Result<Volume> {
         let vg = class.name.as_str();
         let pool = pool_name(lv_name);
-        let report = self.fresh_report().await?;
+        let report = match fresh {
+            Some(report) => report,
+            None => self.fresh_report().await?,
+        };
         let extent = self.extent_size(&report, vg)?;
         if report.lv(vg, &pool).is_none() {
             let free = report.vg(vg).map_or(0, |v| v.free);
@@ -130,13 +137,34 @@ impl<R: Runner> LocalBackend<R> {
                 metadata_size: Some(pool_metadata(size, extent)),
                 zero: true,
             };
-            match self.mutate(self.lvm.thin_pool_create(&spec)).await {
-                Ok(()) | Err(lvms_host::Error::AlreadyExists(_)) => {}
+            // Pool and volume in one command, both left inactive. LVM gives its tags to the pool
+            // alone: the owner tag there, the volume's own next.
+            match self
+                .mutate(self.lvm.thin_lv_create_with_pool(
+                    &spec,
+                    lv_name,
+                    size,
+                    &[ids::OWNER_TAG.to_owned()],
+                ))
+                .await
+            {
+                Ok(()) => {
+                    self.mutate(self.lvm.lv_add_tags(vg, lv_name, tags))
+                        .await
+                        .map_err(host)?;
+                    return self.read_back(vg, lv_name).await;
+                }
+                Err(lvms_host::Error::AlreadyExists(_)) => {
+                    return self.finish_shared_thin(vg, lv_name, name, tags).await;
+                }
                 Err(e) => return Err(host(e)),
             }
         }
-        // Tagged after creation (lvcreate of a pool takes no tag here): a pool that lost its tag to
-        // a crash gets it at the retry.
+        if report.lv(vg, lv_name).is_some() {
+            return self.finish_shared_thin(vg, lv_name, name, tags).await;
+        }
+        // The pool is there without the volume: a crash (or an older lvms) made it alone. Tagged
+        // again (an older lvms tagged a pool after making it), then the volume made in it.
         self.mutate(self.lvm.lv_add_tag(vg, &pool, ids::OWNER_TAG))
             .await
             .map_err(host)?;
@@ -150,6 +178,35 @@ impl<R: Runner> LocalBackend<R> {
             .await?;
         self.park(vg, Some(lv_name), &pool).await;
         Ok(vol)
+    }
+
+    /// The thin volume `lv_name` found made already: adopted, after it gets its tags when it has none
+    /// and sits in its own pool carrying the owner tag (a crash came between the combined create and
+    /// the tagging).
+    pub(super) async fn finish_shared_thin(
+        &self,
+        vg: &str,
+        lv_name: &str,
+        name: &str,
+        tags: &[String],
+    ) -> Result<Volume> {
+        let report = self.fresh_report().await?;
+        let pool = pool_name(lv_name);
+        let Some(lv) = report.lv(vg, lv_name) else {
+            return Err(BackendError::Conflict(format!(
+                "thin pool {vg}/{pool} exists without its volume {lv_name}: retry"
+            )));
+        };
+        let own_pool = report
+            .lv(vg, &pool)
+            .is_some_and(|p| p.tags.iter().any(|t| t == ids::OWNER_TAG));
+        if lv.tags.is_empty() && lv.pool_lv.as_deref() == Some(pool.as_str()) && own_pool {
+            self.mutate(self.lvm.lv_add_tags(vg, lv_name, tags))
+                .await
+                .map_err(host)?;
+            return self.read_back(vg, lv_name).await;
+        }
+        self.adopt(lv, name)
     }
 
     /// Deactivates `lv` (if given) and then `pool` on this node, so that another node may activate
@@ -213,7 +270,7 @@ impl<R: Runner> LocalBackend<R> {
     /// Removes the shared thin pool of a removed thin volume when nothing is left in it, or parks it.
     pub(super) async fn drop_pool_if_empty(&self, vg: &str, pool: &str) {
         match self
-            .mutate(self.lvm.lv_remove_tagged(vg, pool, ids::OWNER_TAG))
+            .mutate(self.lvm.thin_pool_remove_tagged(vg, pool, ids::OWNER_TAG))
             .await
         {
             Ok(lvms_host::lvm::Removal::Removed) => {
@@ -442,15 +499,15 @@ pub(super) fn in_use_elsewhere<'a>(
 
 #[cfg(test)]
 mod tests {
-    use lvms_core::config::SharedConfig;
+    use lvms_core::config::{SharedConfig, SharedVolumeMode};
     use lvms_host::{
         fake::FakeRunner,
-        lvm::{LV_FIELDS, Lvm},
+        lvm::{LV_FIELDS, Lvm, VG_FIELDS},
     };
     use proptest::prelude::*;
 
     use super::*;
-    use crate::backend::LvType;
+    use crate::backend::{Backend as _, LvType};
 
     #[test]
     fn zeroing_chunks_are_a_32nd_of_the_volume_at_least_1_gib_in_whole_mib() {
@@ -781,5 +838,222 @@ mod tests {
             assert_eq!(max % (4 * MIB), 0);
         }
         assert_eq!(max_thin_volume(4 * MIB, 4 * MIB), 0);
+    }
+
+    // ---- a thin volume and its pool, made together ----
+
+    const EXTENT: u64 = 4 * MIB;
+
+    fn report_argv(sub: &str, fields: &str, target: Option<&str>) -> Vec<String> {
+        let mut args = vec![
+            "--reportformat",
+            "json",
+            "--units",
+            "b",
+            "--nosuffix",
+            "-o",
+            fields,
+        ];
+        args.extend(target);
+        lvm_san(sub, &args)
+    }
+
+    /// A row of `lvs` JSON for `lv`.
+    fn lv_row(lv: &LogicalVolume) -> String {
+        format!(
+            r#"{{"lv_name":"{}", "vg_name":"{SAN}", "lv_uuid":"u-{}", "lv_size":"{}", "lv_attr":"{}", "segtype":"{}", "pool_lv":"{}", "origin":"", "data_percent":"", "metadata_percent":"", "lv_metadata_size":"", "sync_percent":"", "lv_tags":"{}", "lv_path":"", "lv_dm_path":"", "stripes":"1", "stripe_size":"0"}}"#,
+            lv.name,
+            lv.name,
+            lv.size,
+            lv.attr,
+            lv.segtype,
+            lv.pool_lv.as_deref().unwrap_or(""),
+            lv.tags.join(",")
+        )
+    }
+
+    fn lvs_json(lvs: &[LogicalVolume]) -> String {
+        let rows: Vec<String> = lvs.iter().map(lv_row).collect();
+        format!(r#"{{"report":[{{"lv":[{}]}}]}}"#, rows.join(","))
+    }
+
+    /// The shared group: 8 GiB, all free.
+    fn vgs_json() -> String {
+        let (size, free) = (8 * GIB, 8 * GIB);
+        format!(
+            r#"{{"report":[{{"vg":[{{"vg_name":"{SAN}", "vg_uuid":"u-{SAN}", "vg_size":"{size}", "vg_free":"{free}", "vg_extent_size":"{EXTENT}", "vg_extent_count":"{}", "vg_free_count":"{}", "pv_count":"1", "lv_count":"0", "vg_tags":"lvms", "vg_attr":"wz--ns", "vg_mda_free":"520704", "vg_mda_size":"1044480"}}]}}]}}"#,
+            size / EXTENT,
+            free / EXTENT
+        )
+    }
+
+    /// The driver's full report: no local volume group, the shared one holding `lvs`.
+    fn expect_report(fake: &FakeRunner, lvs: &[LogicalVolume]) {
+        let empty_vgs = r#"{"report":[{"vg":[]}]}"#;
+        let empty_lvs = r#"{"report":[{"lv":[]}]}"#;
+        let local = |sub: &str, fields: &str| {
+            let mut argv = vec!["lvm".to_owned(), sub.to_owned()];
+            argv.extend(
+                [
+                    "--reportformat",
+                    "json",
+                    "--units",
+                    "b",
+                    "--nosuffix",
+                    "-o",
+                    fields,
+                ]
+                .map(str::to_owned),
+            );
+            argv
+        };
+        expect(fake, &local("vgs", VG_FIELDS)).stdout(empty_vgs);
+        expect(fake, &report_argv("vgs", VG_FIELDS, Some(SAN))).stdout(vgs_json());
+        expect(fake, &local("lvs", LV_FIELDS)).stdout(empty_lvs);
+        expect(fake, &report_argv("lvs", LV_FIELDS, Some(SAN))).stdout(lvs_json(lvs));
+    }
+
+    fn thin(name: &str, pool: &str, tags: &[String]) -> LogicalVolume {
+        LogicalVolume {
+            name: name.into(),
+            attr: "Vwi---tz--".into(),
+            segtype: THIN.into(),
+            pool_lv: Some(pool.into()),
+            tags: tags.to_vec(),
+            stripes: None,
+            stripe_size: None,
+            ..linear(GIB, &[])
+        }
+    }
+
+    fn thin_pool(name: &str, tags: &[String]) -> LogicalVolume {
+        LogicalVolume {
+            name: name.into(),
+            attr: "twi---tz--".into(),
+            segtype: THIN_POOL.into(),
+            tags: tags.to_vec(),
+            ..linear(GIB, &[])
+        }
+    }
+
+    fn new_thin(name: &str) -> crate::backend::NewVolume {
+        crate::backend::NewVolume {
+            name: name.into(),
+            class: SAN.into(),
+            size: GIB,
+            lv_type: None,
+            volume_mode: Some(SharedVolumeMode::Thin),
+            source: None,
+        }
+    }
+
+    fn our_tags(name: &str) -> Vec<String> {
+        vec![ids::OWNER_TAG.to_owned(), ids::name_tag(name)]
+    }
+
+    /// The read-back of `lv` after it was made: the LV, then the group's free space.
+    fn expect_read_back(fake: &FakeRunner, lv: &LogicalVolume) {
+        let target = format!("{SAN}/{}", lv.name);
+        expect(fake, &report_argv("lvs", LV_FIELDS, Some(&target)))
+            .stdout(lvs_json(std::slice::from_ref(lv)));
+        expect(fake, &report_argv("vgs", VG_FIELDS, Some(SAN))).stdout(vgs_json());
+    }
+
+    #[tokio::test]
+    async fn a_shared_thin_volume_and_its_pool_are_made_inactive_in_one_lvcreate_then_tagged() {
+        let (fake, b) = shared_backend();
+        let lv_name = ids::volume_lv_name("pvc-1");
+        let pool = pool_name(&lv_name);
+        expect_report(&fake, &[]);
+        let (size, meta) = (
+            format!("{GIB}b"),
+            format!("{}b", pool_metadata(GIB, EXTENT)),
+        );
+        let chunk = format!("{POOL_CHUNK}b");
+        expect(
+            &fake,
+            &lvm_san(
+                "lvcreate",
+                &[
+                    "--yes",
+                    "--type",
+                    "thin",
+                    "--virtualsize",
+                    &size,
+                    "--thinpool",
+                    &pool,
+                    "--size",
+                    &size,
+                    "--chunksize",
+                    &chunk,
+                    "--poolmetadatasize",
+                    &meta,
+                    "--zero",
+                    "y",
+                    "--activate",
+                    "n",
+                    "--addtag",
+                    ids::OWNER_TAG,
+                    "--name",
+                    &lv_name,
+                    SAN,
+                ],
+            ),
+        )
+        .succeeds();
+        let tags = our_tags("pvc-1");
+        let target = format!("{SAN}/{lv_name}");
+        let mut add = vec![];
+        for t in &tags {
+            add.extend(["--addtag", t.as_str()]);
+        }
+        add.push(&target);
+        expect(&fake, &lvm_san("lvchange", &add)).succeeds();
+        expect_read_back(&fake, &thin(&lv_name, &pool, &tags));
+        // No deactivation follows: both were made inactive.
+        let vol = b.create_volume(&new_thin("pvc-1")).await.unwrap();
+        assert_eq!((vol.id.as_str(), vol.size), (lv_name.as_str(), GIB));
+        fake.assert_done();
+    }
+
+    #[tokio::test]
+    async fn an_untagged_volume_in_its_own_tagged_pool_is_tagged_and_adopted_at_the_retry() {
+        let (fake, b) = shared_backend();
+        let lv_name = ids::volume_lv_name("pvc-1");
+        let pool = pool_name(&lv_name);
+        // A crash came between the combined lvcreate and the tagging.
+        let left = [
+            thin_pool(&pool, &[ids::OWNER_TAG.to_owned()]),
+            thin(&lv_name, &pool, &[]),
+        ];
+        expect_report(&fake, &left);
+        // The volume is found by name, its tags checked afresh, then added.
+        expect_report(&fake, &left);
+        let tags = our_tags("pvc-1");
+        let target = format!("{SAN}/{lv_name}");
+        let mut add = vec![];
+        for t in &tags {
+            add.extend(["--addtag", t.as_str()]);
+        }
+        add.push(&target);
+        expect(&fake, &lvm_san("lvchange", &add)).succeeds();
+        expect_read_back(&fake, &thin(&lv_name, &pool, &tags));
+        let vol = b.create_volume(&new_thin("pvc-1")).await.unwrap();
+        assert_eq!(vol.id, lv_name);
+        fake.assert_done();
+    }
+
+    #[tokio::test]
+    async fn an_untagged_volume_outside_a_pool_of_ours_is_a_conflict_and_left_untagged() {
+        let (fake, b) = shared_backend();
+        let lv_name = ids::volume_lv_name("pvc-1");
+        let pool = pool_name(&lv_name);
+        // Someone else's volume of that name, in a pool without our tag.
+        let foreign = [thin_pool(&pool, &[]), thin(&lv_name, &pool, &[])];
+        expect_report(&fake, &foreign);
+        expect_report(&fake, &foreign);
+        let err = b.create_volume(&new_thin("pvc-1")).await.unwrap_err();
+        assert!(matches!(err, BackendError::Conflict(_)), "{err:?}");
+        fake.assert_done();
     }
 }

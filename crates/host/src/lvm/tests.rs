@@ -1425,3 +1425,105 @@ async fn shared_linear_volumes_are_created_inactive_and_activated_by_mode() {
     assert!(matches!(err, Error::InUse(_)), "{err:?}");
     fake.assert_done();
 }
+
+#[tokio::test]
+async fn a_thin_volume_with_its_pool_is_one_inactive_lvcreate_with_the_pool_tags() {
+    let (fake, lvm) = setup();
+    fake.expect(&[
+        "lvm",
+        "lvcreate",
+        "--yes",
+        "--type",
+        "thin",
+        "--virtualsize",
+        "1073741824b",
+        "--thinpool",
+        "pool-1",
+        "--size",
+        "1073741824b",
+        "--chunksize",
+        "65536b",
+        "--poolmetadatasize",
+        "4194304b",
+        "--zero",
+        "y",
+        "--activate",
+        "n",
+        "--addtag",
+        "lvms",
+        "--name",
+        "pvc-1",
+        "vg1",
+    ])
+    .succeeds();
+    let pool = ThinPoolSpec {
+        vg: "vg1".into(),
+        name: "pool-1".into(),
+        size: PoolSize::Bytes(1 << 30),
+        chunk_size: Some(64 << 10),
+        metadata_size: Some(4 << 20),
+        zero: true,
+    };
+    lvm.thin_lv_create_with_pool(&pool, "pvc-1", 1 << 30, &s(&["lvms"]))
+        .await
+        .unwrap();
+    fake.assert_done();
+    // Several tags in one lvchange; none is no command at all.
+    fake.expect(&[
+        "lvm",
+        "lvchange",
+        "--addtag",
+        "a",
+        "--addtag",
+        "b=1",
+        "vg1/pvc-1",
+    ])
+    .succeeds();
+    lvm.lv_add_tags("vg1", "pvc-1", &s(&["a", "b=1"]))
+        .await
+        .unwrap();
+    lvm.lv_add_tags("vg1", "pvc-1", &[]).await.unwrap();
+    fake.assert_done();
+}
+
+#[tokio::test]
+async fn a_thin_pool_is_removed_only_tagged_and_empty_after_one_look_at_the_group() {
+    let (fake, lvm) = setup();
+    let group = |tags: &str, user: bool| {
+        let pool = format!(
+            r#"{{"lv_name":"pool-1", "vg_name":"vg1", "lv_uuid":"u-p", "lv_size":"1073741824", "lv_attr":"twi---tz--", "segtype":"thin-pool", "pool_lv":"", "origin":"", "data_percent":"", "metadata_percent":"", "lv_metadata_size":"4194304", "sync_percent":"", "lv_tags":"{tags}", "lv_path":"", "lv_dm_path":"", "stripes":"1", "stripe_size":"0"}}"#
+        );
+        let snap = r#"{"lv_name":"snap-1", "vg_name":"vg1", "lv_uuid":"u-s", "lv_size":"1073741824", "lv_attr":"Vri---tz-k", "segtype":"thin", "pool_lv":"pool-1", "origin":"", "data_percent":"", "metadata_percent":"", "lv_metadata_size":"", "sync_percent":"", "lv_tags":"lvms", "lv_path":"", "lv_dm_path":"", "stripes":"1", "stripe_size":"0"}"#;
+        let rows = if user { format!("{pool},{snap}") } else { pool };
+        format!(r#"{{"report":[{{"lv":[{rows}]}}]}}"#)
+    };
+    fake.expect(&lvs_argv("vg1")).stdout(group("lvms", true));
+    let err = lvm
+        .thin_pool_remove_tagged("vg1", "pool-1", "lvms")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InUse(m) if m.contains("snap-1")),
+        "{err:?}"
+    );
+    fake.assert_done();
+    fake.expect(&lvs_argv("vg1")).stdout(group("", false));
+    assert!(matches!(
+        lvm.thin_pool_remove_tagged("vg1", "pool-1", "lvms")
+            .await
+            .unwrap(),
+        Removal::Refused(_)
+    ));
+    fake.assert_done();
+    fake.expect(&lvs_argv("vg1"))
+        .stdout(group("other,lvms", false));
+    fake.expect(&["lvm", "lvremove", "--yes", "vg1/pool-1"])
+        .succeeds();
+    assert_eq!(
+        lvm.thin_pool_remove_tagged("vg1", "pool-1", "lvms")
+            .await
+            .unwrap(),
+        Removal::Removed
+    );
+    fake.assert_done();
+}
