@@ -453,6 +453,14 @@ impl Stack {
     pub async fn register_kubelet(&self, client: &Client) {
         register_node(client).await;
         self.start_agent().await;
+        self.register_driver(client).await;
+    }
+
+    /// Kubelet's plugin registration: the agent's `NodeGetInfo` becomes the Node's topology labels
+    /// and the CSINode's driver entry; its topology is returned. Kubelet asks only when the driver
+    /// registers, so a topology that changed later (a shared class joined or left, ADR 0016) reaches
+    /// the API when this runs again.
+    pub async fn register_driver(&self, client: &Client) -> BTreeMap<String, String> {
         let info = self.node_info().await;
         let node_id = info["node_id"].as_str().unwrap().to_owned();
         let topology: BTreeMap<String, String> =
@@ -486,6 +494,7 @@ impl Stack {
             )
             .await
             .unwrap_or_else(|e| panic!("the API server refused the CSINode: {e}"));
+        topology
     }
 
     /// Waits for the operator's `/readyz`, as the pod's readinessProbe does.
