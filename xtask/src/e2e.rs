@@ -47,13 +47,14 @@ const SIDECARS: &[&str] = &[
     "snapshot-controller",
 ];
 
-/// The disk the e2e VM attaches for the `LVMCluster` (`/dev/disk/by-id/virtio-e2e0` inside).
-const E2E_DISKS: [&str; 2] = ["e2e0=4096", "e2e1=2048"];
+/// The disks the e2e VM attaches (`/dev/disk/by-id/virtio-<serial>` inside).
+const E2E_DISKS: [&str; 3] = ["e2e0=4096", "e2e1=2048", "e2e2=2048"];
 
 /// Boots the VM that plays the node (real LVM, the node agent) and waits for its command server.
 fn start_node_vm(repo: &Path, exec_port: u16) -> Result<vm::RunningVm> {
     let kernel = vm::prepare(repo)?;
-    // e2e0 for the LVMCluster; e2e1 for the standalone driver the benchmark compares with.
+    // e2e0 for the LVMCluster; e2e1 for the standalone driver the benchmark compares with; e2e2
+    // the LUN of the shared device class (shared_stack).
     let disks = E2E_DISKS
         .iter()
         .map(|d| crate::parse_disk(repo, d))

@@ -86,6 +86,21 @@ impl<B: Backend> Backend for Switch<B> {
         self.or_unavailable()?.activate(id).await
     }
 
+    async fn activate_for(&self, id: &str, multi_node: bool) -> Result<String> {
+        self.or_unavailable()?.activate_for(id, multi_node).await
+    }
+
+    async fn joined_shared(&self) -> Vec<String> {
+        match self.current() {
+            Some(b) => b.joined_shared().await,
+            None => Vec::new(),
+        }
+    }
+
+    async fn release(&self, id: &str) -> Result<()> {
+        self.or_unavailable()?.release(id).await
+    }
+
     async fn usage(&self, class: &str) -> Result<Option<Usage>> {
         self.or_unavailable()?.usage(class).await
     }
@@ -120,5 +135,46 @@ mod tests {
 
         tx.send_replace(None);
         assert!(switch.list().await.is_err());
+    }
+
+    /// The trait's defaults are those of a backend without shared classes: a `Switch` that did not
+    /// forward these would advertise no shared segment in `NodeGetInfo`, refuse MULTI_NODE stages,
+    /// skip a shared volume's exclusive activation and first-use zeroing, and never deactivate it
+    /// at unstage.
+    #[tokio::test]
+    async fn forwards_the_shared_class_calls() {
+        let (tx, rx) = watch::channel(None);
+        let switch = Switch::new("node-a", rx);
+        assert!(switch.joined_shared().await.is_empty());
+        let backend = Arc::new(
+            FakeBackend::new().with_shared("thick", lvms_core::config::SharedVolumeMode::Linear),
+        );
+        tx.send_replace(Some(backend.clone()));
+        let volume = switch
+            .create_volume(&NewVolume {
+                name: "pvc-1".into(),
+                class: "thick".into(),
+                size: 64 << 20,
+                lv_type: None,
+                volume_mode: None,
+                source: None,
+            })
+            .await
+            .unwrap();
+
+        assert_eq!(switch.joined_shared().await, ["thick"]);
+        assert_eq!(
+            switch.activate_for(&volume.id, true).await.unwrap(),
+            volume.device
+        );
+        switch.release(&volume.id).await.unwrap();
+        assert_eq!(
+            backend.calls(),
+            [
+                "create_volume pvc-1".to_owned(),
+                format!("activate_for {} multi_node=true", volume.id),
+                format!("release {}", volume.id),
+            ]
+        );
     }
 }

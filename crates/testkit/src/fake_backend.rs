@@ -100,6 +100,22 @@ impl FakeBackend {
             .any(|c| c.name == class && c.thin_pool.is_some())
     }
 
+    /// Whether `id` is a volume of a shared class.
+    fn shared_volume(&self, id: &str) -> bool {
+        let class = self
+            .state
+            .lock()
+            .unwrap()
+            .volumes
+            .get(id)
+            .map(|v| v.class.clone());
+        class.is_some_and(|class| {
+            self.classes
+                .iter()
+                .any(|c| c.name == class && c.shared.is_some())
+        })
+    }
+
     fn round(size: u64) -> u64 {
         size.div_ceil(EXTENT) * EXTENT
     }
@@ -270,6 +286,38 @@ impl Backend for FakeBackend {
             .get(id)
             .map(|v| v.device.clone())
             .ok_or_else(|| BackendError::NotFound(id.to_owned()))
+    }
+
+    /// As the trait's default for local classes; a shared class's volume is activated for one node
+    /// or several, and the call recorded.
+    async fn activate_for(&self, id: &str, multi_node: bool) -> Result<String> {
+        if !self.shared_volume(id) {
+            if multi_node {
+                return Err(BackendError::InvalidArgument(format!(
+                    "volume {id} lives on one node: MULTI_NODE_* access needs a block volume of a \
+                     shared device class"
+                )));
+            }
+            return self.activate(id).await;
+        }
+        self.state
+            .lock()
+            .unwrap()
+            .calls
+            .push(format!("activate_for {id} multi_node={multi_node}"));
+        self.activate(id).await
+    }
+
+    /// Recorded for a shared class's volume (deactivated there); nothing for local ones.
+    async fn release(&self, id: &str) -> Result<()> {
+        if self.shared_volume(id) {
+            self.state
+                .lock()
+                .unwrap()
+                .calls
+                .push(format!("release {id}"));
+        }
+        Ok(())
     }
 }
 

@@ -24,6 +24,9 @@
 //!   backend, no disks) make, grow, snapshot and remove a volume through LogicalVolume objects;
 //! - [`shared_lease`]: node agents, with the agent's RBAC, racing for a shared class's creator
 //!   Lease end with one holder, and an expired Lease is taken over by exactly one;
+//! - [`shared_stack`]: on the stack, the node agent joins a shared device class with real sanlock
+//!   and lvmlockd in the VM (host id from the operator, creator Lease), provisions a claim in the
+//!   shared volume group, and leaves the class when the LVMCluster is deleted;
 //! - [`installed`]: on a cluster where lvms-rs is installed and nodes have a spare disk
 //!   (`LVMS_E2E_DEVICE`; skipped otherwise), an LVMCluster becomes Ready and a PVC Bound.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -39,6 +42,7 @@ mod provisioning;
 mod rules;
 mod scenarios;
 mod shared_lease;
+mod shared_stack;
 mod stack;
 mod support;
 mod webhook;

@@ -453,6 +453,14 @@ impl Stack {
     pub async fn register_kubelet(&self, client: &Client) {
         register_node(client).await;
         self.start_agent().await;
+        self.register_driver(client).await;
+    }
+
+    /// Kubelet's plugin registration: the agent's `NodeGetInfo` becomes the Node's topology labels
+    /// and the CSINode's driver entry; its topology is returned. Kubelet asks only when the driver
+    /// registers, so a topology that changed later (a shared class joined or left, ADR 0016) reaches
+    /// the API when this runs again, as after the plugin's deregistration and registration.
+    pub async fn register_driver(&self, client: &Client) -> BTreeMap<String, String> {
         let info = self.node_info().await;
         let node_id = info["node_id"].as_str().unwrap().to_owned();
         let topology: BTreeMap<String, String> =
@@ -478,7 +486,29 @@ impl Stack {
             }]},
         }))
         .unwrap();
-        Api::<CSINode>::all(client.clone())
+        let csi_nodes = Api::<CSINode>::all(client.clone());
+        // A driver's entry cannot change in place (the API server says "field is immutable"):
+        // kubelet removes it when the plugin goes and adds it when it registers again.
+        let changed = csi_nodes.get_opt(NODE).await.unwrap().is_some_and(|old| {
+            old.spec
+                .drivers
+                .iter()
+                .any(|d| d.name == DRIVER && *d != csi_node.spec.drivers[0])
+        });
+        if changed {
+            csi_nodes
+                .patch(
+                    NODE,
+                    &PatchParams::apply("lvms-e2e-kubelet").force(),
+                    &Patch::Apply(json!({
+                        "apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+                        "metadata": {"name": NODE}, "spec": {"drivers": []},
+                    })),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("removing the driver from the CSINode: {e}"));
+        }
+        csi_nodes
             .patch(
                 NODE,
                 &PatchParams::apply("lvms-e2e-kubelet").force(),
@@ -486,6 +516,7 @@ impl Stack {
             )
             .await
             .unwrap_or_else(|e| panic!("the API server refused the CSINode: {e}"));
+        topology
     }
 
     /// Waits for the operator's `/readyz`, as the pod's readinessProbe does.
