@@ -951,6 +951,17 @@ mod tests {
         vec![ids::OWNER_TAG.to_owned(), ids::name_tag(name)]
     }
 
+    /// One `lvchange` giving `lv_name` all of `tags`.
+    fn expect_add_tags(fake: &FakeRunner, lv_name: &str, tags: &[String]) {
+        let target = format!("{SAN}/{lv_name}");
+        let mut add = vec![];
+        for t in tags {
+            add.extend(["--addtag", t.as_str()]);
+        }
+        add.push(&target);
+        expect(fake, &lvm_san("lvchange", &add)).succeeds();
+    }
+
     /// The read-back of `lv` after it was made: the LV, then the group's free space.
     fn expect_read_back(fake: &FakeRunner, lv: &LogicalVolume) {
         let target = format!("{SAN}/{}", lv.name);
@@ -1002,13 +1013,7 @@ mod tests {
         )
         .succeeds();
         let tags = our_tags("pvc-1");
-        let target = format!("{SAN}/{lv_name}");
-        let mut add = vec![];
-        for t in &tags {
-            add.extend(["--addtag", t.as_str()]);
-        }
-        add.push(&target);
-        expect(&fake, &lvm_san("lvchange", &add)).succeeds();
+        expect_add_tags(&fake, &lv_name, &tags);
         expect_read_back(&fake, &thin(&lv_name, &pool, &tags));
         // No deactivation follows: both were made inactive.
         let vol = b.create_volume(&new_thin("pvc-1")).await.unwrap();
@@ -1030,13 +1035,7 @@ mod tests {
         // The volume is found by name, its tags checked afresh, then added.
         expect_report(&fake, &left);
         let tags = our_tags("pvc-1");
-        let target = format!("{SAN}/{lv_name}");
-        let mut add = vec![];
-        for t in &tags {
-            add.extend(["--addtag", t.as_str()]);
-        }
-        add.push(&target);
-        expect(&fake, &lvm_san("lvchange", &add)).succeeds();
+        expect_add_tags(&fake, &lv_name, &tags);
         expect_read_back(&fake, &thin(&lv_name, &pool, &tags));
         let vol = b.create_volume(&new_thin("pvc-1")).await.unwrap();
         assert_eq!(vol.id, lv_name);

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use k8s_openapi::api::{
     apps::v1::DaemonSet,
-    core::v1::{PersistentVolume, PersistentVolumeClaim, Pod},
+    core::v1::{NodeSelectorTerm, PersistentVolume, PersistentVolumeClaim, Pod},
     storage::v1::{CSIDriver, CSIStorageCapacity, StorageClass},
 };
 use kube::{
@@ -231,30 +231,10 @@ async fn stack_a_wait_for_first_consumer_claim_is_bound_where_the_scheduler_put_
         started.elapsed().as_secs_f64()
     );
     // The scheduler binds the pod once its volume is bound (PreBind).
-    eventually("the scheduler binds the pod to the node", SLOW, || {
-        let pods = pods.clone();
-        async move {
-            let pod = pods.get("consumer").await.map_err(|e| e.to_string())?;
-            match pod.spec.and_then(|s| s.node_name) {
-                Some(node) if node == NODE => Ok(()),
-                other => Err(format!("{other:?} {:?}", pod.status.map(|s| s.conditions))),
-            }
-        }
-    })
-    .await;
+    consumer_on_node(&pods).await;
 
     // The PersistentVolume lives on that node, and its handle names the LV in the VM.
-    let pv = Api::<PersistentVolume>::all(client.clone())
-        .get(&volume)
-        .await
-        .unwrap();
-    let spec = pv.spec.clone().unwrap();
-    let handle = spec.csi.as_ref().unwrap().volume_handle.clone();
-    let terms = spec
-        .node_affinity
-        .and_then(|a| a.required)
-        .map(|r| r.node_selector_terms)
-        .unwrap_or_default();
+    let (handle, terms) = pv_handle_and_terms(&client, &volume).await;
     assert!(
         terms
             .iter()
@@ -299,6 +279,37 @@ async fn stack_a_wait_for_first_consumer_claim_is_bound_where_the_scheduler_put_
         }
     })
     .await;
+}
+
+/// Waits until the scheduler has put the pod `consumer` on the VM's node.
+pub async fn consumer_on_node(pods: &Api<Pod>) {
+    eventually("the scheduler binds the pod to the node", SLOW, || {
+        let pods = pods.clone();
+        async move {
+            let pod = pods.get("consumer").await.map_err(|e| e.to_string())?;
+            match pod.spec.and_then(|s| s.node_name) {
+                Some(node) if node == NODE => Ok(()),
+                other => Err(format!("{other:?} {:?}", pod.status.map(|s| s.conditions))),
+            }
+        }
+    })
+    .await;
+}
+
+/// The volume handle of PersistentVolume `volume` and its required node-affinity terms.
+pub async fn pv_handle_and_terms(client: &Client, volume: &str) -> (String, Vec<NodeSelectorTerm>) {
+    let pv = Api::<PersistentVolume>::all(client.clone())
+        .get(volume)
+        .await
+        .unwrap();
+    let spec = pv.spec.unwrap();
+    let handle = spec.csi.as_ref().unwrap().volume_handle.clone();
+    let terms = spec
+        .node_affinity
+        .and_then(|a| a.required)
+        .map(|r| r.node_selector_terms)
+        .unwrap_or_default();
+    (handle, terms)
 }
 
 /// A claim of `size` on the scenarios' class in `ns`, optionally from a data source, and a pod

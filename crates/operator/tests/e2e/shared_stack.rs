@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use k8s_openapi::api::{
     coordination::v1::Lease,
-    core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod},
+    core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod},
     storage::v1::CSINode,
 };
 use kube::{
@@ -311,28 +311,8 @@ async fn stack_a_shared_class_is_joined_serves_a_claim_and_is_left_cleanly() {
     })
     .await;
     let bind_time = claimed.elapsed();
-    eventually("the scheduler binds the pod to the node", SLOW, || {
-        let pods = pods.clone();
-        async move {
-            let pod = pods.get("consumer").await.map_err(|e| e.to_string())?;
-            match pod.spec.and_then(|s| s.node_name) {
-                Some(node) if node == NODE => Ok(()),
-                other => Err(format!("{other:?} {:?}", pod.status.map(|s| s.conditions))),
-            }
-        }
-    })
-    .await;
-    let pv = Api::<PersistentVolume>::all(client.clone())
-        .get(&volume)
-        .await
-        .unwrap();
-    let spec = pv.spec.clone().unwrap();
-    let handle = spec.csi.as_ref().unwrap().volume_handle.clone();
-    let terms = spec
-        .node_affinity
-        .and_then(|a| a.required)
-        .map(|r| r.node_selector_terms)
-        .unwrap_or_default();
+    scenarios::consumer_on_node(&pods).await;
+    let (handle, terms) = scenarios::pv_handle_and_terms(&client, &volume).await;
     assert!(
         terms.iter().any(|t| t
             .match_expressions
