@@ -192,27 +192,9 @@ async fn stack_a_wait_for_first_consumer_claim_is_bound_where_the_scheduler_put_
         &[],
     )
     .await;
-    let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns.name);
     let before = stack.vm.lvs(CLASS).await;
     let started = Instant::now();
-    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "data"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": STORAGE_CLASS,
-                 "resources": {"requests": {"storage": "1Gi"}}}
-    }))
-    .unwrap();
-    pvcs.create(&PostParams::default(), &pvc).await.unwrap();
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "consumer"},
-        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
-                                 "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
-                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}
-    }))
-    .unwrap();
-    let pods = Api::<Pod>::namespaced(client.clone(), &ns.name);
-    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let (pvcs, pods) = claim_with_consumer(&client, &ns.name, STORAGE_CLASS, "1Gi").await;
 
     let volume = eventually("the claim is Bound", SLOW, || {
         let pvcs = pvcs.clone();
@@ -279,6 +261,36 @@ async fn stack_a_wait_for_first_consumer_claim_is_bound_where_the_scheduler_put_
         }
     })
     .await;
+}
+
+/// Claim `data` of `size` on `storage_class` and the pod `consumer` that mounts it, in namespace
+/// `ns`; their APIs.
+pub async fn claim_with_consumer(
+    client: &Client,
+    ns: &str,
+    storage_class: &str,
+    size: &str,
+) -> (Api<PersistentVolumeClaim>, Api<Pod>) {
+    let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns);
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": storage_class,
+                 "resources": {"requests": {"storage": size}}}
+    }))
+    .unwrap();
+    pvcs.create(&PostParams::default(), &pvc).await.unwrap();
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "consumer"},
+        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                                 "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}
+    }))
+    .unwrap();
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    (pvcs, pods)
 }
 
 /// Waits until the scheduler has put the pod `consumer` on the VM's node.

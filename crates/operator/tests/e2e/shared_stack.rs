@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use k8s_openapi::api::{
     coordination::v1::Lease,
-    core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod},
+    core::v1::{ConfigMap, Node},
     storage::v1::CSINode,
 };
 use kube::{
@@ -278,25 +278,8 @@ async fn stack_a_shared_class_is_joined_serves_a_claim_and_is_left_cleanly() {
     )
     .await;
     let before = shared_lvs(vm).await;
-    let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns.name);
-    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "data"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": STORAGE_CLASS,
-                 "resources": {"requests": {"storage": "256Mi"}}}
-    }))
-    .unwrap();
-    pvcs.create(&PostParams::default(), &pvc).await.unwrap();
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "consumer"},
-        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
-                                 "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
-                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}
-    }))
-    .unwrap();
-    let pods = Api::<Pod>::namespaced(client.clone(), &ns.name);
-    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let (pvcs, pods) =
+        scenarios::claim_with_consumer(&client, &ns.name, STORAGE_CLASS, "256Mi").await;
     let claimed = Instant::now();
     let volume = eventually("the shared claim is Bound", SLOW, || {
         let pvcs = pvcs.clone();
