@@ -121,7 +121,11 @@ pub async fn run(args: NodeArgs) -> Result<()> {
         node: args.node_name.clone(),
         backend: vg_ctx.backend(),
     });
-    let switch = Arc::new(Switch::new(&args.node_name, vg_ctx.backend()));
+    // NodeGetInfo (kubelet asks once, at registration) waits for the shared classes still joining.
+    let switch = Arc::new(
+        Switch::new(&args.node_name, vg_ctx.backend())
+            .with_settling(vg_ctx.settling(), lvms_node::switch::SETTLE_WAIT),
+    );
 
     // Probe follows whether any class is served.
     let converged = Converged::default();

@@ -2,18 +2,29 @@
 //! set of ready device classes changes ([`crate::vg_reconciler::Context::backend`]); the CSI services
 //! hold a `Switch`, which forwards every call to the backend of the moment. Before any class is ready
 //! there is none: lookups answer `Unavailable` and `ready` is false, so `Probe` says not ready.
+//!
+//! Kubelet asks `NodeGetInfo` once, when the plugin registers, and keeps the topology it answered:
+//! with [`Switch::with_settling`], the shared classes a node joins are listed only once they
+//! settled (joined or failed), waiting for them at most [`SETTLE_WAIT`].
 
-use std::sync::Arc;
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use lvms_csi::backend::{
     Backend, BackendError, Capacity, ClassInfo, NewSnapshot, NewVolume, Result, Usage, Volume,
 };
 use tokio::sync::watch;
 
+/// How long `NodeGetInfo` waits for the shared classes this node is joining: below the 2 minutes
+/// kubelet gives the call at registration, above the ~40 s a join takes in the test VM. A class
+/// that settles later is advertised only once the plugin registers again (node pod restarted).
+pub const SETTLE_WAIT: Duration = Duration::from_secs(100);
+
 /// A [`Backend`] that forwards to the current backend of a `watch` channel.
 pub struct Switch<B> {
     node: String,
     current: watch::Receiver<Option<Arc<B>>>,
+    /// The shared classes still joining (`None`: not known yet), and how long to wait for them.
+    settling: Option<(watch::Receiver<Option<BTreeSet<String>>>, Duration)>,
 }
 
 impl<B> Switch<B> {
@@ -21,6 +32,39 @@ impl<B> Switch<B> {
         Self {
             node: node.into(),
             current,
+            settling: None,
+        }
+    }
+
+    /// `joined_shared` (what `NodeGetInfo` advertises) first waits up to `wait` until `settling`
+    /// is known and empty.
+    #[must_use]
+    pub fn with_settling(
+        mut self,
+        settling: watch::Receiver<Option<BTreeSet<String>>>,
+        wait: Duration,
+    ) -> Self {
+        self.settling = Some((settling, wait));
+        self
+    }
+
+    async fn settle(&self) {
+        let Some((settling, wait)) = &self.settling else {
+            return;
+        };
+        let mut settling = settling.clone();
+        let settled = |s: &Option<BTreeSet<String>>| s.as_ref().is_some_and(BTreeSet::is_empty);
+        if tokio::time::timeout(*wait, settling.wait_for(settled))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                node = %self.node,
+                joining = ?settling.borrow().clone(),
+                waited_s = wait.as_secs(),
+                "answering without the shared classes still joining: restart this node's pod once \
+                 they joined, so kubelet learns their topology"
+            );
         }
     }
 
@@ -91,6 +135,7 @@ impl<B: Backend> Backend for Switch<B> {
     }
 
     async fn joined_shared(&self) -> Vec<String> {
+        self.settle().await;
         match self.current() {
             Some(b) => b.joined_shared().await,
             None => Vec::new(),
@@ -175,6 +220,42 @@ mod tests {
                 format!("activate_for {} multi_node=true", volume.id),
                 format!("release {}", volume.id),
             ]
+        );
+    }
+
+    /// Kubelet keeps the topology of its one `NodeGetInfo` at registration: the shared segments
+    /// wait for the classes still joining, and for at most the bound when one never settles.
+    #[tokio::test(start_paused = true)]
+    async fn joined_shared_waits_for_the_classes_still_joining_at_most_the_bound() {
+        let backend =
+            FakeBackend::new().with_shared("thick", lvms_core::config::SharedVolumeMode::Linear);
+        let (_tx, rx) = watch::channel(Some(Arc::new(backend)));
+        let (settle, settling) = watch::channel(None);
+        let switch = Arc::new(Switch::new("node-a", rx).with_settling(settling, SETTLE_WAIT));
+        let asked = tokio::spawn({
+            let switch = switch.clone();
+            async move { switch.joined_shared().await }
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!asked.is_finished(), "which classes join is not known yet");
+        settle.send_replace(Some(BTreeSet::from(["thick".to_owned()])));
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(!asked.is_finished(), "thick is still joining");
+        settle.send_replace(Some(BTreeSet::new()));
+        assert_eq!(asked.await.unwrap(), ["thick"]);
+
+        settle.send_replace(Some(BTreeSet::from(["late".to_owned()])));
+        let started = tokio::time::Instant::now();
+        assert_eq!(switch.joined_shared().await, ["thick"]);
+        assert_eq!(started.elapsed(), SETTLE_WAIT, "answered at the bound");
+
+        let unbounded = Switch::new("node-a", watch::channel(None::<Arc<FakeBackend>>).1);
+        let started = tokio::time::Instant::now();
+        assert!(unbounded.joined_shared().await.is_empty());
+        assert_eq!(
+            started.elapsed(),
+            Duration::ZERO,
+            "no settling given: no wait"
         );
     }
 }

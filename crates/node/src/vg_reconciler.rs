@@ -24,6 +24,10 @@
 //!   [`SHARED_WAIT`] while it waits and every [`DYNAMIC_REQUEUE`] once joined (a lockspace lost
 //!   with a restarted `lvmlockd` is joined again). Deleting it stops serving it and leaves the
 //!   volume group and the lockspace alone (docs/known-limitations.md).
+//! - [`Context::settling`] says which shared classes this node is still joining (seeded at start
+//!   from the `LVMVolumeGroups` that select the node, then following each class's status), so
+//!   `NodeGetInfo` can wait for them ([`crate::switch::Switch::with_settling`]): kubelet reads a
+//!   driver's topology once, when it registers.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -116,6 +120,8 @@ pub struct Context<R, B> {
     pub shared_host: RealSharedHost<R>,
     make_backend: MakeBackend<B>,
     backend: watch::Sender<Option<Arc<B>>>,
+    /// The shared classes this node is still joining; `None` until [`Context::seed_settling`].
+    settling: watch::Sender<Option<BTreeSet<String>>>,
     state: Mutex<State>,
 }
 
@@ -142,6 +148,7 @@ impl<R: Runner, B: Backend> Context<R, B> {
             shared_host,
             make_backend,
             backend: watch::channel(None).0,
+            settling: watch::channel(None).0,
             state: Mutex::new(State::default()),
         }
     }
@@ -150,6 +157,43 @@ impl<R: Runner, B: Backend> Context<R, B> {
     /// services).
     pub fn backend(&self) -> watch::Receiver<Option<Arc<B>>> {
         self.backend.subscribe()
+    }
+
+    /// The shared classes this node is still joining (status `Progressing`), as that changes;
+    /// `None` until the reconciler has looked at the `LVMVolumeGroups` once.
+    pub fn settling(&self) -> watch::Receiver<Option<BTreeSet<String>>> {
+        self.settling.subscribe()
+    }
+
+    /// Starts [`Self::settling`] from the shared classes whose `LVMVolumeGroup` selects this node
+    /// (each until its first status); when they cannot be read, from none, so nothing waits on them.
+    pub async fn seed_settling(&self) {
+        let joining = async {
+            let node = Api::<Node>::all(self.client.clone())
+                .get(&self.node)
+                .await
+                .map_err(kube_err(format!("read Node {}", self.node)))?;
+            let vgs = Api::<LVMVolumeGroup>::namespaced(self.client.clone(), &self.namespace)
+                .list(&Default::default())
+                .await
+                .map_err(kube_err("list LVMVolumeGroups"))?;
+            Ok::<_, Error>(
+                vgs.items
+                    .iter()
+                    .filter(|vg| {
+                        vg.spec.is_shared()
+                            && vg.metadata.deletion_timestamp.is_none()
+                            && volume_group::selects(vg, &node)
+                    })
+                    .map(ResourceExt::name_any)
+                    .collect::<BTreeSet<_>>(),
+            )
+        };
+        let joining = joining.await.unwrap_or_else(|e| {
+            warn!(error = %e, "cannot tell which shared classes this node joins: NodeGetInfo waits for none");
+            BTreeSet::new()
+        });
+        self.settling.send_replace(Some(joining));
     }
 
     /// Records `status` for its class (`None`: the class is gone from this node), marks the class
@@ -173,6 +217,14 @@ impl<R: Runner, B: Backend> Context<R, B> {
                 .collect();
             s
         });
+        let joining = status
+            .as_ref()
+            .is_some_and(|s| s.shared.is_some() && s.status == Some(VGStatusType::Progressing));
+        self.settling.send_if_modified(|settling| match settling {
+            Some(pending) if joining => pending.insert(class.to_owned()),
+            Some(pending) => pending.remove(class),
+            None => false,
+        });
         let status_changed = st.statuses.get(class) != status.as_ref();
         match status {
             Some(s) => st.statuses.insert(class.to_owned(), s),
@@ -193,6 +245,11 @@ impl<R: Runner, B: Backend> Context<R, B> {
             self.apply_node_status(&st.statuses).await?;
         }
         Ok(())
+    }
+
+    /// Whether `class` has a status on this node (recorded, or loaded from the node's status object).
+    async fn has_status(&self, class: &str) -> bool {
+        self.state.lock().await.statuses.contains_key(class)
     }
 
     /// The devices force-wipe wiped for `class` on this node.
@@ -315,6 +372,7 @@ pub async fn run<R: Runner, B: Backend>(ctx: Arc<Context<R, B>>) {
     if let Err(e) = ctx.load_node_status().await {
         warn!(error = %e, "cannot read this node's status object; it is rewritten as classes converge");
     }
+    ctx.seed_settling().await;
     let api: Api<LVMVolumeGroup> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     let controller = Controller::new(api, watcher::Config::default().any_semantic());
     // A change of this Node's labels can change which LVMVolumeGroups select it: look at all of them
@@ -508,6 +566,25 @@ async fn reconcile_shared<R: Runner, B: Backend, H: SharedHost>(
 ) -> Result<Action> {
     let class = vg.name_any();
     let host_id = ctx.host_id().await?;
+    // A class new to this node says it is joining before the join runs (lock-start can take
+    // minutes), so its status shows it and `NodeGetInfo` waits for it (`Context::settling`).
+    if let (Ok(id), false) = (&host_id, ctx.has_status(&class).await) {
+        let reason = format!("joining shared volume group {class}");
+        let status = VGStatus {
+            name: class.clone(),
+            status: Some(VGStatusType::Progressing),
+            reason: reason.clone(),
+            shared: Some(Box::new(lvms_api::SharedVGStatus {
+                lockspace: lvms_api::LockspaceState::Joining,
+                host_id: Some(i32::from(*id)),
+                io_timeout_seconds: Some(i32::from(config.shared_or_default().io_timeout_seconds)),
+                reason,
+                ..lvms_api::SharedVGStatus::default()
+            })),
+            ..VGStatus::default()
+        };
+        ctx.record(&class, Some(status), None).await?;
+    }
     // The creator is whoever holds the Lease, decided per observation (`CreatorHost`), never this
     // flag.
     let node_config = host_id.as_ref().ok().map(|id| SharedNodeConfig {

@@ -872,3 +872,116 @@ fn only_a_change_of_this_nodes_host_id_entry_looks_at_the_shared_classes_again()
         "node-a"
     ));
 }
+
+/// `NodeGetInfo` waits on `settling` (see `crate::switch`): it starts from the shared classes whose
+/// LVMVolumeGroup selects this node and follows each class's status from then on.
+#[tokio::test]
+async fn settling_lists_the_shared_classes_this_node_is_still_joining() {
+    let api = FakeApi::new();
+    api.insert(
+        "/api/v1/nodes/node-a",
+        json!({"apiVersion": "v1", "kind": "Node",
+               "metadata": {"name": "node-a", "labels": {"zone": "a"}}}),
+    );
+    api.insert(SAN_VG, serde_json::to_value(shared_vg()).unwrap());
+    let mut elsewhere = shared_vg();
+    elsewhere.metadata.name = Some("far".into());
+    elsewhere.spec.node_selector = serde_json::from_value(json!({"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}]}))
+    .unwrap();
+    api.insert(
+        "/apis/lvm.topolvm.io/v1alpha1/namespaces/lvms/lvmvolumegroups/far",
+        serde_json::to_value(elsewhere).unwrap(),
+    );
+    api.insert(
+        "/apis/lvm.topolvm.io/v1alpha1/namespaces/lvms/lvmvolumegroups/local",
+        json!({"apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
+               "metadata": {"name": "local", "namespace": "lvms"}, "spec": {}}),
+    );
+    let ctx = context(&api);
+    let settling = ctx.settling();
+    let pending = || settling.borrow().clone();
+    assert_eq!(pending(), None, "unknown until the first look");
+    ctx.seed_settling().await;
+    assert_eq!(pending(), Some(BTreeSet::from(["san".to_owned()])));
+
+    let shared = |status: VGStatusType| VGStatus {
+        name: "san".into(),
+        status: Some(status),
+        shared: Some(Box::default()),
+        ..VGStatus::default()
+    };
+    ctx.record("san", Some(shared(VGStatusType::Progressing)), None)
+        .await
+        .unwrap();
+    assert_eq!(pending(), Some(BTreeSet::from(["san".to_owned()])));
+    ctx.record("san", Some(shared(VGStatusType::Ready)), None)
+        .await
+        .unwrap();
+    assert_eq!(pending(), Some(BTreeSet::new()), "joined: settled");
+    ctx.record("local", Some(ready("local")), None)
+        .await
+        .unwrap();
+    assert_eq!(pending(), Some(BTreeSet::new()), "local classes never wait");
+    // A class added (or joined again) later waits again; failed or gone, it has settled.
+    ctx.record("san", Some(shared(VGStatusType::Progressing)), None)
+        .await
+        .unwrap();
+    assert_eq!(pending(), Some(BTreeSet::from(["san".to_owned()])));
+    ctx.record("san", Some(shared(VGStatusType::Failed)), None)
+        .await
+        .unwrap();
+    assert_eq!(pending(), Some(BTreeSet::new()));
+    ctx.record("san", Some(shared(VGStatusType::Progressing)), None)
+        .await
+        .unwrap();
+    ctx.record("san", None, None).await.unwrap();
+    assert_eq!(pending(), Some(BTreeSet::new()));
+}
+
+#[tokio::test]
+async fn settling_waits_for_nothing_when_the_volume_groups_cannot_be_read() {
+    let api = FakeApi::new();
+    let ctx = context(&api);
+    ctx.seed_settling().await;
+    assert_eq!(*ctx.settling().borrow(), Some(BTreeSet::new()));
+}
+
+/// A class new to the node is `Progressing` with its lockspace `Joining` while the join runs (so
+/// `NodeGetInfo` waits for it); once reported, it is not set back to `Joining` at the next look.
+#[tokio::test]
+async fn a_class_new_to_the_node_reports_joining_before_the_join_runs() {
+    let api = FakeApi::new();
+    host_ids(&api, json!({"node-a": "3"}));
+    let ctx = context(&api);
+    ctx.seed_settling().await;
+    let host = SanHost::new(&api, true);
+    let (_, entry) = reconcile_san(&api, &ctx, &host).await;
+    assert_eq!(entry["status"], "Ready", "{entry}");
+    let applied: Vec<Value> = api
+        .requests()
+        .iter()
+        .filter(|r| r.path == PATH && r.method == http::Method::PATCH)
+        .map(|r| r.body["spec"]["nodeStatus"][0].clone())
+        .collect();
+    let [joining, joined] = applied.as_slice() else {
+        panic!("{applied:?}")
+    };
+    assert_eq!(joining["status"], "Progressing");
+    assert_eq!(joining["reason"], "joining shared volume group san");
+    assert_eq!(
+        joining["shared"],
+        json!({"lockspace": "Joining", "hostId": 3, "ioTimeoutSeconds": 10,
+               "reason": "joining shared volume group san"})
+    );
+    assert_eq!(joined["shared"]["lockspace"], "Joined");
+    assert_eq!(*ctx.settling().borrow(), Some(BTreeSet::new()));
+
+    api.clear_requests();
+    reconcile_san(&api, &ctx, &host).await;
+    assert_eq!(
+        requests_to(&api, PATH),
+        0,
+        "joined and unchanged: nothing written"
+    );
+}

@@ -84,10 +84,14 @@ async fn shared_lvs(vm: &Vm) -> Vec<String> {
     names
 }
 
-/// The node's status entry for the class, once it says `Ready` and the lockspace `Joined`.
-async fn joined_entry(client: &Client) -> VGStatus {
+/// The node's status entry for the class, once `accept` takes it.
+async fn entry_when(
+    client: &Client,
+    what: &str,
+    accept: impl Fn(&VGStatus) -> bool + Copy,
+) -> VGStatus {
     let statuses = Api::<LVMVolumeGroupNodeStatus>::namespaced(client.clone(), NAMESPACE);
-    eventually("the node reports the shared class joined", SLOW, || {
+    eventually(what, SLOW, || {
         let statuses = statuses.clone();
         async move {
             let status = statuses.get(NODE).await.map_err(|e| e.to_string())?;
@@ -98,15 +102,32 @@ async fn joined_entry(client: &Client) -> VGStatus {
                 .find(|s| s.name == CLASS)
                 .cloned()
                 .ok_or_else(|| format!("no {CLASS} in {:?}", status.spec))?;
-            let joined = entry
-                .shared
-                .as_ref()
-                .is_some_and(|s| s.lockspace == LockspaceState::Joined);
-            (joined && entry.status == Some(VGStatusType::Ready))
+            accept(&entry)
                 .then_some(entry.clone())
                 .ok_or_else(|| format!("{entry:?}"))
         }
     })
+    .await
+}
+
+/// The node's status entry for the class, as soon as there is one.
+async fn class_entry(client: &Client) -> VGStatus {
+    entry_when(client, "the node reports the shared class", |_| true).await
+}
+
+/// The node's status entry for the class, once it says `Ready` and the lockspace `Joined`.
+async fn joined_entry(client: &Client) -> VGStatus {
+    entry_when(
+        client,
+        "the node reports the shared class joined",
+        |entry| {
+            let joined = entry
+                .shared
+                .as_ref()
+                .is_some_and(|s| s.lockspace == LockspaceState::Joined);
+            joined && entry.status == Some(VGStatusType::Ready)
+        },
+    )
     .await
 }
 
@@ -177,6 +198,25 @@ async fn stack_a_shared_class_is_joined_serves_a_claim_and_is_left_cleanly() {
         .create(&PostParams::default(), &cluster)
         .await
         .unwrap_or_else(|e| panic!("creating the shared LVMCluster: {e}"));
+
+    // Kubelet asks NodeGetInfo once, at registration: asked while the class is still joining,
+    // the agent answers once it joined, with the class-wide segment.
+    let key = shared_topology_key(CLASS);
+    let first = class_entry(&client).await;
+    // Joining, or waiting for the operator's host id first.
+    assert_eq!(
+        first.status,
+        Some(VGStatusType::Progressing),
+        "a class new to the node is Progressing: {first:?}"
+    );
+    let asked = Instant::now();
+    let topology = stack.register_driver(&client).await;
+    let answered = asked.elapsed();
+    assert_eq!(
+        topology.get(&key).map(String::as_str),
+        Some("true"),
+        "{topology:?}"
+    );
 
     // Joined, with the recorded host id.
     let entry = joined_entry(&client).await;
@@ -251,14 +291,7 @@ async fn stack_a_shared_class_is_joined_serves_a_claim_and_is_left_cleanly() {
         "{info}"
     );
 
-    // The class-wide topology segment, which kubelet learns when the driver registers again.
-    let key = shared_topology_key(CLASS);
-    let topology = stack.register_driver(&client).await;
-    assert_eq!(
-        topology.get(&key).map(String::as_str),
-        Some("true"),
-        "{topology:?}"
-    );
+    // The class-wide topology segment reached the CSINode at that registration.
     let csi_node = Api::<CSINode>::all(client.clone()).get(NODE).await.unwrap();
     assert!(
         csi_node
@@ -403,9 +436,11 @@ async fn stack_a_shared_class_is_joined_serves_a_claim_and_is_left_cleanly() {
     assert!(!node.labels().contains_key(&key), "{:?}", node.labels());
 
     println!(
-        "shared class: joined {:.1} s after the LVMCluster was created, claim Bound in {:.1} s, \
-         left {:.1} s after the LVMCluster was deleted",
+        "shared class: joined {:.1} s after the LVMCluster was created (NodeGetInfo asked while \
+         joining answered after {:.1} s), claim Bound in {:.1} s, left {:.1} s after the \
+         LVMCluster was deleted",
         join_time.as_secs_f64(),
+        answered.as_secs_f64(),
         bind_time.as_secs_f64(),
         leave_time.as_secs_f64()
     );
