@@ -381,8 +381,8 @@ impl<R: Runner> LocalBackend<R> {
     async fn fetch(&self) -> Result<Report> {
         let taken = Instant::now();
         let ours = |vg: &str| self.classes.iter().any(|c| c.name == vg);
-        let vgs = self.lvm.vgs().await.map_err(host)?;
-        let lvs = self.lvm.lvs(None).await.map_err(host)?;
+        let local = self.classes.iter().any(|c| c.shared.is_none());
+        let (vgs, lvs) = self.lvm.groups(local).await.map_err(host)?;
         tracing::debug!(
             node = %self.node_id,
             vgs = vgs.len(),
@@ -414,17 +414,39 @@ impl<R: Runner> LocalBackend<R> {
     /// and the error returned.
     async fn patch(&self, vg: &str, changed: Changed<'_>) -> Result<Vec<LogicalVolume>> {
         let read = async {
+            let missing = |name: &str| {
+                BackendError::NotFound(format!(
+                    "logical volume {vg}/{name} on node {} is missing right after it was changed",
+                    self.node_id
+                ))
+            };
             let mut lvs = Vec::with_capacity(changed.lvs.len());
+            let mut group = None;
             for name in &changed.lvs {
-                let lv = self.lvm.lv(vg, name).await.map_err(host)?.ok_or_else(|| {
-                    BackendError::NotFound(format!(
-                        "logical volume {vg}/{name} on node {} is missing right after it was changed",
-                        self.node_id
-                    ))
-                })?;
+                // On a shared group every read is a process and a round through the lock: the
+                // group's free space comes with the first LV (local reads share one `lvm shell`).
+                if changed.vg && group.is_none() && self.lvm.is_shared(vg) {
+                    let (lv, g) = self
+                        .lvm
+                        .lv_and_group(vg, name)
+                        .await
+                        .map_err(host)?
+                        .ok_or_else(|| missing(name))?;
+                    lvs.push(lv);
+                    group = Some(g);
+                    continue;
+                }
+                let lv = self
+                    .lvm
+                    .lv(vg, name)
+                    .await
+                    .map_err(host)?
+                    .ok_or_else(|| missing(name))?;
                 lvs.push(lv);
             }
-            let group = if changed.vg {
+            let group = if let Some(g) = group {
+                Some(g)
+            } else if changed.vg {
                 Some(self.lvm.vg(vg).await.map_err(host)?.ok_or_else(|| {
                     BackendError::NotFound(format!(
                         "volume group {vg} on node {} is missing right after a change",

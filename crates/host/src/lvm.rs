@@ -45,7 +45,8 @@ use lvms_core::{
 pub use self::{
     errors::classify,
     report::{
-        LV_FIELDS, PV_FIELDS, ReportError, VG_FIELDS, parse_lvs, parse_pvs, parse_vgs, split_tags,
+        LV_FIELDS, PV_FIELDS, ReportError, VG_FIELDS, group_fields, parse_group, parse_lvs,
+        parse_pvs, parse_vgs, split_tags,
     },
 };
 use crate::{
@@ -367,6 +368,42 @@ impl<R: Runner> Lvm<R> {
         Ok(vgs)
     }
 
+    /// The volume groups and their visible logical volumes: with `local`, every local group (`vgs`,
+    /// `lvs`); and each shared group by one `lvs` that carries the group's fields too, so one
+    /// command under the group's lock reads both (an empty group, which `lvs` has no row for, is
+    /// read by `vgs` after). A shared group that does not exist is left out.
+    #[tracing::instrument(level = "debug", skip(self))]
+    pub async fn groups(&self, local: bool) -> Result<(Vec<VolumeGroup>, Vec<LogicalVolume>)> {
+        let (mut vgs, mut lvs) = if local {
+            (
+                self.report(report_args("vgs", VG_FIELDS, None), parse_vgs)
+                    .await?,
+                self.report(report_args("lvs", LV_FIELDS, None), parse_lvs)
+                    .await?,
+            )
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        for vg in &self.shared {
+            let read = self
+                .report(
+                    report_args("lvs", &group_fields(), Some(vg.clone())),
+                    parse_group,
+                )
+                .await;
+            match read {
+                Ok((Some(group), rows)) => {
+                    vgs.push(group);
+                    lvs.extend(rows);
+                }
+                Ok((None, _)) => vgs.extend(self.vg(vg).await?),
+                Err(Error::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((vgs, lvs))
+    }
+
     /// One volume group, `None` if it does not exist.
     #[tracing::instrument(level = "debug", skip(self))]
     pub async fn vg(&self, name: &str) -> Result<Option<VolumeGroup>> {
@@ -416,6 +453,30 @@ impl<R: Runner> Lvm<R> {
             .await
         {
             Ok(lvs) => Ok(lvs.into_iter().find(|lv| lv.name == name)),
+            Err(Error::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One logical volume and its volume group, read by one `lvs` (see [`Self::groups`]); `None`
+    /// if either does not exist.
+    #[tracing::instrument(level = "debug", skip(self))]
+    pub async fn lv_and_group(
+        &self,
+        vg: &str,
+        name: &str,
+    ) -> Result<Option<(LogicalVolume, VolumeGroup)>> {
+        check_vg_lv(vg, name)?;
+        match self
+            .report(
+                report_args("lvs", &group_fields(), Some(lv_path(vg, name))),
+                parse_group,
+            )
+            .await
+        {
+            Ok((group, lvs)) => Ok(group
+                .zip(lvs.into_iter().find(|lv| lv.name == name))
+                .map(|(g, lv)| (lv, g))),
             Err(Error::NotFound(_)) => Ok(None),
             Err(e) => Err(e),
         }

@@ -23,6 +23,17 @@ pub const LV_FIELDS: &str = "lv_name,vg_name,lv_uuid,lv_size,lv_attr,segtype,poo
                              data_percent,metadata_percent,lv_metadata_size,sync_percent,lv_tags,\
                              lv_path,lv_dm_path,stripes,stripe_size";
 
+/// Fields asked of `lvs` for one volume group's LVs and the group itself in one report (see
+/// [`parse_group`]): the group's fields, then the LVs' (`vg_name` once).
+pub fn group_fields() -> String {
+    let lv_fields = LV_FIELDS.split(',').filter(|f| *f != "vg_name");
+    VG_FIELDS
+        .split(',')
+        .chain(lv_fields)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// An LVM report that could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -159,7 +170,19 @@ pub fn parse_pvs(json: &str) -> Result<Vec<PhysicalVolume>> {
 
 /// Parses `lvm vgs --reportformat json --units b --nosuffix -o VG_FIELDS`.
 pub fn parse_vgs(json: &str) -> Result<Vec<VolumeGroup>> {
-    rows::<RawVg>(json, "vg")?
+    vgs_in(json, "vg")
+}
+
+/// Parses `lvm lvs --reportformat json --units b --nosuffix -o <group_fields()> <vg>`: the group
+/// (from its first row; `None` when the group has no LV, as `lvs` then has no row) and its LVs.
+pub fn parse_group(json: &str) -> Result<(Option<VolumeGroup>, Vec<LogicalVolume>)> {
+    let group = vgs_in(json, "lv")?.into_iter().next();
+    Ok((group, parse_lvs(json)?))
+}
+
+/// The volume groups of the rows of every section named `key`.
+fn vgs_in(json: &str, key: &str) -> Result<Vec<VolumeGroup>> {
+    rows::<RawVg>(json, key)?
         .into_iter()
         .map(|r| {
             Ok(VolumeGroup {
@@ -221,6 +244,9 @@ mod tests {
     const VGS: &str = include_str!("../../tests/fixtures/lvm/vgs.json");
     const LVS: &str = include_str!("../../tests/fixtures/lvm/lvs.json");
     const LVS_EMPTY: &str = include_str!("../../tests/fixtures/lvm/lvs.empty-vg.json");
+    /// `lvs -o <group_fields()> san` on a shared group (lvm2 2.03.16, Debian 12): a thin pool
+    /// with its volume, and a linear volume.
+    const LVS_GROUP: &str = include_str!("../../tests/fixtures/lvm/lvs.group-shared.json");
     const LVS_TWO_SEGMENTS: &str =
         include_str!("../../tests/fixtures/lvm/lvs.one-lv-two-segments.json");
     const LVS_COMMAND_LOG: &str =
@@ -268,6 +294,43 @@ mod tests {
         assert_eq!(vg1.mda_size, 1_044_480);
         assert!(vg1.mda_free > 0 && vg1.mda_free < vg1.mda_size);
         assert!(vgs[1].tags.is_empty());
+    }
+
+    #[test]
+    fn a_group_report_gives_the_group_once_and_each_visible_lv() {
+        let fields = group_fields();
+        assert_eq!(fields.matches("vg_name").count(), 1, "{fields}");
+        assert!(fields.starts_with(VG_FIELDS), "{fields}");
+        let (group, lvs) = parse_group(LVS_GROUP).unwrap();
+        let group = group.unwrap();
+        assert_eq!(
+            (
+                group.name.as_str(),
+                group.lv_count,
+                group.free,
+                group.tags.as_slice()
+            ),
+            ("san", 3, 3_938_451_456, ["lvms".to_owned()].as_slice())
+        );
+        assert_eq!(
+            group,
+            parse_vgs(&LVS_GROUP.replace("\"lv\"", "\"vg\"")).unwrap()[0]
+        );
+        let names: Vec<(&str, &str, &str)> = lvs
+            .iter()
+            .map(|lv| (lv.name.as_str(), lv.vg_name.as_str(), lv.segtype.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("l1", "san", "linear"),
+                ("p1", "san", "thin-pool"),
+                ("v1", "san", "thin")
+            ]
+        );
+        assert_eq!(lvs[2].pool_lv.as_deref(), Some("p1"));
+        // An empty group has no row: no group from this report.
+        assert_eq!(parse_group(LVS_EMPTY).unwrap(), (None, Vec::new()));
     }
 
     #[test]
