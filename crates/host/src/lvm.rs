@@ -369,9 +369,10 @@ impl<R: Runner> Lvm<R> {
     }
 
     /// The volume groups and their visible logical volumes: with `local`, every local group (`vgs`,
-    /// `lvs`); and each shared group by one `lvs` that carries the group's fields too, so one
-    /// command under the group's lock reads both (an empty group, which `lvs` has no row for, is
-    /// read by `vgs` after). A shared group that does not exist is left out.
+    /// `lvs`); and each shared group by one `lvs -a` that carries the group's fields too, so one
+    /// command under the group's lock reads both (`-a` lists the hidden `[lvmlock]` LV every
+    /// sanlock group has, so even an empty group has a row; a group without any row is read by
+    /// `vgs` after). A shared group that does not exist is left out.
     #[tracing::instrument(level = "debug", skip(self))]
     pub async fn groups(&self, local: bool) -> Result<(Vec<VolumeGroup>, Vec<LogicalVolume>)> {
         let (mut vgs, mut lvs) = if local {
@@ -385,12 +386,9 @@ impl<R: Runner> Lvm<R> {
             (Vec::new(), Vec::new())
         };
         for vg in &self.shared {
-            let read = self
-                .report(
-                    report_args("lvs", &group_fields(), Some(vg.clone())),
-                    parse_group,
-                )
-                .await;
+            let mut args = report_args("lvs", &group_fields(), Some(vg.clone()));
+            args.insert(1, "-a".to_owned());
+            let read = self.report(args, parse_group).await;
             match read {
                 Ok((Some(group), rows)) => {
                     vgs.push(group);

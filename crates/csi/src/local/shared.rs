@@ -502,7 +502,7 @@ mod tests {
     use lvms_core::config::{SharedConfig, SharedVolumeMode};
     use lvms_host::{
         fake::FakeRunner,
-        lvm::{LV_FIELDS, Lvm, VG_FIELDS, group_fields},
+        lvm::{LV_FIELDS, Lvm, group_fields},
     };
     use proptest::prelude::*;
 
@@ -897,13 +897,18 @@ mod tests {
         serde_json::json!({"report": [{"lv": rows}]}).to_string()
     }
 
-    /// The driver's full report, its classes all shared: one `lvs` with the group's fields on each
-    /// row; when the group holds no LV (no row), `vgs` after.
+    /// The driver's full report, its classes all shared: one `lvs -a` with the group's fields on
+    /// each row, the group's hidden `[lvmlock]` among them.
     fn expect_report(fake: &FakeRunner, lvs: &[LogicalVolume]) {
-        expect(fake, &report_argv("lvs", &group_fields(), Some(SAN))).stdout(group_json(lvs));
-        if lvs.is_empty() {
-            expect(fake, &report_argv("vgs", VG_FIELDS, Some(SAN))).stdout(vgs_json());
-        }
+        let mut argv = report_argv("lvs", &group_fields(), Some(SAN));
+        // After `lvm lvs` and the scope (`--config …`, `--devicesfile …`).
+        argv.insert(6, "-a".to_owned());
+        let lock = LogicalVolume {
+            name: "[lvmlock]".into(),
+            ..linear(256 * MIB, &[])
+        };
+        let rows: Vec<LogicalVolume> = std::iter::once(lock).chain(lvs.iter().cloned()).collect();
+        expect(fake, &argv).stdout(group_json(&rows));
     }
 
     fn thin(name: &str, pool: &str, tags: &[String]) -> LogicalVolume {

@@ -173,11 +173,14 @@ pub fn parse_vgs(json: &str) -> Result<Vec<VolumeGroup>> {
     vgs_in(json, "vg")
 }
 
-/// Parses `lvm lvs --reportformat json --units b --nosuffix -o <group_fields()> <vg>`: the group
-/// (from its first row; `None` when the group has no LV, as `lvs` then has no row) and its LVs.
+/// Parses `lvm lvs [-a] --reportformat json --units b --nosuffix -o <group_fields()> <vg>`: the
+/// group (from its first row; `None` when there is no row) and its visible LVs (hidden ones, named
+/// in brackets such as a sanlock group's `[lvmlock]`, which `-a` lists, are left out).
 pub fn parse_group(json: &str) -> Result<(Option<VolumeGroup>, Vec<LogicalVolume>)> {
     let group = vgs_in(json, "lv")?.into_iter().next();
-    Ok((group, parse_lvs(json)?))
+    let mut lvs = parse_lvs(json)?;
+    lvs.retain(|lv| !lv.name.starts_with('['));
+    Ok((group, lvs))
 }
 
 /// The volume groups of the rows of every section named `key`.
@@ -244,9 +247,11 @@ mod tests {
     const VGS: &str = include_str!("../../tests/fixtures/lvm/vgs.json");
     const LVS: &str = include_str!("../../tests/fixtures/lvm/lvs.json");
     const LVS_EMPTY: &str = include_str!("../../tests/fixtures/lvm/lvs.empty-vg.json");
-    /// `lvs -o <group_fields()> san` on a shared group (lvm2 2.03.16, Debian 12): a thin pool
-    /// with its volume, and a linear volume.
+    /// `lvs -a -o <group_fields()> san` on a shared group (lvm2 2.03.16, Debian 12): a thin pool
+    /// with its volume, and a linear volume, beside the hidden LVs; and the group empty.
     const LVS_GROUP: &str = include_str!("../../tests/fixtures/lvm/lvs.group-shared.json");
+    const LVS_GROUP_EMPTY: &str =
+        include_str!("../../tests/fixtures/lvm/lvs.group-shared.empty.json");
     const LVS_TWO_SEGMENTS: &str =
         include_str!("../../tests/fixtures/lvm/lvs.one-lv-two-segments.json");
     const LVS_COMMAND_LOG: &str =
@@ -329,7 +334,14 @@ mod tests {
             ]
         );
         assert_eq!(lvs[2].pool_lv.as_deref(), Some("p1"));
-        // An empty group has no row: no group from this report.
+        // An empty sanlock group still has its hidden `[lvmlock]` row: the group, no LV.
+        let (group, lvs) = parse_group(LVS_GROUP_EMPTY).unwrap();
+        let group = group.unwrap();
+        assert_eq!(
+            (group.name.as_str(), group.lv_count, lvs),
+            ("san", 0, Vec::new())
+        );
+        // No row at all (`lvs` without `-a` on an empty group): no group from this report.
         assert_eq!(parse_group(LVS_EMPTY).unwrap(), (None, Vec::new()));
     }
 
