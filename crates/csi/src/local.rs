@@ -420,42 +420,32 @@ impl<R: Runner> LocalBackend<R> {
                     self.node_id
                 ))
             };
+            // On a shared group every read is a process and a round through the lock: the group's
+            // free space comes with the first LV (local reads share one `lvm shell`).
+            let with_group = changed.vg && self.lvm.is_shared(vg);
             let mut lvs = Vec::with_capacity(changed.lvs.len());
             let mut group = None;
-            for name in &changed.lvs {
-                // On a shared group every read is a process and a round through the lock: the
-                // group's free space comes with the first LV (local reads share one `lvm shell`).
-                if changed.vg && group.is_none() && self.lvm.is_shared(vg) {
-                    let (lv, g) = self
-                        .lvm
-                        .lv_and_group(vg, name)
-                        .await
-                        .map_err(host)?
-                        .ok_or_else(|| missing(name))?;
-                    lvs.push(lv);
-                    group = Some(g);
-                    continue;
-                }
-                let lv = self
-                    .lvm
-                    .lv(vg, name)
-                    .await
-                    .map_err(host)?
-                    .ok_or_else(|| missing(name))?;
-                lvs.push(lv);
+            for (i, name) in changed.lvs.iter().enumerate() {
+                let lv = if with_group && i == 0 {
+                    self.lvm.lv_and_group(vg, name).await.map(|found| {
+                        found.map(|(lv, g)| {
+                            group = Some(g);
+                            lv
+                        })
+                    })
+                } else {
+                    self.lvm.lv(vg, name).await
+                };
+                lvs.push(lv.map_err(host)?.ok_or_else(|| missing(name))?);
             }
-            let group = if let Some(g) = group {
-                Some(g)
-            } else if changed.vg {
-                Some(self.lvm.vg(vg).await.map_err(host)?.ok_or_else(|| {
+            if changed.vg && group.is_none() {
+                group = Some(self.lvm.vg(vg).await.map_err(host)?.ok_or_else(|| {
                     BackendError::NotFound(format!(
                         "volume group {vg} on node {} is missing right after a change",
                         self.node_id
                     ))
-                })?)
-            } else {
-                None
-            };
+                })?);
+            }
             Ok::<_, BackendError>((lvs, group))
         };
         let (lvs, group) = match read.await {
