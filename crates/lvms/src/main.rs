@@ -113,6 +113,13 @@ struct OperatorArgs {
     /// CSI driver name: the CSIDriver object and every StorageClass's provisioner.
     #[arg(long, env = "CSI_DRIVER_NAME", default_value = lvms_api::DEFAULT_DRIVER_NAME)]
     driver_name: String,
+    /// Image of the `node-driver-registrar` sidecar in the node DaemonSet (mirror it for
+    /// disconnected clusters).
+    #[arg(long, env = "LVMS_NODE_DRIVER_REGISTRAR_IMAGE", default_value = lvms_operator::render::DEFAULT_NODE_DRIVER_REGISTRAR_IMAGE)]
+    node_driver_registrar_image: String,
+    /// Image of the `livenessprobe` sidecar in the node DaemonSet.
+    #[arg(long, env = "LVMS_LIVENESSPROBE_IMAGE", default_value = lvms_operator::render::DEFAULT_LIVENESSPROBE_IMAGE)]
+    livenessprobe_image: String,
     /// Directory holding the webhook's serving certificate (`tls.crt`, `tls.key`).
     #[arg(
         long,
@@ -184,6 +191,8 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
     }
     let mut cfg = lvms_operator::RenderConfig::new(namespace.clone(), args.image);
     cfg.driver_name = args.driver_name;
+    cfg.node_driver_registrar_image = args.node_driver_registrar_image;
+    cfg.livenessprobe_image = args.livenessprobe_image;
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {

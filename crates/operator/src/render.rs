@@ -68,9 +68,9 @@ pub const STORAGE_CLASS_DESCRIPTION: &str = "Provides RWO and RWOP Filesystem & 
 
 /// Default image of the `node-driver-registrar` sidecar.
 pub const DEFAULT_NODE_DRIVER_REGISTRAR_IMAGE: &str =
-    "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.13.0";
+    "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.17.0";
 /// Default image of the `livenessprobe` sidecar.
-pub const DEFAULT_LIVENESSPROBE_IMAGE: &str = "registry.k8s.io/sig-storage/livenessprobe:v2.15.0";
+pub const DEFAULT_LIVENESSPROBE_IMAGE: &str = "registry.k8s.io/sig-storage/livenessprobe:v2.19.0";
 /// Default kubelet root directory.
 pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet";
 /// Default priority class of the node pods: they hold node-local storage every consumer pod needs.

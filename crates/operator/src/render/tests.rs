@@ -172,7 +172,7 @@ metadata:
           mountPath: /sys
           mountPropagation: HostToContainer
       - name: node-driver-registrar
-        image: registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.13.0
+        image: registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.17.0
         args:
         - --csi-address=/csi/csi.sock
         - --kubelet-registration-path=/var/lib/kubelet/plugins/topolvm.io/csi.sock
@@ -195,7 +195,7 @@ metadata:
         - name: registration-dir
           mountPath: /registration
       - name: livenessprobe
-        image: registry.k8s.io/sig-storage/livenessprobe:v2.15.0
+        image: registry.k8s.io/sig-storage/livenessprobe:v2.19.0
         args:
         - --csi-address=/csi/csi.sock
         - --http-endpoint=:9808
