@@ -33,6 +33,10 @@ pub const CONTROL_PLANE: &[&str] = &[
 /// server's certificate names it so the node agent in the VM can verify it.
 pub const VM_HOST_ADDR: &str = "10.0.2.2";
 
+/// The test node's name (`cargo xtask installed`): its kubelet's client certificate is issued to
+/// `system:node:<NODE_NAME>`, as the Node authorizer requires.
+pub const NODE_NAME: &str = "lvms-node";
+
 /// The directory of unpacked Kubernetes binaries, unpacking `../shared/k8s` when no directory is
 /// named. `needed` are the binaries that must be in it.
 pub fn assets(repo: &Path, needed: &[&str]) -> Result<PathBuf> {
@@ -135,6 +139,17 @@ struct Pki {
     sa_pub: PathBuf,
 }
 
+/// Options of [`ControlPlane::start_with`] beyond the defaults of the e2e suite.
+#[derive(Default)]
+pub struct Options {
+    /// More kube-apiserver flags (`--name=value`).
+    pub apiserver_args: Vec<String>,
+    /// Keep the OpenShift fork's `service-ca-certificate-publisher-controller` on: it writes the
+    /// `openshift-service-ca.crt` ConfigMap every pod's service-account volume needs on a kubelet
+    /// of this fork (off for the suite, which runs no kubelet).
+    pub service_ca_publisher: bool,
+}
+
 fn write_pki(dir: &Path) -> Result<Pki> {
     let err = |e: rcgen::Error| anyhow::anyhow!("making certificates: {e}");
     fs::create_dir_all(dir)?;
@@ -180,6 +195,18 @@ fn write_pki(dir: &Path) -> Result<Pki> {
 
     let sa_key = KeyPair::generate().map_err(err)?;
 
+    // The test node's kubelet (`cargo xtask installed`).
+    let mut node = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
+    node.distinguished_name
+        .push(DnType::CommonName, format!("system:node:{NODE_NAME}"));
+    node.distinguished_name
+        .push(DnType::OrganizationName, "system:nodes");
+    node.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let node_key = KeyPair::generate().map_err(err)?;
+    let node_cert = node.signed_by(&node_key, &ca).map_err(err)?;
+    fs::write(dir.join("node.crt"), node_cert.pem())?;
+    fs::write(dir.join("node.key"), node_key.serialize_pem())?;
+
     let pki = Pki {
         ca_crt: dir.join("ca.crt"),
         ca_key: dir.join("ca.key"),
@@ -209,6 +236,8 @@ pub struct ControlPlane {
     pub port: u16,
     /// The API server's audit log: every request's metadata (user, user agent, verb, resource).
     pub audit_log: PathBuf,
+    /// The run's certificates: `ca.crt`, `admin.{crt,key}`, `node.{crt,key}` (the test node's).
+    pub pki: PathBuf,
     processes: Vec<(&'static str, Child)>,
     dir: PathBuf,
 }
@@ -217,6 +246,11 @@ impl ControlPlane {
     /// Starts etcd, the API server (waiting for `/readyz`), the controller-manager and the
     /// scheduler, with state and logs under `dir` (emptied first).
     pub fn start(dir: &Path, assets: &Path) -> Result<Self> {
+        Self::start_with(dir, assets, &Options::default())
+    }
+
+    /// [`ControlPlane::start`] with [`Options`].
+    pub fn start_with(dir: &Path, assets: &Path, options: &Options) -> Result<Self> {
         if dir.exists() {
             fs::remove_dir_all(dir)?;
         }
@@ -238,6 +272,7 @@ impl ControlPlane {
             kubeconfig: kubeconfig.clone(),
             port,
             audit_log: dir.join("logs/audit.log"),
+            pki: dir.join("pki"),
             processes: Vec::new(),
             dir: dir.to_path_buf(),
         };
@@ -284,6 +319,7 @@ impl ControlPlane {
             format!("--audit-policy-file={}", p(&audit_policy)),
             format!("--audit-log-path={}", p(&cp.audit_log)),
         ]);
+        apiserver.args(&options.apiserver_args);
         cp.spawn("kube-apiserver", &mut apiserver)?;
         cp.wait_ready(Duration::from_secs(120))?;
         let kc = p(&kubeconfig);
@@ -294,7 +330,11 @@ impl ControlPlane {
             format!("--authorization-kubeconfig={kc}"),
             "--bind-address=127.0.0.1".to_owned(),
             format!("--secure-port={}", free_port()?),
-            "--controllers=*,-service-ca-certificate-publisher-controller".to_owned(),
+            if options.service_ca_publisher {
+                "--controllers=*".to_owned()
+            } else {
+                "--controllers=*,-service-ca-certificate-publisher-controller".to_owned()
+            },
             format!("--service-account-private-key-file={}", p(&pki.sa_key)),
             format!("--root-ca-file={}", p(&pki.ca_crt)),
             format!("--cluster-signing-cert-file={}", p(&pki.ca_crt)),
@@ -396,7 +436,13 @@ impl Drop for ControlPlane {
 }
 
 /// Writes a kubeconfig for `server` with a client certificate.
-fn write_kubeconfig(path: &Path, server: &str, ca: &Path, crt: &Path, key: &Path) -> Result<()> {
+pub fn write_kubeconfig(
+    path: &Path,
+    server: &str,
+    ca: &Path,
+    crt: &Path,
+    key: &Path,
+) -> Result<()> {
     let kubeconfig = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Config",

@@ -19,7 +19,7 @@ use crate::{
 };
 
 /// Builds the tests and the lvms binary; returns the e2e test binary's path.
-fn build_suite(repo: &Path) -> Result<PathBuf> {
+pub fn build_suite(repo: &Path) -> Result<PathBuf> {
     let out = Command::new(env!("CARGO"))
         // The whole workspace, as the VM suite builds it: one feature set, no second build, and
         // target/debug/lvms built beside (crates/lvms's tests use it).
@@ -164,7 +164,7 @@ fn run_passes(
 
 /// One run of the suite `cmd` (its arguments and the cluster's environment set); whether it exited
 /// 0, and its libtest summary line.
-fn run_pass(repo: &Path, mut cmd: Command) -> Result<(bool, Option<String>)> {
+pub fn run_pass(repo: &Path, mut cmd: Command) -> Result<(bool, Option<String>)> {
     cmd.args(["--color", "never"])
         .current_dir(repo.join("crates/operator"))
         .env("LVMS_E2E", "1")

@@ -126,3 +126,88 @@ fn answer(stream: TcpStream) -> Result<()> {
     (&stream).write_all(serde_json::to_string(&reply)?.as_bytes())?;
     Ok(())
 }
+
+/// `xtask guest-connect PORT`: an HTTP CONNECT proxy in the test node, through which the API server
+/// on the host dials pod and node addresses (its egress selector's `cluster` connection: admission
+/// webhooks behind Services, kubelet's logs and exec), as konnectivity's agent would. One tunnel
+/// per connection; only private (10.0.0.0/8) destinations.
+pub fn serve_connect(port: u16) -> Result<()> {
+    let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))
+        .with_context(|| format!("listening on port {port}"))?;
+    println!("guest-connect: listening on {port}");
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else { continue };
+        thread::spawn(move || {
+            if let Err(e) = tunnel(stream) {
+                eprintln!("guest-connect: {e:#}");
+            }
+        });
+    }
+    Ok(())
+}
+
+/// The `host:port` of a `CONNECT host:port HTTP/1.1` request line, if it names a 10/8 address.
+fn connect_target(request_line: &str) -> Option<std::net::SocketAddrV4> {
+    let mut words = request_line.split_whitespace();
+    if words.next() != Some("CONNECT") {
+        return None;
+    }
+    let addr: std::net::SocketAddrV4 = words.next()?.parse().ok()?;
+    (addr.ip().octets()[0] == 10).then_some(addr)
+}
+
+fn tunnel(client: TcpStream) -> Result<()> {
+    let mut reader = BufReader::new(client.try_clone()?);
+    let mut request = String::new();
+    reader.read_line(&mut request)?;
+    // The headers, up to the blank line.
+    loop {
+        let mut header = String::new();
+        if reader.read_line(&mut header)? == 0 || header.trim().is_empty() {
+            break;
+        }
+    }
+    let mut client_w = client.try_clone()?;
+    let Some(target) = connect_target(&request) else {
+        client_w.write_all(b"HTTP/1.1 403 Forbidden\r\n\r\n")?;
+        bail!("refused {:?}", request.trim());
+    };
+    let upstream = match TcpStream::connect_timeout(&target.into(), Duration::from_secs(10)) {
+        Ok(s) => s,
+        Err(e) => {
+            client_w.write_all(b"HTTP/1.1 502 Bad Gateway\r\n\r\n")?;
+            bail!("connecting {target}: {e}");
+        }
+    };
+    client_w.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
+    // Whatever the client sent after the headers is already in the reader's buffer.
+    let buffered = reader.buffer().to_vec();
+    let mut up_w = upstream.try_clone()?;
+    up_w.write_all(&buffered)?;
+    let mut up_r = upstream;
+    let down = thread::spawn(move || {
+        let _ = std::io::copy(&mut up_r, &mut client_w);
+        let _ = client_w.shutdown(std::net::Shutdown::Write);
+    });
+    let mut client_r = reader.into_inner();
+    let _ = std::io::copy(&mut client_r, &mut up_w);
+    let _ = up_w.shutdown(std::net::Shutdown::Write);
+    let _ = down.join();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_targets_are_private_addresses_only() {
+        assert_eq!(
+            connect_target("CONNECT 10.88.0.5:9443 HTTP/1.1\r\n"),
+            Some("10.88.0.5:9443".parse().unwrap())
+        );
+        assert_eq!(connect_target("CONNECT 192.168.1.1:443 HTTP/1.1"), None);
+        assert_eq!(connect_target("GET / HTTP/1.1"), None);
+        assert_eq!(connect_target("CONNECT lvms-node:10250 HTTP/1.1"), None);
+    }
+}

@@ -1,9 +1,11 @@
-//! Developer tasks: `cargo xtask deps | vm-run | vm-test | demo | e2e | sanity | bench | helm`.
+//! Developer tasks: `cargo xtask deps | vm-run | vm-test | demo | e2e | installed | sanity | bench | helm`.
 
 mod cluster;
 mod e2e;
 mod guest;
 mod helm;
+mod images;
+mod node;
 mod sanity;
 mod shared;
 mod vm;
@@ -45,7 +47,8 @@ enum Task {
         command: Vec<String>,
     },
     /// Every test: host unit tests (`cargo test --workspace`), the real-LVM suite in the VM, the
-    /// two-node shared-LUN tests, csi-sanity against the standalone driver in the VM, and the e2e suite on a real control plane.
+    /// two-node shared-LUN tests, csi-sanity against the standalone driver in the VM, the e2e suite
+    /// on a real control plane, and lvms-rs installed on a real node (`installed`).
     Test,
     /// Build the real-LVM integration tests (`tests/vm_*.rs`) and run them inside the VM.
     VmTest {
@@ -73,6 +76,16 @@ enum Task {
     /// Inside the e2e VM: execute the host's shell commands (see xtask/src/guest.rs).
     #[command(hide = true)]
     GuestServe { port: u16 },
+    /// Inside the installed test's node VM: the API server's HTTP CONNECT proxy (xtask/src/guest.rs).
+    #[command(hide = true)]
+    GuestConnect { port: u16 },
+    /// lvms-rs installed on a real node: the control plane, a kubelet with containerd in the VM,
+    /// local images, `kubectl apply -k` of deploy/base, and the e2e test `installed` (ADR 0018).
+    Installed {
+        /// Keep the cluster up after the test (for development).
+        #[arg(long)]
+        keep: bool,
+    },
     /// Start the throwaway control plane of `e2e` and keep it up until killed (for development:
     /// `export KUBECONFIG=target/e2e/dev/admin.kubeconfig`).
     Cluster,
@@ -170,8 +183,10 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
             phases.done("csi-sanity");
             let e2e = e2e::run(&repo, None)?;
             phases.done("e2e on a real control plane");
+            let installed = node::run(&repo, false)?;
+            phases.done("installed on a real node (kubelet, containerd)");
             phases.print();
-            let all = [vm, two_nodes, sanity, e2e];
+            let all = [vm, two_nodes, sanity, e2e, installed];
             Ok(if all.iter().all(|c| *c == ExitCode::SUCCESS) {
                 ExitCode::SUCCESS
             } else {
@@ -199,6 +214,11 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
             }
         }
         Task::GuestServe { port } => guest::serve(port).map(|()| ExitCode::SUCCESS),
+        Task::GuestConnect { port } => guest::serve_connect(port).map(|()| ExitCode::SUCCESS),
+        Task::Installed { keep } => {
+            deps()?;
+            node::run(&repo, keep)
+        }
         Task::Cluster => {
             deps()?;
             e2e::serve_cluster(&repo)
@@ -287,6 +307,13 @@ const DEPS: &[(&str, &str)] = &[
     // Shared device classes: the lock daemons run in the guests as host services would.
     ("/usr/sbin/sanlock", "sanlock"),
     ("/usr/sbin/lvmlockd", "lvm2-lockd"),
+    // The real node (`cargo xtask installed`): kubelet's container runtime, its CNI plugins and
+    // iptables run in the guest; mmdebstrap builds the lvms image's Debian rootfs on the host.
+    ("/usr/bin/containerd", "containerd"),
+    ("/usr/sbin/runc", "runc"),
+    ("/usr/sbin/iptables", "iptables"),
+    ("/usr/lib/cni/bridge", "containernetworking-plugins"),
+    ("/usr/bin/mmdebstrap", "mmdebstrap"),
     // pip installs the gRPC C-core client (grpcio) the CSI contract tests run.
     (
         "/usr/lib/python3/dist-packages/pip/__init__.py",

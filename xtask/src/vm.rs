@@ -435,6 +435,11 @@ pub fn start(repo: &Path, kernel: &Kernel, spec: VmSpec) -> Result<RunningVm> {
 }
 
 impl RunningVm {
+    /// Whether qemu has exited (the guest powered off or died).
+    pub fn exited(&mut self) -> Result<bool> {
+        Ok(self.child.try_wait()?.is_some())
+    }
+
     /// Waits for the guest to power off (or kills it at the spec's timeout).
     pub fn wait(mut self) -> Result<VmOutcome> {
         loop {

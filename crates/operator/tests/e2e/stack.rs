@@ -62,6 +62,11 @@ pub struct Vm {
 }
 
 impl Vm {
+    /// The command server at `addr` (`host:port`).
+    pub fn new(addr: String) -> Self {
+        Self { addr }
+    }
+
     /// Runs `cmd` with `sh -c` in the VM; (exit code, stdout + stderr). A command that starts a
     /// daemon must redirect its output and stdin (`> log 2>&1 < /dev/null &`).
     pub async fn sh_with(&self, cmd: &str, stdin: &str) -> (i64, String) {

@@ -1,0 +1,118 @@
+# The test node's setup (`cargo xtask installed`, xtask/src/node.rs), run in the VM after its
+# prelude: containerd and kubelet as a node's init system would start them, with every piece of
+# state on the VM's own disk, never on the host's filesystem that the guest shares over 9p.
+#
+# Environment: NODE_DIR (host directory with kubelet.kubeconfig, ca.crt, images/; logs go to
+# NODE_DIR/logs), NODE_DISK (the disk for the node's state, formatted here), NODE_NAME, API_PORT
+# (the API server's port on the host, 10.0.2.2 here), KUBELET (the kubelet binary), XTASK,
+# EXEC_PORT and CONNECT_PORT (the guest ports of the command server and the API server's proxy).
+set -eu
+log="$NODE_DIR/logs"
+mkdir -p "$log"
+hostname "$NODE_NAME"
+modprobe -a overlay bridge br_netfilter veth nf_nat nf_tables nft_chain_nat nft_compat \
+  xt_MASQUERADE xt_conntrack xt_addrtype xt_nat xt_comment nf_conntrack xt_mark
+sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
+mount -t cgroup2 none /sys/fs/cgroup
+# Pods with hostIPC (the node plugin: lvm's semaphores) get the host's /dev/shm.
+mkdir -p /dev/shm
+mountpoint -q /dev/shm || mount -t tmpfs -o mode=1777,nosuid,nodev shm /dev/shm
+# Bidirectional mount propagation (the node plugin's mounts reaching kubelet) needs shared mounts.
+mount --make-rshared /
+
+# The node's disk: /var/lib (kubelet, CNI state) and /var/log over directories on it, the
+# container store in it.
+mkfs.ext4 -q -F "$NODE_DISK"
+mkdir -p /run/node
+mount "$NODE_DISK" /run/node
+mkdir -p /run/node/varlib/kubelet /run/node/varlog /run/node/cni /run/node/containerd \
+  /run/node/etc-lvm/backup /run/node/etc-lvm/archive
+mount --bind /run/node/varlib /var/lib
+mount --bind /run/node/varlog /var/log
+mount --bind /var/lib/kubelet /var/lib/kubelet
+mount --make-rshared /var/lib/kubelet
+# The node plugin mounts the host's /etc/lvm: give it the guest's own, not the host's over 9p.
+# No udev device list and no event activation, as for the VM suite (xtask/src/vm.rs).
+cat > /run/node/etc-lvm/lvm.conf <<'EOF'
+devices {
+    obtain_device_list_from_udev = 0
+}
+global {
+    event_activation = 0
+}
+EOF
+mount --bind /run/node/etc-lvm /etc/lvm
+# No DNS here: pods get an empty resolv.conf.
+: > /run/node/resolv.conf
+
+# The pod network: one bridge, host-local addresses, masquerading out of the node.
+cat > /run/node/cni/10-bridge.conflist <<'EOF'
+{
+  "cniVersion": "1.0.0",
+  "name": "lvms-e2e",
+  "plugins": [
+    {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.0.0/16"}]],
+              "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+EOF
+# kube-proxy's one job here: the `kubernetes` Service (10.0.0.1:443) is the API server on the host.
+for chain in OUTPUT PREROUTING; do
+  iptables -t nat -A "$chain" -d 10.0.0.1/32 -p tcp --dport 443 \
+    -j DNAT --to-destination "10.0.2.2:$API_PORT"
+done
+
+cat > /run/node/containerd.toml <<'EOF'
+version = 2
+root = "/run/node/containerd"
+state = "/run/containerd"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "registry.k8s.io/pause:3.10.2"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "/run/node/cni"
+EOF
+setsid containerd --config /run/node/containerd.toml >"$log/containerd.log" 2>&1 </dev/null &
+i=0
+until ctr version >/dev/null 2>&1; do
+  i=$((i + 1))
+  [ "$i" -lt 120 ] || { echo "node: containerd did not start"; exit 1; }
+  sleep 1
+done
+for image in "$NODE_DIR"/images/*.oci.tar; do
+  ctr -n k8s.io images import "$image" >>"$log/images.log"
+done
+ctr -n k8s.io images ls -q >>"$log/images.log"
+
+cat > /run/node/kubelet.yaml <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# containerd 1.6 reports no cgroup driver over CRI; kubelet 1.36 falls back to this (ADR 0018).
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+failSwapOn: false
+resolvConf: /run/node/resolv.conf
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $NODE_DIR/ca.crt}
+authorization: {mode: Webhook}
+# A small disk and a small VM: evict only when nearly full, never collect the imported images.
+evictionHard: {memory.available: 50Mi, nodefs.available: 1%, imagefs.available: 1%}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+EOF
+setsid "$KUBELET" --config /run/node/kubelet.yaml --kubeconfig "$NODE_DIR/kubelet.kubeconfig" \
+  --hostname-override "$NODE_NAME" --node-ip 10.0.2.15 >"$log/kubelet.log" 2>&1 </dev/null &
+# The API server reaches pods (the webhook's endpoint) and kubelet through this, as through
+# konnectivity: an HTTP CONNECT proxy behind a qemu port forward.
+setsid "$XTASK" guest-connect "$CONNECT_PORT" >"$log/connect.log" 2>&1 </dev/null &
+echo "node: containerd and kubelet started"
+exec "$XTASK" guest-serve "$EXEC_PORT"
