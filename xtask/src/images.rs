@@ -151,6 +151,17 @@ pub fn build_all(repo: &Path, assets: &Path, lvms: &Path) -> Result<Images> {
         .arg(&tar)
         .args(["oci-layout", "index.json", "blobs"]))?;
     fs::remove_dir_all(&layout)?;
+    // The layers are in the image tar now; keep only it and the rootfs cache (CI's disk is small).
+    for entry in fs::read_dir(&out)? {
+        let path = entry?.path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        if name.ends_with(".tar") && path != tar && !name.starts_with("rootfs-") {
+            fs::remove_file(&path)?;
+        }
+    }
     Ok(Images { tar, images })
 }
 
