@@ -113,6 +113,21 @@ fn claim(name: &str, size: &str, block: bool) -> PersistentVolumeClaim {
     .unwrap()
 }
 
+async fn create_pod(
+    pods: &Api<Pod>,
+    env: &Env,
+    name: &str,
+    script: &str,
+    volume: serde_json::Value,
+) {
+    pods.create(
+        &PostParams::default(),
+        &pod(name, &env.image, script, volume, &env.node),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("creating pod {name}: {e}"));
+}
+
 async fn wait_running(pods: &Api<Pod>, name: &str) {
     eventually(&format!("pod {name} is Running"), SLOW, || {
         let pods = pods.clone();
@@ -394,18 +409,14 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
         .await
         .unwrap();
     let token = format!("written-{}", support::suffix());
-    pods.create(
-        &PostParams::default(),
-        &pod(
-            "writer",
-            &env.image,
-            &format!("echo {token} > /data/file && sync && echo wrote && sleep 3600"),
-            json!({"claim": "data"}),
-            &env.node,
-        ),
+    create_pod(
+        &pods,
+        &env,
+        "writer",
+        &format!("echo {token} > /data/file && sync && echo wrote && sleep 3600"),
+        json!({"claim": "data"}),
     )
-    .await
-    .unwrap();
+    .await;
     let volume = eventually("the claim is Bound", SLOW, || {
         let pvcs = pvcs.clone();
         async move {
@@ -451,18 +462,14 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
 
     // Deleted and re-created, a Pod reads the file back.
     delete_pod(&pods, "writer").await;
-    pods.create(
-        &PostParams::default(),
-        &pod(
-            "reader",
-            &env.image,
-            "cat /data/file; while :; do df -kP /data | tail -n 1; sleep 3; done",
-            json!({"claim": "data"}),
-            &env.node,
-        ),
+    create_pod(
+        &pods,
+        &env,
+        "reader",
+        "cat /data/file; while :; do df -kP /data | tail -n 1; sleep 3; done",
+        json!({"claim": "data"}),
     )
-    .await
-    .unwrap();
+    .await;
     wait_running(&pods, "reader").await;
     let read = wait_log(&pods, "reader", "the reader printed the file", |l| {
         l.starts_with("written-").then(|| l.to_owned())
@@ -509,19 +516,15 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
     pvcs.create(&PostParams::default(), &claim("raw", "512Mi", true))
         .await
         .unwrap();
-    pods.create(
-        &PostParams::default(),
-        &pod(
-            "block",
-            &env.image,
-            "if [ -b /dev/xvda ]; then echo \"block $(blockdev --getsize64 /dev/xvda)\"; \
-             else echo not-a-block-device; fi; sleep 3600",
-            json!({"claim": "raw", "block": true}),
-            &env.node,
-        ),
+    create_pod(
+        &pods,
+        &env,
+        "block",
+        "if [ -b /dev/xvda ]; then echo \"block $(blockdev --getsize64 /dev/xvda)\"; \
+         else echo not-a-block-device; fi; sleep 3600",
+        json!({"claim": "raw", "block": true}),
     )
-    .await
-    .unwrap();
+    .await;
     let block = wait_log(&pods, "block", "the block Pod printed its device", |l| {
         (l.starts_with("block ") || l == "not-a-block-device").then(|| l.to_owned())
     })
@@ -535,18 +538,14 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
 
     // The node DaemonSet rolls to a new image while a Pod writes: the writer keeps writing
     // through the roll, never restarts, and every line it wrote is in the file.
-    pods.create(
-        &PostParams::default(),
-        &pod(
-            "seq",
-            &env.image,
-            "i=0; while :; do echo $i >> /data/seq; echo \"n $i\"; i=$((i+1)); sleep 1; done",
-            json!({"claim": "data"}),
-            &env.node,
-        ),
+    create_pod(
+        &pods,
+        &env,
+        "seq",
+        "i=0; while :; do echo $i >> /data/seq; echo \"n $i\"; i=$((i+1)); sleep 1; done",
+        json!({"claim": "data"}),
     )
-    .await
-    .unwrap();
+    .await;
     wait_running(&pods, "seq").await;
     let seq_n = |l: &str| -> Option<u64> { l.strip_prefix("n ")?.parse().ok() };
     let at_roll = wait_log(&pods, "seq", "the writer writes", seq_n).await;
@@ -573,18 +572,14 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
         .sum();
     assert_eq!(restarts, 0, "the writer never restarted");
     delete_pod(&pods, "seq").await;
-    pods.create(
-        &PostParams::default(),
-        &pod(
-            "check",
-            &env.image,
-            "awk 'NR-1 != $1 { bad++ } END { print \"lines\", NR, \"gaps\", bad+0 }' /data/seq; sleep 3600",
-            json!({"claim": "data"}),
-            &env.node,
-        ),
+    create_pod(
+        &pods,
+        &env,
+        "check",
+        "awk 'NR-1 != $1 { bad++ } END { print \"lines\", NR, \"gaps\", bad+0 }' /data/seq; sleep 3600",
+        json!({"claim": "data"}),
     )
-    .await
-    .unwrap();
+    .await;
     let (lines, gaps) = wait_log(&pods, "check", "the check counted the lines", |l| {
         let mut w = l.split_whitespace();
         match (w.next(), w.next(), w.next(), w.next()) {
