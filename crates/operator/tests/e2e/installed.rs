@@ -113,6 +113,20 @@ fn claim(name: &str, size: &str, block: bool) -> PersistentVolumeClaim {
     .unwrap()
 }
 
+async fn wait_cluster_ready(clusters: &Api<LVMCluster>, what: &str) {
+    eventually(what, SLOW, || {
+        let clusters = clusters.clone();
+        async move {
+            let c = clusters.get("e2e").await.map_err(|e| e.to_string())?;
+            match &c.status {
+                Some(s) if s.ready => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+}
+
 async fn create_pod(
     pods: &Api<Pod>,
     env: &Env,
@@ -356,17 +370,7 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
         .create(&PostParams::default(), &cluster(json!([env.device])))
         .await
         .unwrap_or_else(|e| panic!("creating the LVMCluster in {INSTALL_NS}: {e}"));
-    eventually("the LVMCluster is Ready", SLOW, || {
-        let clusters = clusters.clone();
-        async move {
-            let c = clusters.get("e2e").await.map_err(|e| e.to_string())?;
-            match &c.status {
-                Some(s) if s.ready => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        }
-    })
-    .await;
+    wait_cluster_ready(&clusters, "the LVMCluster is Ready").await;
     println!(
         "installed: LVMCluster Ready {} s after kubectl apply",
         since_apply(&env)
@@ -628,17 +632,7 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
     })
     .await;
     println!("installed: operator pod {old_operator} replaced by {new_operator}");
-    eventually("the LVMCluster is Ready again", SLOW, || {
-        let clusters = clusters.clone();
-        async move {
-            let c = clusters.get("e2e").await.map_err(|e| e.to_string())?;
-            match &c.status {
-                Some(s) if s.ready => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        }
-    })
-    .await;
+    wait_cluster_ready(&clusters, "the LVMCluster is Ready again").await;
     assert_eq!(lvs(&env.vm).await, on_disk, "the LVs on the node");
     let ds = Api::<DaemonSet>::namespaced(client.clone(), INSTALL_NS)
         .get(NODE_DAEMON_SET)
