@@ -364,7 +364,8 @@ impl ControlPlane {
         Ok(cp)
     }
 
-    fn spawn(&mut self, name: &'static str, cmd: &mut Command) -> Result<()> {
+    /// Starts a process that lives and dies with the control plane (its log in `logs/<name>.log`).
+    pub fn spawn(&mut self, name: &'static str, cmd: &mut Command) -> Result<()> {
         let log = fs::File::create(self.dir.join("logs").join(format!("{name}.log")))?;
         let child = cmd
             .current_dir(&self.dir)

@@ -315,7 +315,7 @@ fn image(
         let len = fs::metadata(&l.tar)?.len();
         size += len;
         let blob_path = blobs.join(&l.sha256);
-        // Hard links: the layers are hundreds of MB and stay beside the layout.
+        // Hard links, not copies: the layers are hundreds of MB (removed once the image tar holds them).
         if !blob_path.exists() {
             fs::hard_link(&l.tar, blob_path)?;
         }

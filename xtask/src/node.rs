@@ -92,7 +92,7 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
     let cp_dir = dir.join("control-plane");
     let pki = cp_dir.join("pki");
     let p = |path: PathBuf| path.display().to_string();
-    let control_plane = ControlPlane::start_with(
+    let mut control_plane = ControlPlane::start_with(
         &cp_dir,
         &assets,
         &cluster::Options {
@@ -108,13 +108,12 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
     )?;
     let kubeconfig = control_plane.kubeconfig.clone();
     // The snapshot controller runs beside the control plane, as a cluster's add-on would.
-    let snapshot_controller = spawn_logged(
+    control_plane.spawn(
+        "snapshot-controller",
         Command::new(assets.join("snapshot-controller"))
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg("--leader-election=false"),
-        &cp_dir.join("logs/snapshot-controller.log"),
     )?;
-    let _snapshot_controller = KillOnDrop(snapshot_controller);
 
     let pki = control_plane.pki.clone();
     let node_dir = dir.join("node");
@@ -228,24 +227,6 @@ fn forward_unix_to_tcp(path: &Path, port: u16) -> Result<()> {
     Ok(())
 }
 
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_logged(cmd: &mut Command, log: &Path) -> Result<std::process::Child> {
-    let file = fs::File::create(log)?;
-    cmd.stdin(std::process::Stdio::null())
-        .stdout(file.try_clone()?)
-        .stderr(file)
-        .spawn()
-        .with_context(|| format!("starting {:?}", cmd.get_program()))
-}
-
 fn start_node(
     repo: &Path,
     node_dir: &Path,
@@ -299,17 +280,17 @@ fn wait_node_ready(kubeconfig: &Path, vm: &mut vm::RunningVm, node_dir: &Path) -
                 node_dir.join("logs").display()
             );
         }
-        let out = Command::new("kubectl")
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .args([
+        let ready = kubectl(
+            kubeconfig,
+            &[
                 "get",
                 "node",
                 NODE_NAME,
                 "-o",
                 r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
-            ])
-            .output()?;
-        if out.status.success() && out.stdout == b"True" {
+            ],
+        );
+        if matches!(ready.as_deref(), Ok("True")) {
             return Ok(started.elapsed());
         }
         if Instant::now() > deadline {
