@@ -238,6 +238,16 @@ pub struct DeviceSelector {
     /// Devices used when present and usable, skipped otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub optional_paths: Vec<String>,
+    /// Devices selected by glob pattern, as csi-driver-lvm's `devicePattern` (an lvms-rs extension):
+    /// Go `filepath.Glob` syntax (`*`, `?`, `[0-9]`, `[^a]`), absolute under `/dev/`, matched against
+    /// each device's kernel name path, device node and `/dev/disk/by-id` links; an item may be a
+    /// comma-separated list, such as `/dev/nvme[0-9]n[0-9],/dev/sd[b-d]`. Matched devices are used
+    /// when they pass the safety filters (a formatted, partitioned, mounted or read-only device is
+    /// excluded and reported with the pattern) and are never wiped; under `deviceDiscoveryPolicy:
+    /// Dynamic` devices that match later are added too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub device_patterns: Vec<String>,
     /// Wipe filesystem and partition signatures on the selected devices before use. Destroys data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub force_wipe_devices_and_destroy_all_data: Option<bool>,
@@ -978,6 +988,7 @@ mod tests {
             device_selector: Some(DeviceSelector {
                 paths: vec!["/dev/a".into()],
                 optional_paths: vec!["/dev/b".into()],
+                device_patterns: vec![],
                 force_wipe_devices_and_destroy_all_data: None,
             }),
             ..DeviceClass::default()

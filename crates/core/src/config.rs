@@ -33,20 +33,37 @@ pub struct SharedNodeConfig {
 }
 
 impl NodeConfig {
-    /// The device paths the classes other than `class` list (which `class`, when it lists none,
-    /// never discovers).
-    pub fn paths_of_others(&self, class: &str) -> Vec<String> {
-        self.device_classes
-            .iter()
-            .filter(|c| c.name != class)
-            .flat_map(|c| {
-                c.device_selector
-                    .paths
-                    .iter()
-                    .chain(&c.device_selector.optional_paths)
-            })
-            .cloned()
-            .collect()
+    /// What the classes other than `class` select (which `class` never discovers or matches).
+    pub fn claims_of_others(&self, class: &str) -> Claims {
+        Claims::of(
+            self.device_classes
+                .iter()
+                .filter(|c| c.name != class)
+                .map(|c| &c.device_selector),
+        )
+    }
+}
+
+/// The devices other device classes on a node select, by path or by pattern: a class that discovers
+/// its devices or matches them by pattern never takes them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Claims {
+    /// Paths as configured (`paths` and `optionalPaths`).
+    pub paths: Vec<String>,
+    /// `devicePatterns` items as configured.
+    pub patterns: Vec<String>,
+}
+
+impl Claims {
+    /// The claims of `selectors`.
+    pub fn of<'a>(selectors: impl IntoIterator<Item = &'a DeviceSelector>) -> Self {
+        let mut out = Self::default();
+        for s in selectors {
+            out.paths
+                .extend(s.paths.iter().chain(&s.optional_paths).cloned());
+            out.patterns.extend(s.device_patterns.iter().cloned());
+        }
+        out
     }
 }
 
@@ -179,6 +196,13 @@ pub struct DeviceSelector {
     /// Devices of which at least one must be usable.
     #[serde(default)]
     pub optional_paths: Vec<String>,
+    /// Glob patterns (Go `filepath.Glob` syntax, as csi-driver-lvm's `devicePattern`; an item may be
+    /// a comma-separated list) that select devices by any of their names: `/dev/<kernel name>`, the
+    /// device node and its `/dev/disk/by-id` links. Matched devices are optional, pass every safety
+    /// filter and are never wiped; under `Static` discovery only the ones found when the volume
+    /// group is made are taken (see [`crate::plan`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_patterns: Vec<String>,
     /// Wipe every signature from the selected devices before use. Destroys their data.
     #[serde(default)]
     pub force_wipe_devices_and_destroy_all_data: bool,

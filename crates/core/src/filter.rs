@@ -82,6 +82,13 @@ pub enum ExclusionReason {
     /// `forceWipeDevicesAndDestroyAllData` wiped this device once already; it holds a signature again
     /// and is not wiped a second time.
     WipedOnce,
+    /// A partition whose disk `pattern` (of `devicePatterns`) matches as well: a pattern that matches
+    /// a disk was written for disks, and the partitions of a disk in use (the boot disk's spare
+    /// partition) are never taken that way.
+    PartitionOfMatchedDisk {
+        disk: String,
+        pattern: String,
+    },
 }
 
 impl ExclusionReason {
@@ -101,6 +108,7 @@ impl ExclusionReason {
             Self::PhysicalVolumeInOtherVg { .. } => "physicalVolumeInOtherVg",
             Self::TooSmall { .. } => "tooSmall",
             Self::WipedOnce => "wipedOnce",
+            Self::PartitionOfMatchedDisk { .. } => "partitionOfMatchedDisk",
         }
     }
 
@@ -123,7 +131,8 @@ impl ExclusionReason {
             | Self::DeviceMapper
             | Self::Mounted { .. }
             | Self::TooSmall { .. }
-            | Self::WipedOnce => false,
+            | Self::WipedOnce
+            | Self::PartitionOfMatchedDisk { .. } => false,
         }
     }
 
@@ -202,6 +211,11 @@ impl ExclusionReason {
                 "{device} was wiped once for this device class by forceWipeDevicesAndDestroyAllData and \
                  holds data again: lvms-rs never wipes a device twice; wipe it yourself (wipefs --all) if \
                  its data may go, or remove it from the device class"
+            ),
+            Self::PartitionOfMatchedDisk { disk, pattern } => format!(
+                "{device} is a partition of {disk}, which devicePatterns {pattern} matches too: a \
+                 pattern that matches a disk takes none of its partitions; name the partition by a \
+                 pattern of its own (such as {device}) or list it under deviceSelector.paths"
             ),
             Self::TooSmall { size, minimum } => format!(
                 "{device} is {} bytes ({}), smaller than the {} minimum: choose a larger device",

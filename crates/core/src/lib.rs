@@ -5,6 +5,7 @@
 pub mod capacity;
 pub mod config;
 pub mod filter;
+pub mod glob;
 pub mod lvattr;
 pub mod model;
 pub mod names;

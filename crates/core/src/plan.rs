@@ -13,6 +13,15 @@
 //! Partitions are never discovered (list them). Under [`DiscoveryPolicy::Static`] discovery happens
 //! only until the volume group exists; afterwards the class keeps its member disks and adds none, so a
 //! disk attached later stays untouched. Under `Dynamic` every plan adds the free disks found.
+//!
+//! `devicePatterns` (csi-driver-lvm's `devicePattern`, ADR 0019) select devices by glob: every device
+//! of the tree, of any kind (a pattern may name partitions), one of whose names — `/dev/<kname>`, its
+//! device node, its `/dev/disk/by-id` links — a pattern matches, except devices other classes list or
+//! match ([`Observed::claimed`]). Each is reported with the pattern that matched it and taken like an
+//! optional path, after the same safety filter; matched devices are never wiped. The discovery policy
+//! applies to them as to discovered disks: under `Static` only the devices found when the volume
+//! group is made, under `Dynamic` also later ones. Patterns combine with `paths` and
+//! `optionalPaths`; a member that no pattern matches any more stays in the group and is reported.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -24,6 +33,7 @@ use crate::{
         ThinPoolConfig, VG_OWNER_TAG,
     },
     filter::{self, ExclusionReason, FilterContext, Verdict, find_device, physical_volume_of},
+    glob::{self, Pattern},
     lvattr::{LvAttr, VgAttr},
     model::{BlockDevice, LogicalVolume, PhysicalVolume, VolumeGroup},
     names::validate_lvm_name,
@@ -83,9 +93,91 @@ pub struct Observed {
 /// devices, RAM disks and floppies.
 pub const NEVER_DISCOVERED: [&str; 4] = ["zram", "nbd", "ram", "fd"];
 
-/// Whether `class` discovers its devices (lists no paths).
-pub fn discovers(class: &DeviceClassConfig) -> bool {
+/// Whether `class` names no device paths (it discovers its disks, or matches them by pattern).
+fn lists_no_paths(class: &DeviceClassConfig) -> bool {
     class.device_selector.paths.is_empty() && class.device_selector.optional_paths.is_empty()
+}
+
+/// Whether `class` discovers its devices (lists neither paths nor patterns).
+pub fn discovers(class: &DeviceClassConfig) -> bool {
+    lists_no_paths(class) && class.device_selector.device_patterns.is_empty()
+}
+
+/// Whether `class` takes devices it does not list by path (it discovers them or matches them by
+/// pattern): it must know what the other classes claim.
+pub fn takes_unlisted(class: &DeviceClassConfig) -> bool {
+    discovers(class) || !class.device_selector.device_patterns.is_empty()
+}
+
+/// The patterns of `class`'s `devicePatterns` that compile (the others fail the class).
+fn patterns(class: &DeviceClassConfig) -> Vec<Pattern> {
+    patterns_of(&class.device_selector.device_patterns)
+}
+
+fn patterns_of(items: &[String]) -> Vec<Pattern> {
+    items
+        .iter()
+        .filter_map(|item| glob::parse_device_patterns(item).ok())
+        .flatten()
+        .collect()
+}
+
+/// One device of the tree, with its canonical path (`/dev/<kname>`) and its parent's.
+struct Flat<'a> {
+    canonical: String,
+    device: &'a BlockDevice,
+    parent: Option<String>,
+}
+
+/// Every device in `devices`' trees, each once (the first place it is found), parents first.
+fn flatten(devices: &[BlockDevice]) -> Vec<Flat<'_>> {
+    fn walk<'a>(
+        devices: &'a [BlockDevice],
+        parent: Option<&str>,
+        seen: &mut BTreeSet<String>,
+        out: &mut Vec<Flat<'a>>,
+    ) {
+        for d in devices {
+            let canonical = format!("/dev/{}", d.kname);
+            if seen.insert(canonical.clone()) {
+                out.push(Flat {
+                    canonical: canonical.clone(),
+                    device: d,
+                    parent: parent.map(str::to_owned),
+                });
+            }
+            walk(&d.children, Some(&canonical), seen, out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(devices, None, &mut BTreeSet::new(), &mut out);
+    out
+}
+
+/// The first of `patterns` that matches one of `device`'s names, and that name.
+fn matching<'p>(device: &BlockDevice, patterns: &'p [Pattern]) -> Option<(&'p Pattern, String)> {
+    let kname = format!("/dev/{}", device.kname);
+    let names: Vec<&str> = [kname.as_str(), device.path.as_str()]
+        .into_iter()
+        .chain(device.by_id.iter().map(String::as_str))
+        .collect();
+    patterns.iter().find_map(|p| {
+        names
+            .iter()
+            .find(|n| p.matches(n))
+            .map(|n| (p, (*n).to_owned()))
+    })
+}
+
+/// Canonical paths of the devices `patterns` (`devicePatterns` items) match: what another class's
+/// patterns claim.
+pub fn matched_by(devices: &[BlockDevice], patterns: &[String]) -> BTreeSet<String> {
+    let patterns = patterns_of(patterns);
+    flatten(devices)
+        .into_iter()
+        .filter(|f| matching(f.device, &patterns).is_some())
+        .map(|f| f.canonical)
+        .collect()
 }
 
 /// What became of one configured path.
@@ -134,17 +226,31 @@ pub struct DeviceReport {
     /// The path as configured.
     pub path: String,
     pub canonical_path: Option<String>,
-    /// From `optionalPaths` (and not also in `paths`).
+    /// From `optionalPaths` (and not also in `paths`), discovered, or matched by a pattern.
     pub optional: bool,
+    /// The `devicePatterns` pattern that selected the device (its name that matched is `path`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
     pub verdict: DeviceVerdict,
 }
 
 impl DeviceReport {
-    /// `path`, or `path (canonical)` when they differ.
+    /// `path`, with the pattern that matched it: how messages name the device.
+    pub fn subject(&self) -> String {
+        match &self.pattern {
+            Some(p) => format!("{} (matched by devicePatterns {p})", self.path),
+            None => self.path.clone(),
+        }
+    }
+
+    /// [`Self::subject`], with the canonical path when it differs from `path`.
     pub fn display_name(&self) -> String {
         match &self.canonical_path {
-            Some(c) if *c != self.path => format!("{} ({c})", self.path),
-            _ => self.path.clone(),
+            Some(c) if *c != self.path => match &self.pattern {
+                Some(p) => format!("{} ({c}, matched by devicePatterns {p})", self.path),
+                None => format!("{} ({c})", self.path),
+            },
+            _ => self.subject(),
         }
     }
 
@@ -353,12 +459,37 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
         );
     }
     if selected.is_empty() {
-        let problems: Vec<String> = devices.iter().map(DeviceReport::problems).collect();
+        let problems: Vec<String> = devices
+            .iter()
+            .map(DeviceReport::problems)
+            .filter(|p| !p.is_empty())
+            .collect();
+        let sel = &class.device_selector;
+        let what = match (
+            sel.optional_paths.is_empty(),
+            sel.device_patterns.is_empty(),
+        ) {
+            (false, true) => "none of deviceSelector.optionalPaths can be used".to_owned(),
+            (true, false) => format!(
+                "no device that deviceSelector.devicePatterns ({}) matches can be used",
+                sel.device_patterns.join(", ")
+            ),
+            _ => format!(
+                "none of deviceSelector.optionalPaths, and no device that deviceSelector.devicePatterns \
+                 ({}) matches, can be used",
+                sel.device_patterns.join(", ")
+            ),
+        };
         return failed(
             devices,
             format!(
-                "device class {} has no usable device: none of deviceSelector.optionalPaths can be used: {}",
+                "device class {} has no usable device: {what}{}{}",
                 class.name,
+                if problems.is_empty() {
+                    ": nothing matched on this node"
+                } else {
+                    ": "
+                },
                 problems.join("; ")
             ),
         );
@@ -402,8 +533,11 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
     }
 
     let mut devices = devices;
+    // Discovered and pattern-matched members stay: only a path taken out of the list leaves.
     let removed = match vg {
-        Some(vg) if !discovers(class) => removed_members(vg, &selected, observed),
+        Some(vg) if !lists_no_paths(class) && class.device_selector.device_patterns.is_empty() => {
+            removed_members(vg, &selected, observed)
+        }
         _ => Vec::new(),
     };
     let mut reduce = Vec::new();
@@ -416,6 +550,7 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
                 path: pv.name.clone(),
                 canonical_path: Some(pv.name.clone()),
                 optional: true,
+                pattern: None,
                 verdict: DeviceVerdict::Retained {
                     reason: format!(
                         "{} is no longer listed in deviceSelector but holds {} of logical volume data \
@@ -503,7 +638,8 @@ fn report_devices(
     }
     let sel = &class.device_selector;
     let mut seen = BTreeSet::new();
-    sel.paths
+    let mut reports: Vec<DeviceReport> = sel
+        .paths
         .iter()
         .map(|p| (p, false))
         .chain(sel.optional_paths.iter().map(|p| (p, true)))
@@ -521,10 +657,105 @@ fn report_devices(
                 path: path.clone(),
                 canonical_path,
                 optional,
+                pattern: None,
                 verdict,
             }
         })
-        .collect()
+        .collect();
+    if !sel.device_patterns.is_empty() {
+        let listed: BTreeSet<String> = reports
+            .iter()
+            .filter_map(|r| r.canonical_path.clone())
+            .collect();
+        reports.extend(match_devices(class, observed, ctx, &listed));
+    }
+    reports
+}
+
+/// The devices `class`'s patterns select (see the [module documentation](self)), each as an
+/// optional device under the name that matched, then the group's members no pattern matches.
+/// `listed`: canonical paths the class lists by path (reported as such).
+fn match_devices(
+    class: &DeviceClassConfig,
+    observed: &Observed,
+    ctx: &FilterContext<'_>,
+    listed: &BTreeSet<String>,
+) -> Vec<DeviceReport> {
+    // Matched devices are never wiped.
+    let ctx = FilterContext {
+        force_wipe: false,
+        ..ctx.clone()
+    };
+    let patterns = patterns(class);
+    let vg_exists = observed.vgs.iter().any(|v| v.name == class.name);
+    let only_members = vg_exists && class.device_discovery_policy == DiscoveryPolicy::Static;
+    let mut out = Vec::new();
+    let mut unmatched_members = Vec::new();
+    // Matched devices by canonical path, with the pattern: a partition of a matched disk is not
+    // taken.
+    let mut matched: BTreeMap<String, String> = BTreeMap::new();
+    for Flat {
+        canonical,
+        device: d,
+        parent,
+    } in flatten(&observed.devices)
+    {
+        let found = matching(d, &patterns);
+        if let Some((pattern, _)) = &found {
+            matched.insert(canonical.clone(), pattern.as_str().to_owned());
+        }
+        if listed.contains(&canonical)
+            || observed.claimed.contains(&canonical)
+            || observed.claimed.contains(&d.path)
+        {
+            continue;
+        }
+        let mut verdict: DeviceVerdict = filter::evaluate(d, &ctx).into();
+        if d.kind == crate::model::DeviceKind::Part
+            && verdict != DeviceVerdict::Member
+            && let Some((disk, pattern)) = parent
+                .as_ref()
+                .and_then(|p| matched.get(p).map(|pattern| (p, pattern)))
+        {
+            let reason = ExclusionReason::PartitionOfMatchedDisk {
+                disk: disk.clone(),
+                pattern: pattern.clone(),
+            };
+            verdict = match verdict {
+                DeviceVerdict::Excluded { mut reasons } => {
+                    reasons.push(reason);
+                    DeviceVerdict::Excluded { reasons }
+                }
+                _ => DeviceVerdict::Excluded {
+                    reasons: vec![reason],
+                },
+            };
+        }
+        let Some((pattern, name)) = found else {
+            if verdict == DeviceVerdict::Member {
+                unmatched_members.push(DeviceReport {
+                    path: canonical.clone(),
+                    canonical_path: Some(canonical),
+                    optional: true,
+                    pattern: None,
+                    verdict,
+                });
+            }
+            continue;
+        };
+        if only_members && verdict != DeviceVerdict::Member {
+            continue;
+        }
+        out.push(DeviceReport {
+            path: name,
+            canonical_path: Some(canonical),
+            optional: true,
+            pattern: Some(pattern.as_str().to_owned()),
+            verdict,
+        });
+    }
+    out.extend(unmatched_members);
+    out
 }
 
 /// The devices a class without paths considers (see the [module documentation](self)), each as an
@@ -559,6 +790,7 @@ fn discover_devices(
                 path: path.clone(),
                 canonical_path: Some(path),
                 optional: true,
+                pattern: None,
                 verdict,
             })
         })
@@ -640,14 +872,19 @@ fn check_overlap(selected: &[Selected<'_>]) -> Result<(), String> {
 fn check_config(class: &DeviceClassConfig) -> Result<(), String> {
     validate_lvm_name(&class.name)
         .map_err(|e| format!("device class name is not a valid volume group name: {e}"))?;
-    if discovers(class)
+    for item in &class.device_selector.device_patterns {
+        glob::parse_device_patterns(item)
+            .map_err(|e| format!("deviceSelector.devicePatterns: {e}"))?;
+    }
+    if lists_no_paths(class)
         && class
             .device_selector
             .force_wipe_devices_and_destroy_all_data
     {
         return Err(format!(
             "device class {} sets deviceSelector.forceWipeDevicesAndDestroyAllData without device \
-             paths: discovered disks are never wiped; list the devices to wipe in deviceSelector.paths",
+             paths: discovered and pattern-matched disks are never wiped; list the devices to wipe in \
+             deviceSelector.paths",
             class.name
         ));
     }

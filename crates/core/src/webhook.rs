@@ -20,7 +20,11 @@
 //!   shared class's path in no other class, whatever the node selectors;
 //! - shared device classes, on update: 41 `deviceAccessPolicy` cannot change between shared and
 //!   node-local, 42 `sharedConfig.ioTimeoutSeconds` and 43 `sharedConfig.volumeMode` cannot change
-//!   (effective values: unset means 10 and `Linear`).
+//!   (effective values: unset means 10 and `Linear`);
+//! - device patterns (`deviceSelector.devicePatterns`, ADR 0019), on create and update: 44 every
+//!   pattern absolute under `/dev/` and valid glob syntax, 45 none on a shared class, 46 no
+//!   `forceWipeDevicesAndDestroyAllData` on a class that lists no paths (matched devices are never
+//!   wiped), 47 no pattern twice in a class or in two classes with the same node selector.
 //!
 //! Decisions (also in the module's tests):
 //! - Rule 16: `fstype` is [`lvms_api::DeviceFilesystemType`], so any value but `xfs`/`ext4` fails to
@@ -61,6 +65,11 @@
 //! - Rule 40: a shared LUN is visible on every node, so it conflicts with any class naming the
 //!   same path, whatever its `nodeSelector` (rule 15 compares classes with equal selectors only;
 //!   this rule reports the rest). Paths are compared as written, as in rule 15.
+//! - Rules 44–47: patterns count as naming devices for rules 12, 13, 29 and 30, so a class may
+//!   select its devices by pattern only; rule 19 does not warn about `Dynamic` on such a class,
+//!   which adds only devices its patterns match. Rule 47 compares patterns as written: two
+//!   different patterns that match the same device are not seen here (the node reports the device
+//!   as a member of the other class's volume group).
 
 use std::collections::BTreeSet;
 
@@ -230,6 +239,18 @@ fn has_paths(class: &DeviceClass) -> bool {
     class.all_paths().next().is_some()
 }
 
+fn has_patterns(class: &DeviceClass) -> bool {
+    class
+        .device_selector
+        .as_ref()
+        .is_some_and(|s| !s.device_patterns.is_empty())
+}
+
+/// Whether the class names its devices, by path or by pattern (else it discovers them).
+fn names_devices(class: &DeviceClass) -> bool {
+    has_paths(class) || has_patterns(class)
+}
+
 /// The effective `forceWipeDevicesAndDestroyAllData`: absent is `false`.
 fn force_wipe(class: &DeviceClass) -> bool {
     class
@@ -295,12 +316,14 @@ fn check_spec(spec: &LVMClusterSpec, ctx: &Context, review: &mut Review) {
             check_raid(class, raid, &at, review);
         }
         check_path_syntax(class, &at, review);
+        check_patterns(class, &at, review);
         check_discovery_policy(class, review);
         if let Some(options) = &class.storage_class_options {
             check_storage_class_options(options, &at, review);
         }
     }
     check_duplicate_paths(classes, review);
+    check_duplicate_patterns(classes, review);
     check_shared_paths_elsewhere(classes, review);
 }
 
@@ -337,13 +360,18 @@ fn check_paths_are_given(classes: &[DeviceClass], review: &mut Review) {
         }
         let at = class_path(i);
         match &class.device_selector {
-            Some(selector) if selector.paths.is_empty() && selector.optional_paths.is_empty() => {
+            Some(selector)
+                if selector.paths.is_empty()
+                    && selector.optional_paths.is_empty()
+                    && selector.device_patterns.is_empty() =>
+            {
                 review.error(
                     format!("{at}.deviceSelector"),
                     format!(
                         "the deviceSelector of device class {:?} names no devices: list them under \
-                         deviceSelector.paths or deviceSelector.optionalPaths, or remove deviceSelector to \
-                         let the operator discover unused devices",
+                         deviceSelector.paths or deviceSelector.optionalPaths, match them with \
+                         deviceSelector.devicePatterns, or remove deviceSelector to let the operator \
+                         discover unused devices",
                         class.name
                     ),
                 );
@@ -354,7 +382,7 @@ fn check_paths_are_given(classes: &[DeviceClass], review: &mut Review) {
                 format!(
                     "with more than one device class every class must name its devices, or the classes \
                      would compete for the same discovered disks: add deviceSelector.paths (or \
-                     optionalPaths) to device class {:?}",
+                     optionalPaths, or devicePatterns) to device class {:?}",
                     class.name
                 ),
             ),
@@ -672,6 +700,87 @@ fn check_path_syntax(class: &DeviceClass, at: &str, review: &mut Review) {
     }
 }
 
+/// Rules 44–46.
+fn check_patterns(class: &DeviceClass, at: &str, review: &mut Review) {
+    let Some(selector) = class.device_selector.as_ref() else {
+        return;
+    };
+    if selector.device_patterns.is_empty() {
+        return;
+    }
+    let name = &class.name;
+    // Rule 44.
+    for (j, item) in selector.device_patterns.iter().enumerate() {
+        if let Err(e) = crate::glob::parse_device_patterns(item) {
+            review.error(format!("{at}.deviceSelector.devicePatterns[{j}]"), e);
+        }
+    }
+    // Rule 45.
+    if class.is_shared() {
+        review.error(
+            format!("{at}.deviceSelector.devicePatterns"),
+            format!(
+                "shared device class {name:?} has devicePatterns, but every node of a shared volume \
+                 group must open exactly the same LUNs: list them under deviceSelector.paths by names \
+                 that are the same on every node (/dev/disk/by-id/wwn-<id>, /dev/mapper/<alias>), and \
+                 remove devicePatterns"
+            ),
+        );
+    }
+    // Rule 46.
+    if !has_paths(class) && force_wipe(class) {
+        review.error(
+            format!("{at}.deviceSelector.forceWipeDevicesAndDestroyAllData"),
+            format!(
+                "device class {name:?} selects its devices by pattern only, and devices matched by a \
+                 pattern are never wiped (a pattern can match more than meant): list the devices to \
+                 wipe under deviceSelector.paths, or remove forceWipeDevicesAndDestroyAllData"
+            ),
+        );
+    }
+}
+
+/// Rule 47.
+fn check_duplicate_patterns(classes: &[DeviceClass], review: &mut Review) {
+    let mut seen: Vec<(usize, &str, String)> = Vec::new();
+    for (i, class) in classes.iter().enumerate() {
+        let Some(selector) = class.device_selector.as_ref() else {
+            continue;
+        };
+        for (j, item) in selector.device_patterns.iter().enumerate() {
+            let field = format!("{}.deviceSelector.devicePatterns[{j}]", class_path(i));
+            for pattern in crate::glob::split(item)
+                .into_iter()
+                .filter(|p| !p.is_empty())
+            {
+                let earlier = seen.iter().find(|(c, p, _)| {
+                    *p == pattern && (*c == i || classes[*c].node_selector == class.node_selector)
+                });
+                match earlier {
+                    Some((c, _, first)) if *c == i => review.error(
+                        field.clone(),
+                        format!(
+                            "pattern {pattern} is listed twice in device class {:?} (first at \
+                             {first}): remove the duplicate",
+                            class.name
+                        ),
+                    ),
+                    Some((c, _, first)) => review.error(
+                        field.clone(),
+                        format!(
+                            "pattern {pattern} is also in device class {:?} ({first}), which has the \
+                             same nodeSelector, and a device can belong to only one volume group: \
+                             remove it from one of the two classes",
+                            classes[*c].name
+                        ),
+                    ),
+                    None => seen.push((i, pattern, field.clone())),
+                }
+            }
+        }
+    }
+}
+
 /// Rule 15.
 fn check_duplicate_paths(classes: &[DeviceClass], review: &mut Review) {
     struct Seen<'a> {
@@ -716,7 +825,7 @@ fn check_duplicate_paths(classes: &[DeviceClass], review: &mut Review) {
 /// Rule 19 (shared classes are rule 36's).
 fn check_discovery_policy(class: &DeviceClass, review: &mut Review) {
     if class.device_discovery_policy == Some(DeviceDiscoveryPolicy::Dynamic)
-        && !has_paths(class)
+        && !names_devices(class)
         && !class.is_shared()
     {
         review.warn(format!(
@@ -1106,22 +1215,22 @@ fn check_class_update(old: &DeviceClass, new: &DeviceClass, at: &str, review: &m
         );
     }
 
-    // Rules 29 and 30.
-    match (has_paths(old), has_paths(new)) {
+    // Rules 29 and 30 (patterns name devices as paths do).
+    match (names_devices(old), names_devices(new)) {
         (false, true) => review.error(
             format!("{at}.deviceSelector"),
             format!(
                 "device class {:?} was created without paths, so its devices are discovered on each node, \
-                 and paths cannot be added later: remove deviceSelector, or add a new device class with \
-                 these paths",
+                 and paths or patterns cannot be added later: remove deviceSelector, or add a new device \
+                 class with these paths",
                 new.name
             ),
         ),
         (true, false) => review.error(
             format!("{at}.deviceSelector"),
             format!(
-                "device class {:?} had device paths and cannot lose all of them: keep at least one of its \
-                 paths or optionalPaths",
+                "device class {:?} had device paths or patterns and cannot lose all of them: keep at \
+                 least one of its paths, optionalPaths or devicePatterns",
                 new.name
             ),
         ),

@@ -6,9 +6,9 @@
 use std::{collections::BTreeMap, future::Future};
 
 use lvms_core::{
-    config::DeviceClassConfig,
+    config::{Claims, DeviceClassConfig},
     model::{LogicalVolume, PhysicalVolume, VolumeGroup},
-    plan::{Action, ClassPlan, ClassState, Observed, plan_device_class},
+    plan::{Action, ClassPlan, ClassState, Observed, matched_by, plan_device_class},
 };
 use serde::Serialize;
 
@@ -59,33 +59,38 @@ impl ConvergeReport {
 
 /// Converges one class: plan, execute, re-observe, until nothing is left to do.
 pub async fn converge<H: NodeHost>(host: &H, class: &DeviceClassConfig) -> Result<ConvergeReport> {
-    converge_among(host, class, &[]).await
+    converge_among(host, class, &Claims::default()).await
 }
 
-/// [`converge`] for a class beside others on the node: `others` are the device paths the other
-/// classes list, which a class without paths never discovers.
+/// [`converge`] for a class beside others on the node: `others` are the devices the other classes
+/// list or match, which a class never discovers or matches by pattern.
 #[tracing::instrument(skip_all, fields(device_class = %class.name))]
 pub async fn converge_among<H: NodeHost>(
     host: &H,
     class: &DeviceClassConfig,
-    others: &[String],
+    others: &Claims,
 ) -> Result<ConvergeReport> {
     let paths: Vec<String> = class
         .device_selector
         .paths
         .iter()
         .chain(&class.device_selector.optional_paths)
-        .chain(others)
+        .chain(&others.paths)
         .cloned()
         .collect();
     let mut executed = Vec::new();
     for _ in 0..MAX_ROUNDS {
         let mut observed = host.observe(&paths).await?;
-        observed.claimed = others
+        let mut claimed: std::collections::BTreeSet<String> = others
+            .paths
             .iter()
             .flat_map(|o| [Some(o.clone()), observed.resolved.get(o).cloned().flatten()])
             .flatten()
             .collect();
+        if !others.patterns.is_empty() {
+            claimed.extend(matched_by(&observed.devices, &others.patterns));
+        }
+        observed.claimed = claimed;
         let plan = plan_device_class(class, &observed);
         if plan.actions.is_empty() || matches!(plan.state, ClassState::Failed { .. }) {
             let volume_group = observed

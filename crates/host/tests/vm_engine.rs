@@ -418,6 +418,98 @@ async fn engine_missing_path_fails_the_class() {
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// Device patterns (csi-driver-lvm's devicePattern, ADR 0019)
+
+#[tokio::test]
+#[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+async fn engine_a_pattern_over_every_virtio_disk_takes_the_clean_ones_and_names_itself() {
+    // clean0 and clean1 blank, clean2 formatted; the decoys in place.
+    only_free(&["clean0", "clean1"]);
+    let fingerprints = || -> Vec<String> {
+        DECOYS
+            .iter()
+            .filter(|d| **d != "decoy-mounted")
+            .map(|d| fingerprint(&format!("{BY_ID}{d}")))
+            .collect()
+    };
+    let before = fingerprints();
+    let pattern = format!("{BY_ID}*");
+    let yaml = format!("name: pattvg\ndeviceSelector:\n  devicePatterns: [\"{pattern}\"]\n");
+    let dynamic = format!("{yaml}deviceDiscoveryPolicy: Dynamic\n");
+    let host = host();
+
+    // Under Dynamic every match is reported on every pass (under Static, once the group exists,
+    // only its members are, as for discovered disks).
+    let first = converge(&host, &class(&dynamic)).await.unwrap();
+    assert!(first.is_ready(), "{:?}", first.plan.state);
+    for clean in ["clean0", "clean1"] {
+        assert_eq!(
+            verdict(&first, &format!("{BY_ID}{clean}")),
+            &DeviceVerdict::Member
+        );
+    }
+    for (device, code) in [
+        ("clean2", "filesystemSignature"),
+        ("decoy-ext4", "filesystemSignature"),
+        ("decoy-part", "hasChildren"),
+        // The blank partition of a matched disk: a pattern that matches a disk takes none of its
+        // partitions.
+        ("decoy-part-part2", "partitionOfMatchedDisk"),
+        ("decoy-mounted", "mounted"),
+        ("decoy-foreign", "physicalVolumeInOtherVg"),
+        ("decoy-ro", "readOnly"),
+    ] {
+        let path = format!("{BY_ID}{device}");
+        let codes = excluded_codes(&first, &path);
+        assert!(codes.iter().any(|c| c == code), "{device}: {codes:?}");
+        let report = first.plan.devices.iter().find(|d| d.path == path).unwrap();
+        assert_eq!(report.pattern.as_deref(), Some(pattern.as_str()));
+        assert!(
+            report
+                .problems()
+                .contains(&format!("matched by devicePatterns {pattern}")),
+            "{}",
+            report.problems()
+        );
+    }
+    assert_eq!(first.volume_group.as_ref().unwrap().pv_count, 2);
+
+    // A disk that matches later: Static leaves it alone, Dynamic adds it.
+    sh(&format!(
+        "wipefs -a -q $(readlink -f {BY_ID}clean2) && udevadm settle"
+    ));
+    let again = converge(&host, &class(&yaml)).await.unwrap();
+    assert!(again.is_ready(), "{:?}", again.plan.state);
+    assert!(again.executed.is_empty(), "{:?}", again.executed);
+    assert!(
+        !again
+            .plan
+            .devices
+            .iter()
+            .any(|d| d.path == format!("{BY_ID}clean2")),
+        "{:#?}",
+        again.plan.devices
+    );
+    let grown = converge(&host, &class(&dynamic)).await.unwrap();
+    assert!(grown.is_ready(), "{:?}", grown.plan.state);
+    let clean2 = sh(&format!("readlink -f {BY_ID}clean2")).trim().to_owned();
+    assert!(
+        grown.executed.contains(&Action::ExtendVolumeGroup {
+            name: "pattvg".into(),
+            pvs: vec![clean2],
+        }),
+        "{:?}",
+        grown.executed
+    );
+    assert_eq!(grown.volume_group.as_ref().unwrap().pv_count, 3);
+
+    assert_eq!(before, fingerprints());
+    assert_eq!(sh("cat /run/lvms-decoy/file").trim(), "keep");
+    assert!(signature(&format!("{BY_ID}decoy-part")).contains("gpt"));
+    blank_clean_disks("pattvg");
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // Thin pools that lvm2 can place beside their metadata and its spare (ADR 0012), on discovered disks.
 
 const MIB: u64 = 1024 * 1024;

@@ -359,7 +359,7 @@ async fn cmd_converge(config: &std::path::Path, output: Output) -> Result<()> {
             }
             r.is_joined()
         } else {
-            let others = config.paths_of_others(&class.name);
+            let others = config.claims_of_others(&class.name);
             let r = converge_among(&host, class, &others).await?;
             if output == Output::Json {
                 json.push(serde_json::to_value(&r)?);

@@ -130,7 +130,7 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
                         }
                         continue;
                     }
-                    let others = config.paths_of_others(&class.name);
+                    let others = config.claims_of_others(&class.name);
                     match converge_among(&host, class, &others).await {
                         Ok(report) if report.is_ready() => {}
                         Ok(report) => {

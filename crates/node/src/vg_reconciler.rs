@@ -47,7 +47,7 @@ use lvms_api::{
     NODE_STATUS_FINALIZER, SANLOCK_HOST_IDS_CONFIGMAP, VGStatus, VGStatusType,
 };
 use lvms_core::{
-    config::{DeviceClassConfig, SharedNodeConfig, VG_OWNER_TAG},
+    config::{Claims, DeviceClassConfig, SharedNodeConfig, VG_OWNER_TAG},
     plan::{Action as HostAction, Observed},
     shared::{self, leave::LeaveState},
 };
@@ -500,15 +500,16 @@ pub async fn reconcile<R: Runner, B: Backend>(
             reconcile_shared(&ctx, &ctx.shared_host, &vg, &config).await
         }
         Step::Converge(config) => {
-            // A class without paths must not discover the devices the other classes list.
-            let others = if lvms_core::plan::discovers(&config) {
+            // A class that discovers or matches devices must not take those the other classes list
+            // or match.
+            let others = if lvms_core::plan::takes_unlisted(&config) {
                 let all = api
                     .list(&Default::default())
                     .await
                     .map_err(kube_err("list LVMVolumeGroups"))?;
-                volume_group::paths_of_others(&all.items, &class, &node)
+                volume_group::claims_of_others(&all.items, &class, &node)
             } else {
-                Vec::new()
+                Claims::default()
             };
             let report = match converge_class(&ctx, &ctx.host, &config, &others).await {
                 Ok(report) => report,
@@ -829,7 +830,7 @@ async fn converge_class<R: Runner, B: Backend, H: NodeHost>(
     ctx: &Context<R, B>,
     host: &H,
     config: &DeviceClassConfig,
-    others: &[String],
+    others: &Claims,
 ) -> lvms_host::Result<ConvergeReport> {
     let host = ClassHost {
         inner: host,

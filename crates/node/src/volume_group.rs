@@ -30,7 +30,7 @@ use lvms_api::{
 };
 use lvms_core::{
     config::{
-        AccessPolicy, CalculationPolicy, DEFAULT_IO_TIMEOUT_SECONDS, DeviceClassConfig,
+        AccessPolicy, CalculationPolicy, Claims, DEFAULT_IO_TIMEOUT_SECONDS, DeviceClassConfig,
         DeviceSelector, DiscoveryPolicy, RaidConfig, RaidType, SharedConfig, SharedVolumeMode,
         ThinPoolConfig, WipePolicy,
     },
@@ -183,6 +183,7 @@ pub fn device_class_config(vg: &LVMVolumeGroup) -> Result<DeviceClassConfig, Str
         device_selector: DeviceSelector {
             paths: selector.paths,
             optional_paths: selector.optional_paths,
+            device_patterns: selector.device_patterns,
             force_wipe_devices_and_destroy_all_data: selector
                 .force_wipe_devices_and_destroy_all_data
                 .unwrap_or(false),
@@ -276,15 +277,20 @@ fn worse(a: RaidHealth, b: RaidHealth) -> RaidHealth {
     if rank(b) > rank(a) { b } else { a }
 }
 
-/// The device paths the `LVMVolumeGroup`s other than `class` that select `node` list: a class
-/// without paths never discovers them.
-pub fn paths_of_others(vgs: &[LVMVolumeGroup], class: &str, node: &Node) -> Vec<String> {
-    vgs.iter()
+/// The devices the `LVMVolumeGroup`s other than `class` that select `node` list or match: a class
+/// never discovers or matches them.
+pub fn claims_of_others(vgs: &[LVMVolumeGroup], class: &str, node: &Node) -> Claims {
+    let mut out = Claims::default();
+    for s in vgs
+        .iter()
         .filter(|vg| vg.name_any() != class && selects(vg, node))
         .filter_map(|vg| vg.spec.device_selector.as_ref())
-        .flat_map(|s| s.paths.iter().chain(&s.optional_paths))
-        .cloned()
-        .collect()
+    {
+        out.paths
+            .extend(s.paths.iter().chain(&s.optional_paths).cloned());
+        out.patterns.extend(s.device_patterns.iter().cloned());
+    }
+    out
 }
 
 /// What this node reports for `vg` after the engine's last plan.
@@ -306,7 +312,7 @@ pub fn vg_status(vg: &LVMVolumeGroup, plan: &ClassPlan) -> VGStatus {
             DeviceVerdict::Usable { .. } => {}
             DeviceVerdict::Excluded { reasons } => excluded.push(lvms_api::ExcludedDevice {
                 name,
-                reasons: reasons.iter().map(|r| r.message(&d.path)).collect(),
+                reasons: reasons.iter().map(|r| r.message(&d.subject())).collect(),
             }),
             DeviceVerdict::Missing => excluded.push(lvms_api::ExcludedDevice {
                 name,

@@ -160,6 +160,7 @@ fn class(name: &str, paths: &[String]) -> DeviceClassConfig {
         device_selector: DeviceSelector {
             paths: paths.to_vec(),
             optional_paths: vec![],
+            device_patterns: vec![],
             force_wipe_devices_and_destroy_all_data: false,
         },
         thin_pool_config: None,
@@ -1964,6 +1965,283 @@ fn discovery_that_finds_no_free_disk_fails_with_the_reasons_and_the_fix() {
     assert!(
         reason.contains("forceWipeDevicesAndDestroyAllData without device paths"),
         "{reason}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Device patterns
+
+fn pattern_class(name: &str, patterns: &[&str]) -> DeviceClassConfig {
+    let mut class = thin_class(name, &[]);
+    class.device_selector.device_patterns = patterns.iter().map(|p| (*p).to_owned()).collect();
+    class
+}
+
+#[test]
+fn a_pattern_that_matches_every_decoy_takes_only_the_usable_devices_and_names_itself() {
+    let mut host = Host::default();
+    let paths: BTreeMap<Kind, String> = Kind::ALL
+        .iter()
+        .map(|k| (*k, host.add(*k, 10 * GIB, false)))
+        .collect();
+    // `/dev/vd*` matches every disk of the fixture (vdN), its partitions (vdNp1) too.
+    let class = pattern_class("vg1", &["/dev/vd*"]);
+    let plan = plan_device_class(&class, &host.obs);
+    let clean = paths[&Kind::Clean].clone();
+    let orphan = paths[&Kind::OrphanPv].clone();
+    assert_eq!(
+        plan.actions,
+        vec![
+            Action::CreatePhysicalVolume {
+                path: clean.clone(),
+                metadata_size: PV_METADATA_SIZE,
+            },
+            Action::CreateVolumeGroup {
+                name: "vg1".into(),
+                pvs: vec![clean.clone(), orphan],
+                tags: vec![VG_OWNER_TAG.into()],
+            },
+        ]
+    );
+    assert_wipes_only_waived(&plan);
+    let excluded = excluded(&plan);
+    for kind in [
+        Kind::Ext4,
+        Kind::Partitioned,
+        Kind::ForeignPv,
+        Kind::Mounted,
+        Kind::ReadOnly,
+        Kind::Small,
+    ] {
+        assert!(
+            excluded.contains_key(&paths[&kind]),
+            "{kind:?}: {excluded:?}"
+        );
+    }
+    // The partitions of the partitioned disk match too, but a pattern that matches a disk takes
+    // none of its partitions, not even the blank one.
+    let partitioned = paths[&Kind::Partitioned].clone();
+    assert_eq!(
+        excluded[&format!("{partitioned}p1")],
+        ["filesystemSignature", "partitionOfMatchedDisk"]
+    );
+    assert_eq!(
+        excluded[&format!("{partitioned}p2")],
+        ["partitionOfMatchedDisk"]
+    );
+    // Every report names the pattern; messages carry it.
+    for d in &plan.devices {
+        assert_eq!(d.pattern.as_deref(), Some("/dev/vd*"), "{d:?}");
+        assert!(d.optional);
+    }
+    let ext4 = plan
+        .devices
+        .iter()
+        .find(|d| d.path == paths[&Kind::Ext4])
+        .unwrap();
+    assert!(
+        ext4.problems()
+            .contains("matched by devicePatterns /dev/vd*"),
+        "{}",
+        ext4.problems()
+    );
+    // The loop and device-mapper devices do not match `/dev/vd*`.
+    assert!(
+        !plan
+            .devices
+            .iter()
+            .any(|d| d.path == paths[&Kind::Dm] || d.path == paths[&Kind::KubeletLoop]),
+        "{:?}",
+        plan.devices
+    );
+}
+
+#[test]
+fn patterns_match_by_id_links_and_partitions_and_report_the_name_that_matched() {
+    let mut host = Host::default();
+    let by_id = host.add(Kind::Clean, 10 * GIB, true);
+    let other = host.clean(10 * GIB);
+    let mut partitioned = disk("sdz", 20 * GIB);
+    partitioned.fstype = Some("gpt".into());
+    partitioned.children = vec![part("sdz1", 10 * GIB), part("sdz2", 10 * GIB)];
+    host.obs.devices.push(partitioned);
+
+    let class = pattern_class(
+        "vg1",
+        &[
+            "/dev/disk/by-id/virtio-serial*",
+            "/dev/sdz2 , /dev/nomatch[0-9]",
+        ],
+    );
+    let plan = plan_device_class(&class, &host.obs);
+    let reports: Vec<(&str, Option<&str>, Option<&str>)> = plan
+        .devices
+        .iter()
+        .map(|d| {
+            (
+                d.path.as_str(),
+                d.canonical_path.as_deref(),
+                d.pattern.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        reports,
+        [
+            (
+                by_id.as_str(),
+                Some("/dev/vd1"),
+                Some("/dev/disk/by-id/virtio-serial*")
+            ),
+            ("/dev/sdz2", Some("/dev/sdz2"), Some("/dev/sdz2")),
+        ],
+        "{other} matches no pattern"
+    );
+    assert_eq!(
+        plan.actions.last(),
+        Some(&Action::CreateVolumeGroup {
+            name: "vg1".into(),
+            pvs: vec!["/dev/vd1".into(), "/dev/sdz2".into()],
+            tags: vec![VG_OWNER_TAG.into()],
+        })
+    );
+}
+
+#[test]
+fn static_patterns_stop_once_the_group_exists_dynamic_adds_later_matches_and_members_stay() {
+    let mut host = Host::default();
+    let first = host.clean(10 * GIB);
+    let mut class = pattern_class("vg1", &["/dev/vd*"]);
+    assert_eq!(class.device_discovery_policy, DiscoveryPolicy::Static);
+    let plans = converge(&class, &mut host.obs);
+    assert_eq!(plans.last().unwrap().state, ClassState::Ready);
+
+    let later = host.clean(10 * GIB);
+    let plan = plan_device_class(&class, &host.obs);
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    assert_eq!(
+        plan.devices
+            .iter()
+            .map(|d| (d.path.as_str(), d.verdict.clone()))
+            .collect::<Vec<_>>(),
+        [(first.as_str(), DeviceVerdict::Member)]
+    );
+
+    class.device_discovery_policy = DiscoveryPolicy::Dynamic;
+    let plan = plan_device_class(&class, &host.obs);
+    assert_eq!(
+        plan.actions,
+        vec![
+            Action::CreatePhysicalVolume {
+                path: later.clone(),
+                metadata_size: PV_METADATA_SIZE,
+            },
+            Action::ExtendVolumeGroup {
+                name: "vg1".into(),
+                pvs: vec![later.clone()],
+            },
+        ]
+    );
+
+    // A pattern that no longer matches the member: it stays in the group, reported without a
+    // pattern, and nothing is reduced.
+    let class = pattern_class("vg1", &["/dev/sd*"]);
+    let plan = plan_device_class(&class, &host.obs);
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    assert_eq!(plan.state, ClassState::Ready);
+    assert_eq!(
+        plan.devices
+            .iter()
+            .map(|d| (d.path.as_str(), d.pattern.as_deref(), d.verdict.clone()))
+            .collect::<Vec<_>>(),
+        [(first.as_str(), None, DeviceVerdict::Member)]
+    );
+}
+
+#[test]
+fn patterns_combine_with_paths_skip_what_other_classes_claim_and_never_wipe() {
+    let mut host = Host::default();
+    let ext4 = host.add(Kind::Ext4, 10 * GIB, false);
+    let listed = host.clean(10 * GIB);
+    let claimed = host.clean(10 * GIB);
+    let matched = host.clean(10 * GIB);
+    host.obs.claimed = [claimed.clone()].into();
+    let mut class = pattern_class("vg1", &["/dev/vd*"]);
+    class.device_selector.paths = vec![listed.clone(), ext4.clone()];
+    class
+        .device_selector
+        .force_wipe_devices_and_destroy_all_data = true;
+    let plan = plan_device_class(&class, &host.obs);
+    // The listed ext4 disk is wiped (force-wipe applies to paths); nothing matched is.
+    assert_eq!(plan.actions[0], Action::WipeDevice { path: ext4.clone() });
+    assert_eq!(
+        plan.actions.last(),
+        Some(&Action::CreateVolumeGroup {
+            name: "vg1".into(),
+            pvs: vec![listed.clone(), ext4.clone(), matched.clone()],
+            tags: vec![VG_OWNER_TAG.into()],
+        })
+    );
+    let reported: Vec<(&str, Option<&str>)> = plan
+        .devices
+        .iter()
+        .map(|d| (d.path.as_str(), d.pattern.as_deref()))
+        .collect();
+    assert_eq!(
+        reported,
+        [
+            (listed.as_str(), None),
+            (ext4.as_str(), None),
+            (matched.as_str(), Some("/dev/vd*")),
+        ],
+        "listed devices are reported once, as paths; {claimed} is another class's"
+    );
+
+    // What other classes match is claimed.
+    assert_eq!(
+        matched_by(&host.obs.devices, &["/dev/vd[34]".to_owned()]),
+        BTreeSet::from([claimed, matched])
+    );
+}
+
+#[test]
+fn patterns_that_select_nothing_usable_or_do_not_compile_fail_the_class_naming_them() {
+    let mut host = Host::default();
+    let ext4 = host.add(Kind::Ext4, 10 * GIB, false);
+    let plan = plan_device_class(&pattern_class("vg1", &["/dev/vd*"]), &host.obs);
+    let reason = failed_reason(&plan);
+    assert!(
+        reason.contains("no device that deviceSelector.devicePatterns (/dev/vd*) matches"),
+        "{reason}"
+    );
+    assert!(reason.contains(&ext4), "{reason}");
+
+    let plan = plan_device_class(&pattern_class("vg1", &["/dev/nvme*"]), &host.obs);
+    assert!(
+        failed_reason(&plan).contains("nothing matched on this node"),
+        "{}",
+        failed_reason(&plan)
+    );
+
+    let plan = plan_device_class(&pattern_class("vg1", &["/dev/sd[b"]), &host.obs);
+    assert!(plan.actions.is_empty());
+    assert!(
+        failed_reason(&plan)
+            .contains("deviceSelector.devicePatterns: \"/dev/sd[b\" is not a valid pattern"),
+        "{}",
+        failed_reason(&plan)
+    );
+
+    let mut class = pattern_class("vg1", &["/dev/vd*"]);
+    class
+        .device_selector
+        .force_wipe_devices_and_destroy_all_data = true;
+    let plan = plan_device_class(&class, &host.obs);
+    assert!(plan.actions.is_empty());
+    assert!(
+        failed_reason(&plan).contains("pattern-matched disks are never wiped"),
+        "{}",
+        failed_reason(&plan)
     );
 }
 

@@ -2013,3 +2013,172 @@ fn thin_pool_all_fields_sample_only_warns_about_its_ignored_metadata_size() {
         &["metadataSize of device class \"vg1\" is ignored"],
     );
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// Device patterns (rules 44–47; patterns in rules 12, 13, 19, 29 and 30)
+
+/// A valid thin class that selects its devices by `patterns` only.
+fn matching(name: &str, patterns: &[&str]) -> Value {
+    let mut class = thin(name, &[]);
+    class["deviceSelector"] = json!({"devicePatterns": patterns});
+    class
+}
+
+#[test]
+fn patterns_alone_name_the_devices_of_a_class_even_beside_others() {
+    assert_clean(&create(json!([
+        base(),
+        matching(
+            "nvme",
+            &[
+                "/dev/nvme[0-9]n[0-9]",
+                "/dev/disk/by-id/nvme-*,/dev/sd[c-f]"
+            ]
+        ),
+    ])));
+}
+
+#[test]
+fn a_pattern_that_is_not_absolute_under_dev_or_does_not_compile_is_rejected_at_its_index() {
+    for (pattern, fix) in [
+        (
+            "nvme*",
+            &["\"nvme*\" is not a device pattern", "under /dev/"][..],
+        ),
+        ("/dev/", &["is not a device pattern"][..]),
+        ("/sys/block/*", &["under /dev/"][..]),
+        (
+            "/dev/sd[b",
+            &[
+                "\"/dev/sd[b\" is not a valid pattern",
+                "not closed by ]",
+                "character 7",
+            ][..],
+        ),
+        ("/dev/sd[z-a]", &["below its start", "[a-z]"][..]),
+        ("/dev/sdb,,/dev/sdc", &["empty pattern", "extra comma"][..]),
+    ] {
+        let review = create(json!([base(), matching("m", &["/dev/nvme*", pattern])]));
+        assert_only_error(
+            &review,
+            "spec.storage.deviceClasses[1].deviceSelector.devicePatterns[1]",
+            fix,
+        );
+    }
+}
+
+#[test]
+fn a_shared_class_with_patterns_is_rejected_at_device_patterns() {
+    let review = create(json!([base(), {
+        "name": "san",
+        "deviceAccessPolicy": "shared",
+        "deviceSelector": {"paths": ["/dev/disk/by-id/wwn-0x1"], "devicePatterns": ["/dev/disk/by-id/wwn-*"]},
+    }]));
+    assert_only_error(
+        &review,
+        "spec.storage.deviceClasses[1].deviceSelector.devicePatterns",
+        &[
+            "shared device class \"san\"",
+            "same LUNs",
+            "remove devicePatterns",
+        ],
+    );
+}
+
+#[test]
+fn force_wipe_on_a_class_that_only_matches_patterns_is_rejected_but_allowed_with_paths() {
+    let mut class = matching("m", &["/dev/nvme*"]);
+    class["deviceSelector"]["forceWipeDevicesAndDestroyAllData"] = json!(true);
+    assert_only_error(
+        &create(json!([base(), class.clone()])),
+        "spec.storage.deviceClasses[1].deviceSelector.forceWipeDevicesAndDestroyAllData",
+        &[
+            "never wiped",
+            "list the devices to wipe under deviceSelector.paths",
+        ],
+    );
+    class["deviceSelector"]["paths"] = json!(["/dev/sdz"]);
+    assert_clean(&create(json!([base(), class])));
+}
+
+#[test]
+fn a_pattern_twice_in_a_class_or_in_two_classes_on_the_same_nodes_is_rejected() {
+    let review = create(json!([
+        base(),
+        matching("m", &["/dev/nvme*", "/dev/sdc, /dev/nvme*"]),
+    ]));
+    assert_only_error(
+        &review,
+        "spec.storage.deviceClasses[1].deviceSelector.devicePatterns[1]",
+        &[
+            "pattern /dev/nvme* is listed twice",
+            "first at spec.storage.deviceClasses[1].deviceSelector.devicePatterns[0]",
+        ],
+    );
+    let review = create(json!([
+        base(),
+        matching("a", &["/dev/nvme*"]),
+        matching("b", &["/dev/nvme*"])
+    ]));
+    assert_only_error(
+        &review,
+        "spec.storage.deviceClasses[2].deviceSelector.devicePatterns[0]",
+        &["also in device class \"a\"", "same nodeSelector"],
+    );
+    let mut elsewhere = matching("b", &["/dev/nvme*"]);
+    elsewhere["nodeSelector"] = json!({"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "disk", "operator": "In", "values": ["nvme"]}]}]});
+    assert_clean(&create(json!([
+        base(),
+        matching("a", &["/dev/nvme*"]),
+        elsewhere
+    ])));
+}
+
+#[test]
+fn dynamic_policy_on_a_pattern_class_is_not_a_warning() {
+    let mut class = matching("m", &["/dev/nvme*"]);
+    class["deviceDiscoveryPolicy"] = json!("Dynamic");
+    assert_clean(&create(json!([base(), class])));
+}
+
+#[test]
+fn a_pattern_class_gets_the_static_policy_on_create_as_a_discovering_class_does() {
+    let ops = mutate_on_create(&cluster(json!([base(), matching("m", &["/dev/nvme*"])])));
+    assert_eq!(
+        ops,
+        [
+            json!({"op": "add", "path": "/spec/storage/deviceClasses/1/deviceDiscoveryPolicy",
+                "value": "Static"})
+        ]
+    );
+}
+
+#[test]
+fn patterns_count_as_devices_when_a_class_is_updated() {
+    // Paths may give way to patterns, and patterns to paths.
+    let with_paths = thin("m", &["/dev/sdc"]);
+    let with_patterns = matching("m", &["/dev/sd[c-f]"]);
+    assert_clean(&update(
+        json!([base(), with_paths.clone()]),
+        json!([base(), with_patterns.clone()]),
+    ));
+    assert_clean(&update(
+        json!([base(), with_patterns.clone()]),
+        json!([base(), with_paths]),
+    ));
+    // A class that matched devices cannot lose every pattern and path.
+    let mut emptied = with_patterns.clone();
+    emptied.as_object_mut().unwrap().remove("deviceSelector");
+    assert_error(
+        &update(json!([with_patterns.clone()]), json!([emptied.clone()])),
+        "spec.storage.deviceClasses[0].deviceSelector",
+        &["cannot lose all of them", "devicePatterns"],
+    );
+    // A discovering class cannot start matching patterns.
+    assert_error(
+        &update(json!([emptied]), json!([with_patterns])),
+        "spec.storage.deviceClasses[0].deviceSelector",
+        &["paths or patterns cannot be added later"],
+    );
+}

@@ -221,7 +221,7 @@ async fn a_wipe_is_recorded_before_it_runs_and_never_repeats_after_a_restart() {
     let api = FakeApi::new();
     let host = WipeHost::new(&api);
     let ctx = context(&api);
-    let err = converge_class(&ctx, &host, &force_wipe_class(), &[])
+    let err = converge_class(&ctx, &host, &force_wipe_class(), &Claims::default())
         .await
         .unwrap_err();
     assert!(err.to_string().contains("stop here"), "{err}");
@@ -255,7 +255,7 @@ async fn a_wipe_is_recorded_before_it_runs_and_never_repeats_after_a_restart() {
     let ctx = context(&api);
     ctx.load_node_status().await.unwrap();
     let before = host.executed().len();
-    let report = converge_class(&ctx, &host, &force_wipe_class(), &[])
+    let report = converge_class(&ctx, &host, &force_wipe_class(), &Claims::default())
         .await
         .unwrap();
     assert_eq!(host.executed().len(), before, "nothing executed");
@@ -278,7 +278,7 @@ async fn no_record_no_wipe() {
     );
     let host = WipeHost::new(&api);
     let ctx = context(&api);
-    let err = converge_class(&ctx, &host, &force_wipe_class(), &[])
+    let err = converge_class(&ctx, &host, &force_wipe_class(), &Claims::default())
         .await
         .unwrap_err();
     assert!(
@@ -287,7 +287,7 @@ async fn no_record_no_wipe() {
     );
     assert!(host.executed().is_empty(), "{:?}", host.executed());
     // The failed record is not remembered either: the next try records, then wipes.
-    converge_class(&ctx, &host, &force_wipe_class(), &[])
+    converge_class(&ctx, &host, &force_wipe_class(), &Claims::default())
         .await
         .unwrap_err();
     assert_eq!(

@@ -155,17 +155,31 @@ fn without_paths_the_class_discovers_and_avoids_what_other_classes_on_the_node_l
                                                  "optionalPaths": ["/dev/vdc"]}}),
         ),
         named(
+            "matched",
+            json!({"deviceSelector": {"devicePatterns": ["/dev/nvme[0-9]n1"]}}),
+        ),
+        named(
             "elsewhere",
-            json!({"deviceSelector": {"paths": ["/dev/vdd"]},
+            json!({"deviceSelector": {"paths": ["/dev/vdd"], "devicePatterns": ["/dev/sd*"]},
                                   "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
                                       {"key": "disk", "operator": "In", "values": ["no"]}]}]}}),
         ),
     ];
+    let claims = claims_of_others(&vgs, "vg1", &a);
     assert_eq!(
-        paths_of_others(&vgs, "vg1", &a),
-        ["/dev/vdb", "/dev/vdc"],
+        (claims.paths, claims.patterns),
+        (
+            vec!["/dev/vdb".to_owned(), "/dev/vdc".to_owned()],
+            vec!["/dev/nvme[0-9]n1".to_owned()]
+        ),
         "its own and those of classes on other nodes are not listed"
     );
+    let matching = device_class_config(&vg(
+        json!({"deviceSelector": {"devicePatterns": ["/dev/sd*"]}}),
+    ))
+    .unwrap();
+    assert_eq!(matching.device_selector.device_patterns, ["/dev/sd*"]);
+    assert!(lvms_core::plan::takes_unlisted(&matching));
 }
 
 #[test]
@@ -205,6 +219,7 @@ fn the_status_lists_members_and_excluded_devices_with_reasons() {
         path: path.into(),
         canonical_path: canonical.map(str::to_owned),
         optional: false,
+        pattern: None,
         verdict,
     };
     let plan = ClassPlan {
@@ -218,6 +233,16 @@ fn the_status_lists_members_and_excluded_devices_with_reasons() {
                 },
             ),
             report("/dev/vdz", None, DeviceVerdict::Missing),
+            DeviceReport {
+                pattern: Some("/dev/vd*".into()),
+                ..report(
+                    "/dev/vde",
+                    Some("/dev/vde"),
+                    DeviceVerdict::Excluded {
+                        reasons: vec![ExclusionReason::ReadOnly],
+                    },
+                )
+            },
         ],
         actions: vec![],
         state: ClassState::Ready,
@@ -232,9 +257,14 @@ fn the_status_lists_members_and_excluded_devices_with_reasons() {
             .iter()
             .map(|e| e.name.as_str())
             .collect::<Vec<_>>(),
-        ["/dev/vdc", "/dev/vdz"]
+        ["/dev/vdc", "/dev/vdz", "/dev/vde"]
     );
     assert!(s.excluded[0].reasons[0].contains("/dev/vdc"));
+    assert!(
+        s.excluded[2].reasons[0].contains("/dev/vde (matched by devicePatterns /dev/vd*)"),
+        "{:?}",
+        s.excluded[2]
+    );
     assert!(s.excluded[1].reasons[0].contains("does not exist"));
     assert_eq!(
         s.device_discovery_policy,

@@ -3,7 +3,7 @@
 //!
 //! Each rule has a valid object and an invalid twin. The valid one must be admitted without a
 //! warning, so the refusal (or warning) of the twin comes from the difference. Rules 1 and 2 apply
-//! on create only, 22–30 and 41–43 on update only; 3–21 and 31–40 are checked on both (on update,
+//! on create only, 22–30 and 41–43 on update only; 3–21, 31–40 and 44–47 are checked on both (on update,
 //! the valid twin is created and then replaced by the invalid one). Rule 38 (no wipe of a shared
 //! volume group that exists) needs a node to report the volume group: the test creates an
 //! `LVMVolumeGroupNodeStatus` that reports the shared class `san` ready.
@@ -288,6 +288,53 @@ fn shared(edit: impl FnOnce(&mut Value)) -> Value {
                            "deviceSelector": {"paths": [LUN]}});
     edit(&mut class);
     class
+}
+
+/// A class `m` that selects its devices by `patterns` only.
+fn matching(patterns: &[&str]) -> Value {
+    json!({"name": "m", "deviceSelector": {"devicePatterns": patterns}})
+}
+
+/// Rules 44–47: device patterns, judged on one object (on create and update; on update the class
+/// is added).
+fn pattern_rules() -> Vec<Case> {
+    let good = || json!([base(), matching(&["/dev/nvme[0-9]n[0-9]"])]);
+    vec![
+        case(
+            44,
+            good(),
+            json!([base(), matching(&["/dev/nvme[0-9]n[0-9]", "/dev/sd[b"])]),
+            Refused("spec.storage.deviceClasses[1].deviceSelector.devicePatterns[1]"),
+        )
+        .by_adding(),
+        case(
+            45,
+            json!([base(), shared(|_| {})]),
+            json!([
+                base(),
+                shared(|c| c["deviceSelector"]["devicePatterns"] = json!(["/dev/disk/by-id/wwn-*"]))
+            ]),
+            Refused("spec.storage.deviceClasses[1].deviceSelector.devicePatterns"),
+        )
+        .by_adding(),
+        case(
+            46,
+            good(),
+            json!([base(), {"name": "m", "deviceSelector": {"devicePatterns": ["/dev/nvme*"],
+                                      "forceWipeDevicesAndDestroyAllData": true}}]),
+            Refused(
+                "spec.storage.deviceClasses[1].deviceSelector.forceWipeDevicesAndDestroyAllData",
+            ),
+        )
+        .by_adding(),
+        case(
+            47,
+            good(),
+            json!([base(), matching(&["/dev/nvme*", "/dev/sdc,/dev/nvme*"])]),
+            Refused("spec.storage.deviceClasses[1].deviceSelector.devicePatterns[1]"),
+        )
+        .by_adding(),
+    ]
 }
 
 /// A node selector for one host.
@@ -685,7 +732,11 @@ async fn webhook_and_cel_refuse_every_rule_on_create_and_update_naming_the_field
     delete(&client, &ns.name, "first").await;
 
     let name = "my-lvmcluster";
-    for c in object_rules().into_iter().chain(shared_rules()) {
+    for c in object_rules()
+        .into_iter()
+        .chain(shared_rules())
+        .chain(pattern_rules())
+    {
         let good = send(&client, &ns.name, name, &c.good, None, false).await;
         let clean = if !good.admitted() {
             Err(format!(
@@ -723,11 +774,11 @@ async fn webhook_and_cel_refuse_every_rule_on_create_and_update_naming_the_field
         );
     }
 
-    for rule in 1..=43u8 {
+    for rule in 1..=47u8 {
         let on = |when: &str| covered.contains(&(rule, when.to_owned()));
         let expected: &[&str] = match rule {
             1 | 2 => &["create"],
-            3..=21 | 31..=40 => &["create", "update"],
+            3..=21 | 31..=40 | 44..=47 => &["create", "update"],
             _ => &["update"],
         };
         for when in expected {
