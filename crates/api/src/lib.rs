@@ -70,6 +70,15 @@ pub fn capacity_annotation(driver: &str, class: &str) -> String {
     format!("capacity.{driver}/{class}")
 }
 
+/// The Node annotation in which the node agent publishes, for each thick device class, what its
+/// volume group has free on each LVM physical volume (lvms-rs's own, beside TopoLVM's
+/// [`capacity_annotation`]): a JSON object from class name to `{"extentSize": <bytes>,
+/// "freeExtents": [<largest first>]}`. The CSI controller computes the capacity of striped,
+/// mirror and RAID layouts from it.
+pub fn free_space_annotation(driver: &str) -> String {
+    format!("lvms.{driver}/free-space")
+}
+
 // ---------------------------------------------------------------------------------------------
 // Labels
 // ---------------------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ use lvms_api::topolvm::{LogicalVolume, LogicalVolumeSpec};
 use lvms_core::{lvattr::LvHealth, size::ByteSize};
 use lvms_csi::{
     backend::{
-        Backend, BackendError, Capacity, ClassInfo, NewSnapshot, NewVolume, Result, Source, Volume,
+        Backend, BackendError, Capacity, ClassInfo, Layout, NewSnapshot, NewVolume, Result, Source,
+        Volume,
     },
     ids,
 };
@@ -322,12 +323,30 @@ impl Backend for NodeBackend {
             .map_or(size, |b| b.0))
     }
 
-    async fn capacity(&self, class: &str) -> Result<Capacity> {
-        let available = self.view.available(&self.node, Some(class)).unwrap_or(0);
+    /// The class's own layout (and thin and shared classes): the TopoLVM annotation. Another
+    /// layout: computed from the free extents of each device the node publishes (none published:
+    /// nothing, rather than a number that might not fit).
+    async fn capacity(&self, class: &str, layout: &Layout) -> Result<Capacity> {
+        let info = self.classes().into_iter().find(|c| c.name == class);
+        let own = info
+            .as_ref()
+            .is_none_or(|c| c.thin_pool.is_some() || c.shared.is_some() || c.layout == *layout);
+        if own {
+            let available = self.view.available(&self.node, Some(class)).unwrap_or(0);
+            return Ok(Capacity {
+                available,
+                maximum_volume_size: available,
+                minimum_volume_size: 0,
+                devices: None,
+            });
+        }
+        let free = self.view.free_space(&self.node, class);
+        let available = free.as_ref().map_or(0, |f| layout.max_size(f));
         Ok(Capacity {
             available,
             maximum_volume_size: available,
             minimum_volume_size: 0,
+            devices: free.map(|f| f.devices()),
         })
     }
 

@@ -17,8 +17,9 @@ use kube::{
 };
 use lvms_api::{
     DEFAULT_CLASS_CAPACITY_KEY, LVMVolumeGroup, LVMVolumeGroupNodeStatus, VGStatusType,
-    capacity_annotation, topolvm::LogicalVolume,
+    capacity_annotation, free_space_annotation, topolvm::LogicalVolume,
 };
+use lvms_core::layout::FreeSpace;
 use lvms_csi::backend::ClassInfo;
 use lvms_node::volume_group::device_class_config;
 use serde::de::DeserializeOwned;
@@ -133,6 +134,20 @@ impl View {
         let node = self.nodes.get(&ObjectRef::new(node))?;
         let key = capacity_annotation(&self.driver, class.unwrap_or(DEFAULT_CLASS_CAPACITY_KEY));
         node.metadata.annotations.as_ref()?.get(&key)?.parse().ok()
+    }
+
+    /// What thick class `class`'s group has free on each device of `node`, from its
+    /// `lvms.<driver>/free-space` annotation; `None` when the node publishes none for it.
+    pub fn free_space(&self, node: &str, class: &str) -> Option<FreeSpace> {
+        let node = self.nodes.get(&ObjectRef::new(node))?;
+        let json = node
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(&free_space_annotation(&self.driver))?;
+        let mut all: std::collections::BTreeMap<String, FreeSpace> =
+            serde_json::from_str(json).ok()?;
+        all.remove(class)
     }
 
     /// The `LogicalVolume` named `name` (a volume or snapshot id).

@@ -6,6 +6,7 @@ pub mod capacity;
 pub mod config;
 pub mod filter;
 pub mod glob;
+pub mod layout;
 pub mod lvattr;
 pub mod model;
 pub mod names;

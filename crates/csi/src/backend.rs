@@ -5,6 +5,7 @@
 
 use std::future::Future;
 
+pub use lvms_core::layout::Layout;
 use lvms_core::lvattr::LvHealth;
 
 pub use crate::ids::Source;
@@ -22,7 +23,7 @@ pub struct ClassInfo {
     pub default: bool,
     /// Thick classes: the layout of a volume whose request names none (linear, or the RAID layout of
     /// the class's `raidConfig`).
-    pub layout: LvType,
+    pub layout: Layout,
     /// The filesystem made on a blank volume of the class whose request names none (`None`: the
     /// driver's default).
     pub fstype: Option<lvms_core::config::Fstype>,
@@ -74,38 +75,11 @@ impl ClassInfo {
             layout: c
                 .raid_config
                 .as_ref()
-                .map_or(LvType::Linear, |r| LvType::Raid {
-                    level: r.raid_type,
-                    mirrors: r.mirrors,
-                    stripes: r.stripes,
-                    stripe_size: r.stripe_size.map(|s| s.0),
-                }),
+                .map_or(Layout::Linear, Layout::of_raid_config),
             fstype: c.fstype,
             shared: c.is_shared().then(|| c.shared_or_default()),
         }
     }
-}
-
-/// How a thick volume lays out its extents (thin volumes have no choice).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum LvType {
-    /// Linear (the default).
-    #[default]
-    Linear,
-    /// Striped over `stripes` physical volumes.
-    Striped {
-        stripes: u32,
-        stripe_size: Option<u64>,
-    },
-    /// RAID1 with `mirrors` extra copies.
-    Mirror { mirrors: u32 },
-    /// A RAID level.
-    Raid {
-        level: lvms_core::config::RaidType,
-        mirrors: Option<u32>,
-        stripes: Option<u32>,
-        stripe_size: Option<u64>,
-    },
 }
 
 /// A volume or snapshot as found on disk.
@@ -146,7 +120,7 @@ pub struct NewVolume {
     pub size: u64,
     /// Thick classes: the layout.
     /// The layout asked for; `None`: the class's [`ClassInfo::layout`].
-    pub lv_type: Option<LvType>,
+    pub lv_type: Option<Layout>,
     /// Shared classes: linear or thin volume; `None`: the class's `sharedConfig.volumeMode`.
     pub volume_mode: Option<lvms_core::config::SharedVolumeMode>,
     /// Thin classes: the snapshot or volume to start from (same class, same node).
@@ -171,6 +145,9 @@ pub struct Capacity {
     pub maximum_volume_size: u64,
     /// The smallest volume worth making (one extent).
     pub minimum_volume_size: u64,
+    /// Thick layouts other than linear: how many LVM physical volumes (disks) the class's group
+    /// has, which bounds the layouts it can make at all.
+    pub devices: Option<u64>,
 }
 
 /// Why a backend call failed; the services map it to a gRPC code.
@@ -231,8 +208,24 @@ pub trait Backend: Send + Sync + 'static {
     /// Grows a volume to at least `size` bytes; returns the new size.
     fn expand(&self, id: &str, size: u64) -> impl Future<Output = Result<u64>> + Send;
 
-    /// What `class` can still hold.
-    fn capacity(&self, class: &str) -> impl Future<Output = Result<Capacity>> + Send;
+    /// What `class` can still hold in volumes of `layout` (thick classes; thin and shared classes
+    /// ignore it).
+    fn capacity(
+        &self,
+        class: &str,
+        layout: &Layout,
+    ) -> impl Future<Output = Result<Capacity>> + Send;
+
+    /// What a thick class's group has free on each of its LVM physical volumes (what every
+    /// layout's capacity is computed from); `None` for thin and shared classes, and where the
+    /// backend does not see the disks.
+    fn free_space(
+        &self,
+        class: &str,
+    ) -> impl Future<Output = Result<Option<lvms_core::layout::FreeSpace>>> + Send {
+        let _ = class;
+        async { Ok(None) }
+    }
 
     /// Activates the volume so its block device exists (thin snapshots and what was restored from
     /// them skip activation by default); returns the device path.

@@ -14,7 +14,7 @@ use tonic::{Code, Request, Response, Status};
 
 use crate::{
     DEVICE_CLASS_KEY, TOPOLOGY_NODE_KEY,
-    backend::{Backend, BackendError, ClassInfo, NewSnapshot, NewVolume, Source, Volume},
+    backend::{Backend, BackendError, ClassInfo, Layout, NewSnapshot, NewVolume, Source, Volume},
     csi::{
         self, CapacityRange, ControllerExpandVolumeRequest, ControllerExpandVolumeResponse,
         ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
@@ -654,13 +654,28 @@ impl<B: Backend> ControllerService<B> {
                 ));
             }
         }
-        let capacity = self.backend.capacity(&class.name).await.map_err(backend)?;
+        let layout = params.lv_type.unwrap_or(class.layout);
+        let capacity = self
+            .backend
+            .capacity(&class.name, &layout)
+            .await
+            .map_err(backend)?;
         // A thin clone shares its source's blocks but counts at its full virtual size, as LVM does.
         if size > capacity.available {
+            let why = match capacity.devices {
+                Some(devices) if devices < layout.devices_needed(devices) => format!(
+                    ": a {} volume needs {} LVM physical volumes (disks) and the volume group has \
+                     {devices}; add disks to the device class or ask for a layout that needs fewer",
+                    layout.name(),
+                    layout.devices_needed(devices)
+                ),
+                Some(_) => format!(" for a {} volume", layout.name()),
+                None => String::new(),
+            };
             return Err(RpcError::new(
                 Code::ResourceExhausted,
                 format!(
-                    "device class {} on node {} has {} bytes available, {size} are needed",
+                    "device class {} on node {} has {} bytes available, {size} are needed{why}",
                     class.name,
                     self.backend.node_id(),
                     capacity.available
@@ -924,7 +939,16 @@ impl<B: Backend> Controller for ControllerService<B> {
             .try_for_each(check_capability)
             .map_err(RpcError::invalid)?;
         let params = params::parse(&req.parameters).map_err(RpcError::invalid)?;
-        let class = self.class(params.class.as_deref())?.name;
+        let class = self.class(params.class.as_deref())?;
+        if params.lv_type.is_some() && class.thin_pool.is_some() {
+            return Err(RpcError::invalid(format!(
+                "the layout parameters apply to thick classes only, and device class {} is thin",
+                class.name
+            ))
+            .into());
+        }
+        let layout = params.lv_type.unwrap_or(class.layout);
+        let class = class.name;
         // A shared class's capacity is the volume group's, for every node that joined it.
         let elsewhere = req
             .accessible_topology
@@ -937,7 +961,11 @@ impl<B: Backend> Controller for ControllerService<B> {
                 minimum_volume_size: None,
             }));
         }
-        let c = self.backend.capacity(&class).await.map_err(backend)?;
+        let c = self
+            .backend
+            .capacity(&class, &layout)
+            .await
+            .map_err(backend)?;
         Ok(Response::new(GetCapacityResponse {
             available_capacity: as_i64(c.available),
             maximum_volume_size: Some(as_i64(c.maximum_volume_size)),
@@ -1108,9 +1136,10 @@ impl<B: Backend> Controller for ControllerService<B> {
         let new_size = if volume.size >= size {
             volume.size
         } else {
+            // The raw free space: LVM refuses a RAID volume's growth that its copies do not fit.
             let c = self
                 .backend
-                .capacity(&volume.class)
+                .capacity(&volume.class, &Layout::Linear)
                 .await
                 .map_err(backend)?;
             let delta = size - volume.size;

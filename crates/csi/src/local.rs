@@ -75,19 +75,20 @@ use std::{
 use lvms_core::{
     capacity::{ThinPoolUsage, max_volume_size, min_volume_size, thick_available, thin_capacity},
     config::{SharedVolumeMode, WipePolicy},
+    layout::FreeSpace,
     lvattr::{LvAttr, LvHealth},
-    model::{LogicalVolume, VolumeGroup},
+    model::{LogicalVolume, PhysicalVolume, VolumeGroup},
     size::{ByteSize, round_up_to_extent},
 };
 use lvms_host::{
-    lvm::{Layout, LvSpec, Lvm, Removal},
+    lvm::{LvSpec, Lvm, Removal},
     runner::Runner,
 };
 use tokio::{sync::Mutex, time::Instant};
 
 use crate::{
     backend::{
-        Backend, BackendError, Capacity, ClassInfo, LvType, NewSnapshot, NewVolume, PoolUsage,
+        Backend, BackendError, Capacity, ClassInfo, Layout, NewSnapshot, NewVolume, PoolUsage,
         Result, Source, Usage, Volume,
     },
     ids,
@@ -119,31 +120,6 @@ fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-fn layout(t: LvType) -> Layout {
-    match t {
-        LvType::Linear => Layout::Linear,
-        LvType::Striped {
-            stripes,
-            stripe_size,
-        } => Layout::Striped {
-            stripes,
-            stripe_size,
-        },
-        LvType::Mirror { mirrors } => Layout::Mirror { mirrors },
-        LvType::Raid {
-            level,
-            mirrors,
-            stripes,
-            stripe_size,
-        } => Layout::Raid {
-            level,
-            mirrors,
-            stripes,
-            stripe_size,
-        },
-    }
 }
 
 fn has_tag(lv: &LogicalVolume, tag: &str) -> bool {
@@ -191,6 +167,10 @@ struct Report {
     vgs: Vec<VolumeGroup>,
     /// The visible logical volumes of those volume groups (ours and others).
     lvs: Vec<LogicalVolume>,
+    /// The LVM physical volumes of every group, read the first time a thick class's capacity per
+    /// device is asked for ([`LocalBackend::free_space`]) and dropped when a group's free space
+    /// changes.
+    pvs: Option<Vec<PhysicalVolume>>,
     taken: Instant,
 }
 
@@ -392,6 +372,7 @@ impl<R: Runner> LocalBackend<R> {
         Ok(Report {
             vgs: vgs.into_iter().filter(|vg| ours(&vg.name)).collect(),
             lvs: lvs.into_iter().filter(|lv| ours(&lv.vg_name)).collect(),
+            pvs: None,
             taken,
         })
     }
@@ -466,9 +447,38 @@ impl<R: Runner> LocalBackend<R> {
             }
             if let Some(group) = group {
                 report.put_vg(group);
+                // Which device the change took its extents from is not known.
+                report.pvs = None;
             }
         }
         Ok(lvs)
+    }
+
+    /// The free extents of each LVM physical volume of `class`'s group, from `report`'s physical
+    /// volumes; when it has none yet they are read (one `pvs`) and kept in the cached report until
+    /// a group's free space changes.
+    async fn free_space_in(&self, report: &Arc<Report>, class: &ClassInfo) -> Result<FreeSpace> {
+        let extent = self.extent_size(report, &class.name)?;
+        let pvs = match &report.pvs {
+            Some(pvs) => pvs.clone(),
+            None => {
+                let pvs = self.lvm.pvs().await.map_err(host)?;
+                let mut slot = self.cache.slot.lock().await;
+                if let Some((_, cached)) = slot.as_mut()
+                    && Arc::ptr_eq(cached, report)
+                {
+                    Arc::make_mut(cached).pvs = Some(pvs.clone());
+                }
+                pvs
+            }
+        };
+        Ok(FreeSpace::new(
+            extent,
+            pvs.iter()
+                .filter(|pv| pv.vg_name.as_deref() == Some(class.name.as_str()))
+                .filter(|pv| !pv.attr.contains('m'))
+                .map(|pv| pv.free),
+        ))
     }
 
     /// Whether `vg` is a thick class: its volume group's free space changes with each LV.
@@ -869,7 +879,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
             }
             None if class.shared.is_some() => {
                 let shared = class.shared.unwrap_or_default();
-                if req.lv_type.is_some_and(|t| t != LvType::Linear) {
+                if req.lv_type.is_some_and(|t| t != Layout::Linear) {
                     return Err(BackendError::InvalidArgument(format!(
                         "device class {} is shared: its volumes are linear or thin (striped and RAID \
                          volumes cannot be active on several hosts)",
@@ -905,11 +915,26 @@ impl<R: Runner> Backend for LocalBackend<R> {
                 .await
             }
             None => {
+                let devices = report.vg(&class.name).map_or(0, |vg| vg.pv_count);
+                let layout = req.lv_type.unwrap_or(class.layout).resolved(devices);
+                let needed = layout.devices_needed(devices);
+                if needed > devices {
+                    // RESOURCE_EXHAUSTED: a node with more disks in the class may make it.
+                    return Err(BackendError::InsufficientSpace(format!(
+                        "a {} volume needs {needed} LVM physical volumes (disks) in volume group {} \
+                         on node {}, which has {devices}: add disks to device class {}, or ask for \
+                         a layout that needs fewer (linear needs one)",
+                        layout.name(),
+                        class.name,
+                        self.node_id,
+                        class.name
+                    )));
+                }
                 let spec = LvSpec {
                     vg: class.name.clone(),
                     name: lv_name.clone(),
                     size,
-                    layout: layout(req.lv_type.unwrap_or(class.layout)),
+                    layout,
                     tags,
                 };
                 self.create_or_adopt(self.lvm.lv_create(&spec), &class.name, &lv_name, &req.name)
@@ -1071,17 +1096,31 @@ impl<R: Runner> Backend for LocalBackend<R> {
     }
 
     #[tracing::instrument(skip(self), fields(node = %self.node_id))]
-    async fn capacity(&self, class: &str) -> Result<Capacity> {
+    async fn capacity(&self, class: &str, layout: &Layout) -> Result<Capacity> {
         let class = self.class(class)?;
         let report = self.converged_report(class).await?;
         let extent = self.extent_size(&report, &class.name)?;
+        let minimum_volume_size = min_volume_size(extent);
         // `converged_report` made sure the volume group (and a thin class's pool) exist.
         let available = match report.pool(class) {
             Some(pool) => {
                 let usage = ThinPoolUsage::from_lvs(pool, &report.lvs, class.overprovision_ratio);
                 thin_capacity(&usage).available
             }
-            None => report.vg(&class.name).map_or(0, thick_available),
+            None if class.shared.is_some() || *layout == Layout::Linear => {
+                report.vg(&class.name).map_or(0, thick_available)
+            }
+            // A thick layout other than linear: what fits device by device.
+            None => {
+                let free = self.free_space_in(&report, class).await?;
+                let largest = layout.max_size(&free);
+                return Ok(Capacity {
+                    available: largest,
+                    maximum_volume_size: largest,
+                    minimum_volume_size,
+                    devices: Some(free.devices()),
+                });
+            }
         };
         // A shared thin volume brings its own pool: its metadata (and LVM's spare) come off the top.
         if class.makes_thin() && class.thin_pool.is_none() {
@@ -1089,14 +1128,25 @@ impl<R: Runner> Backend for LocalBackend<R> {
             return Ok(Capacity {
                 available: largest,
                 maximum_volume_size: largest,
-                minimum_volume_size: min_volume_size(extent),
+                minimum_volume_size,
+                devices: None,
             });
         }
         Ok(Capacity {
             available,
             maximum_volume_size: max_volume_size(available, extent),
-            minimum_volume_size: min_volume_size(extent),
+            minimum_volume_size,
+            devices: None,
         })
+    }
+
+    async fn free_space(&self, class: &str) -> Result<Option<FreeSpace>> {
+        let class = self.class(class)?;
+        if class.thin_pool.is_some() || class.shared.is_some() {
+            return Ok(None);
+        }
+        let report = self.converged_report(class).await?;
+        self.free_space_in(&report, class).await.map(Some)
     }
 
     async fn usage(&self, class: &str) -> Result<Option<Usage>> {

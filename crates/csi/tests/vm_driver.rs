@@ -98,7 +98,7 @@ async fn start(s: &Setup, socket: &std::path::Path) -> Driver {
                 thin_pool: Some("pool".into()),
                 overprovision_ratio: 4,
                 default: true,
-                layout: lvms_csi::backend::LvType::Linear,
+                layout: lvms_csi::backend::Layout::Linear,
                 fstype: None,
                 shared: None,
             },
@@ -107,7 +107,7 @@ async fn start(s: &Setup, socket: &std::path::Path) -> Driver {
                 thin_pool: None,
                 overprovision_ratio: 1,
                 default: false,
-                layout: lvms_csi::backend::LvType::Linear,
+                layout: lvms_csi::backend::Layout::Linear,
                 // A blank volume whose capability names no filesystem gets the class's, not the
                 // driver's default (xfs below).
                 fstype: Some(Fstype::Ext4),

@@ -12,7 +12,7 @@ mod vm_local {
     use lvms_core::capacity::{ThinPoolUsage, thin_capacity};
     use lvms_csi::{
         backend::{
-            Backend, BackendError, ClassInfo, LvType, NewSnapshot, NewVolume, Source, Volume,
+            Backend, BackendError, ClassInfo, Layout, NewSnapshot, NewVolume, Source, Volume,
         },
         ids,
         local::LocalBackend,
@@ -34,7 +34,7 @@ mod vm_local {
             thin_pool: Some("pool".to_owned()),
             overprovision_ratio: 10,
             default: true,
-            layout: LvType::Linear,
+            layout: Layout::Linear,
             fstype: None,
             shared: None,
         }
@@ -46,7 +46,7 @@ mod vm_local {
             thin_pool: None,
             overprovision_ratio: 1,
             default: false,
-            layout: LvType::Linear,
+            layout: Layout::Linear,
             fstype: None,
             shared: None,
         }
@@ -184,8 +184,8 @@ mod vm_local {
         assert_eq!(linear.size, 64 * MIB);
 
         let striped_req = NewVolume {
-            lv_type: Some(LvType::Striped {
-                stripes: 2,
+            lv_type: Some(Layout::Striped {
+                stripes: Some(2),
                 stripe_size: None,
             }),
             ..req("str", &vg, 64 * MIB)
@@ -363,7 +363,7 @@ mod vm_local {
         let thick_vg = sh_vg(&mut s2);
         let b = backend(vec![thin_class(&thin_vg), thick_class(&thick_vg)]);
 
-        let thick = b.capacity(&thick_vg).await.unwrap();
+        let thick = b.capacity(&thick_vg, &Layout::Linear).await.unwrap();
         let free: u64 = vgs_field(&thick_vg, "vg_free").parse().unwrap();
         let extent: u64 = vgs_field(&thick_vg, "vg_extent_size").parse().unwrap();
         assert_eq!(extent, EXTENT);
@@ -374,7 +374,7 @@ mod vm_local {
         b.create_volume(&req("t", &thick_vg, 100 * MIB))
             .await
             .unwrap();
-        let after = b.capacity(&thick_vg).await.unwrap();
+        let after = b.capacity(&thick_vg, &Layout::Linear).await.unwrap();
         assert_eq!(after.available, free - 100 * MIB);
         assert_eq!(
             after.available,
@@ -392,7 +392,7 @@ mod vm_local {
         ));
         // Usage changed behind the cache's back (writes): a fresh backend sees it now.
         let b = backend(vec![thin_class(&thin_vg), thick_class(&thick_vg)]);
-        let thin = b.capacity(&thin_vg).await.unwrap();
+        let thin = b.capacity(&thin_vg, &Layout::Linear).await.unwrap();
         let pool_size: u64 = lvs_field(&thin_vg, "pool", "lv_size").parse().unwrap();
         let data_percent: f64 = lvs_field(&thin_vg, "pool", "data_percent").parse().unwrap();
         assert!(data_percent > 0.0, "{data_percent}");
@@ -596,7 +596,7 @@ mod vm_local {
         let vg = s.vg_name();
         let b = backend(vec![thin_class(&vg)]);
         assert!(!b.ready().await.unwrap());
-        let err = b.capacity(&vg).await.unwrap_err();
+        let err = b.capacity(&vg, &Layout::Linear).await.unwrap_err();
         assert!(matches!(err, BackendError::Unavailable(_)), "{err:?}");
         sh(&format!("lvm vgcreate -q {vg} {} 2>&1", s.disks[0]));
         sh(&format!(
@@ -605,6 +605,6 @@ mod vm_local {
         // A class that was not ready is looked at again after a few seconds.
         tokio::time::sleep(std::time::Duration::from_millis(5200)).await;
         assert!(b.ready().await.unwrap());
-        assert!(b.capacity(&vg).await.unwrap().available > 0);
+        assert!(b.capacity(&vg, &Layout::Linear).await.unwrap().available > 0);
     }
 }

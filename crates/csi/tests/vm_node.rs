@@ -86,7 +86,7 @@ mod vm_node {
         async fn expand(&self, _: &str, _: u64) -> BResult<u64> {
             unused()
         }
-        async fn capacity(&self, _: &str) -> BResult<Capacity> {
+        async fn capacity(&self, _: &str, _: &lvms_csi::backend::Layout) -> BResult<Capacity> {
             unused()
         }
         async fn activate(&self, id: &str) -> BResult<String> {

@@ -37,10 +37,8 @@ mod report;
 
 use std::{collections::BTreeSet, time::Duration};
 
-use lvms_core::{
-    config::RaidType,
-    model::{LogicalVolume, PhysicalVolume, VolumeGroup},
-};
+pub use lvms_core::layout::Layout;
+use lvms_core::model::{LogicalVolume, PhysicalVolume, VolumeGroup};
 
 pub use self::{
     errors::classify,
@@ -79,28 +77,6 @@ pub struct ThinPoolSpec {
     pub metadata_size: Option<u64>,
     /// Zero newly provisioned blocks (`--zero y`). Slower first writes, no stale data from earlier volumes.
     pub zero: bool,
-}
-
-/// How a (non-thin) logical volume lays out its extents.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Layout {
-    /// `--type linear`.
-    Linear,
-    /// `--type striped --stripes <n> [--stripesize <n>b]`.
-    Striped {
-        stripes: u32,
-        stripe_size: Option<u64>,
-    },
-    /// `--type raid1 --mirrors <n>`: `mirrors` extra copies. The legacy `mirror` segment type (which
-    /// needs a separate log device and dmeventd) is deliberately not used.
-    Mirror { mirrors: u32 },
-    /// `--type raid<level> [--mirrors <n>] [--stripes <n>] [--stripesize <n>b]`.
-    Raid {
-        level: RaidType,
-        mirrors: Option<u32>,
-        stripes: Option<u32>,
-        stripe_size: Option<u64>,
-    },
 }
 
 /// How an LV of a shared volume group is activated.
@@ -773,34 +749,62 @@ impl<R: Runner> Lvm<R> {
                 Ok(n.to_string())
             }
         };
+        let stripe_size = |args: &mut Vec<String>, size: Option<u64>| -> Result<()> {
+            if let Some(s) = size {
+                check_size("stripe size", s)?;
+                args.extend(["--stripesize".to_owned(), bytes(s)]);
+            }
+            Ok(())
+        };
+        // raid1 and the RAID levels: `--nosync` skips the initial synchronisation,
+        // `--raidintegrity y` puts dm-integrity under each image.
+        let raid_options = |args: &mut Vec<String>, nosync: bool, integrity: bool| {
+            if nosync {
+                args.push("--nosync".to_owned());
+            }
+            if integrity {
+                args.extend(["--raidintegrity".to_owned(), "y".to_owned()]);
+            }
+        };
         match spec.layout {
             Layout::Linear => args.push("linear".to_owned()),
             Layout::Striped {
                 stripes,
-                stripe_size,
+                stripe_size: size,
             } => {
+                let stripes = stripes.ok_or_else(|| {
+                    Error::InvalidArgument(
+                        "a striped volume needs its stripe count settled (one per LVM physical \
+                         volume of the group) before lvcreate"
+                            .to_owned(),
+                    )
+                })?;
                 args.extend([
                     "striped".to_owned(),
                     "--stripes".to_owned(),
                     positive("stripes", stripes)?,
                 ]);
-                if let Some(s) = stripe_size {
-                    check_size("stripe size", s)?;
-                    args.extend(["--stripesize".to_owned(), bytes(s)]);
-                }
+                stripe_size(&mut args, size)?;
             }
-            Layout::Mirror { mirrors } => {
+            Layout::Mirror {
+                mirrors,
+                nosync,
+                integrity,
+            } => {
                 args.extend([
                     "raid1".to_owned(),
                     "--mirrors".to_owned(),
                     positive("mirrors", mirrors)?,
                 ]);
+                raid_options(&mut args, nosync, integrity);
             }
             Layout::Raid {
                 level,
                 mirrors,
                 stripes,
-                stripe_size,
+                stripe_size: size,
+                nosync,
+                integrity,
             } => {
                 args.push(level.as_lvm().to_owned());
                 if let Some(m) = mirrors {
@@ -809,10 +813,8 @@ impl<R: Runner> Lvm<R> {
                 if let Some(s) = stripes {
                     args.extend(["--stripes".to_owned(), positive("stripes", s)?]);
                 }
-                if let Some(s) = stripe_size {
-                    check_size("stripe size", s)?;
-                    args.extend(["--stripesize".to_owned(), bytes(s)]);
-                }
+                stripe_size(&mut args, size)?;
+                raid_options(&mut args, nosync, integrity);
             }
         }
         args.extend(["--size".to_owned(), size_arg(spec.size)]);

@@ -354,6 +354,8 @@ async fn engine_raid1_class_builds_a_volume_group_that_takes_raid1_volumes() {
             mirrors: Some(1),
             stripes: None,
             stripe_size: None,
+            nosync: false,
+            integrity: false,
         },
         tags: vec![],
     })

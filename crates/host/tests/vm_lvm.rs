@@ -869,7 +869,7 @@ async fn lv_create_striped_two_stripes_spans_both_disks() {
     let disks = s.disks.clone();
     let vg = sh_vg(&mut s, &disks);
     let layout = Layout::Striped {
-        stripes: 2,
+        stripes: Some(2),
         stripe_size: Some(64 * KIB),
     };
     // 5 extents round up to the stripe boundary: 6.
@@ -892,7 +892,7 @@ async fn lv_create_striped_two_stripes_spans_both_disks() {
 
     // More stripes than disks: refused, nothing created.
     let three = Layout::Striped {
-        stripes: 3,
+        stripes: Some(3),
         stripe_size: None,
     };
     let err = lvm()
@@ -928,7 +928,16 @@ async fn lv_create_raid1_reports_raid_segtype_and_sync() {
     let disks = s.disks.clone();
     let vg = sh_vg(&mut s, &disks);
     lvm()
-        .lv_create(&lv_spec(&vg, "r1", 16 * MIB, Layout::Mirror { mirrors: 1 }))
+        .lv_create(&lv_spec(
+            &vg,
+            "r1",
+            16 * MIB,
+            Layout::Mirror {
+                mirrors: 1,
+                nosync: false,
+                integrity: false,
+            },
+        ))
         .await
         .unwrap();
 
@@ -967,6 +976,8 @@ async fn lv_create_raid5_through_raid_layout() {
         mirrors: None,
         stripes: Some(2),
         stripe_size: Some(64 * KIB),
+        nosync: false,
+        integrity: false,
     };
     lvm()
         .lv_create(&lv_spec(&vg, "r5", 16 * MIB, layout))
@@ -987,7 +998,16 @@ async fn lv_create_raid1_on_one_disk_is_insufficient_space() {
     let disks = s.disks.clone();
     let vg = sh_vg(&mut s, &disks);
     let err = lvm()
-        .lv_create(&lv_spec(&vg, "r1", 16 * MIB, Layout::Mirror { mirrors: 1 }))
+        .lv_create(&lv_spec(
+            &vg,
+            "r1",
+            16 * MIB,
+            Layout::Mirror {
+                mirrors: 1,
+                nosync: false,
+                integrity: false,
+            },
+        ))
         .await
         .unwrap_err();
     assert!(matches!(err, Error::InsufficientSpace(_)), "{err:?}");

@@ -1,7 +1,11 @@
 //! What this node's device classes can still hold, published on its `Node` object as TopoLVM does
-//! (ADR 0009): `capacity.<driver>/<class>` holds the bytes a new volume of that class may take, and the
-//! default class is also published under `capacity.<driver>/00default`. The CSI controller answers
-//! `GetCapacity` (and so external-provisioner's `CSIStorageCapacity` objects) and picks nodes from them.
+//! (ADR 0009): `capacity.<driver>/<class>` holds the bytes a new volume of that class may take in
+//! the class's own layout (a RAID class: a RAID volume), and the default class is also published
+//! under `capacity.<driver>/00default`. `lvms.<driver>/free-space` adds, for each thick class, the
+//! free extents of each LVM physical volume, from which the controller computes the capacity of
+//! the other layouts a StorageClass may ask for (ADR 0020). The CSI controller answers
+//! `GetCapacity` (and so external-provisioner's `CSIStorageCapacity` objects) and picks nodes from
+//! them.
 //!
 //! The publisher looks every [`PERIOD`] and whenever the set of ready classes changes, and patches the
 //! Node only when a value changed; a class no longer served loses its annotation. With
@@ -19,7 +23,8 @@ use kube::{
     Api, Client,
     api::{Patch, PatchParams},
 };
-use lvms_api::{DEFAULT_CLASS_CAPACITY_KEY, capacity_annotation};
+use lvms_api::{DEFAULT_CLASS_CAPACITY_KEY, capacity_annotation, free_space_annotation};
+use lvms_core::layout::FreeSpace;
 use lvms_csi::backend::Backend;
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
@@ -30,9 +35,19 @@ use crate::metrics::StorageMetrics;
 /// How often the capacities are looked at.
 pub const PERIOD: Duration = Duration::from_secs(10);
 
-/// The annotations for `available` bytes per class (with whether it is the default class).
-pub fn annotations(driver: &str, available: &[(String, bool, u64)]) -> BTreeMap<String, String> {
+/// The annotations for `available` bytes per class (with whether it is the default class), and
+/// the thick classes' `free` space per device.
+pub fn annotations(
+    driver: &str,
+    available: &[(String, bool, u64)],
+    free: &BTreeMap<String, FreeSpace>,
+) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
+    if !free.is_empty()
+        && let Ok(json) = serde_json::to_string(free)
+    {
+        out.insert(free_space_annotation(driver), json);
+    }
     for (class, default, bytes) in available {
         out.insert(capacity_annotation(driver, class), bytes.to_string());
         if *default {
@@ -131,12 +146,13 @@ impl<B: Backend> Publisher<B> {
             .get(&self.node)
             .await?;
         let prefix = capacity_annotation(&self.driver, "");
+        let free = free_space_annotation(&self.driver);
         self.published = node
             .metadata
             .annotations
             .unwrap_or_default()
             .into_iter()
-            .filter(|(k, _)| k.starts_with(&prefix))
+            .filter(|(k, _)| k.starts_with(&prefix) || *k == free)
             .collect();
         Ok(())
     }
@@ -146,16 +162,24 @@ impl<B: Backend> Publisher<B> {
         let backend = self.backend.borrow().clone();
         self.measure(backend.as_ref()).await;
         let mut available = Vec::new();
+        let mut free = BTreeMap::new();
         if let Some(b) = backend {
             for class in b.classes() {
                 let c = b
-                    .capacity(&class.name)
+                    .capacity(&class.name, &class.layout)
                     .await
                     .map_err(|e| format!("capacity of {}: {e}", class.name))?;
+                if let Some(f) = b
+                    .free_space(&class.name)
+                    .await
+                    .map_err(|e| format!("free space of {}: {e}", class.name))?
+                {
+                    free.insert(class.name.clone(), f);
+                }
                 available.push((class.name, class.default, c.available));
             }
         }
-        let wanted = annotations(&self.driver, &available);
+        let wanted = annotations(&self.driver, &available, &free);
         if let Some(p) = patch(&self.published, &wanted) {
             debug!(annotations = %p, "publishing capacity");
             Api::<Node>::all(self.client.clone())
@@ -200,6 +224,7 @@ mod tests {
                 ("thin".into(), true, 8 << 30),
                 ("thick".into(), false, 1 << 30),
             ],
+            &BTreeMap::new(),
         );
         assert_eq!(
             wanted,
@@ -251,15 +276,37 @@ mod tests {
         p.publish_once().await.unwrap();
         let node = api.get("/api/v1/nodes/node-a").unwrap();
         // FakeBackend: thin (default) 2 x 4 GiB overprovisioned, thick 1 GiB free.
+        // The thick class's one device: 256 free extents of 4 MiB.
         assert_eq!(
             node["metadata"]["annotations"],
             json!({"capacity.topolvm.io/00default": (8u64 << 30).to_string(),
                    "capacity.topolvm.io/thin": (8u64 << 30).to_string(),
-                   "capacity.topolvm.io/thick": (1u64 << 30).to_string()})
+                   "capacity.topolvm.io/thick": (1u64 << 30).to_string(),
+                   "lvms.topolvm.io/free-space":
+                       r#"{"thick":{"extentSize":4194304,"freeExtents":[256]}}"#})
         );
         api.clear_requests();
         p.publish_once().await.unwrap();
         assert!(api.requests().is_empty(), "unchanged: no patch");
+
+        // A restart reads what it published; a class no longer served loses its keys, the
+        // free-space annotation too.
+        let mut p = Publisher::new(
+            api.client("default"),
+            "node-a",
+            "topolvm.io",
+            watch::channel(Some(Arc::new(FakeBackend::new()))).1,
+        );
+        p.read_published().await.unwrap();
+        assert_eq!(p.published.len(), 4, "{:?}", p.published);
+        tx.send_replace(None);
+        let (_, none) = watch::channel::<Option<Arc<FakeBackend>>>(None);
+        p.backend = none;
+        p.publish_once().await.unwrap();
+        assert_eq!(
+            api.get("/api/v1/nodes/node-a").unwrap()["metadata"]["annotations"],
+            json!({})
+        );
     }
 
     #[tokio::test]

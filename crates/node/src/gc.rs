@@ -390,13 +390,13 @@ mod tests {
 
     #[test]
     fn volumes_of_shared_classes_are_told_apart_and_never_removed() {
-        use lvms_csi::backend::{ClassInfo, LvType, Volume};
+        use lvms_csi::backend::{ClassInfo, Layout, Volume};
         let class = |name: &str, shared: bool| ClassInfo {
             name: name.into(),
             thin_pool: None,
             overprovision_ratio: 1,
             default: false,
-            layout: LvType::Linear,
+            layout: Layout::Linear,
             fstype: None,
             shared: shared.then(lvms_core::config::SharedConfig::default),
         };

@@ -9,8 +9,10 @@
 
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
+use lvms_core::layout::FreeSpace;
 use lvms_csi::backend::{
-    Backend, BackendError, Capacity, ClassInfo, NewSnapshot, NewVolume, Result, Usage, Volume,
+    Backend, BackendError, Capacity, ClassInfo, Layout, NewSnapshot, NewVolume, Result, Usage,
+    Volume,
 };
 use tokio::sync::watch;
 
@@ -122,8 +124,12 @@ impl<B: Backend> Backend for Switch<B> {
         self.or_unavailable()?.expand(id, size).await
     }
 
-    async fn capacity(&self, class: &str) -> Result<Capacity> {
-        self.or_unavailable()?.capacity(class).await
+    async fn capacity(&self, class: &str, layout: &Layout) -> Result<Capacity> {
+        self.or_unavailable()?.capacity(class, layout).await
+    }
+
+    async fn free_space(&self, class: &str) -> Result<Option<FreeSpace>> {
+        self.or_unavailable()?.free_space(class).await
     }
 
     async fn activate(&self, id: &str) -> Result<String> {

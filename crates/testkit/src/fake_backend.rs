@@ -5,7 +5,7 @@
 
 use std::{collections::BTreeMap, sync::Mutex, time::Duration};
 
-use lvms_core::lvattr::LvHealth;
+use lvms_core::{layout::FreeSpace, lvattr::LvHealth};
 use lvms_csi::{
     backend::{
         Backend, BackendError, Capacity, ClassInfo, NewSnapshot, NewVolume, Result, Source, Volume,
@@ -53,7 +53,7 @@ impl FakeBackend {
                     thin_pool: Some("pool".into()),
                     overprovision_ratio: 2,
                     default: true,
-                    layout: lvms_csi::backend::LvType::Linear,
+                    layout: lvms_csi::backend::Layout::Linear,
                     fstype: None,
                     shared: None,
                 },
@@ -62,7 +62,7 @@ impl FakeBackend {
                     thin_pool: None,
                     overprovision_ratio: 1,
                     default: false,
-                    layout: lvms_csi::backend::LvType::Linear,
+                    layout: lvms_csi::backend::Layout::Linear,
                     fstype: None,
                     shared: None,
                 },
@@ -264,20 +264,34 @@ impl Backend for FakeBackend {
         Ok(self.state.lock().unwrap().usage.get(class).copied())
     }
 
-    async fn capacity(&self, class: &str) -> Result<Capacity> {
+    /// A thick class's volume group is one device with `thick_free` bytes free.
+    async fn capacity(&self, class: &str, layout: &lvms_csi::backend::Layout) -> Result<Capacity> {
         let s = self.state.lock().unwrap();
-        let available = if let Some(pool) = s.pool_size.get(class) {
-            (2 * pool).saturating_sub(Self::used_virtual(&s, class))
+        let (available, devices) = if let Some(pool) = s.pool_size.get(class) {
+            (
+                (2 * pool).saturating_sub(Self::used_virtual(&s, class)),
+                None,
+            )
         } else {
-            *s.thick_free
+            let free = *s
+                .thick_free
                 .get(class)
-                .ok_or_else(|| BackendError::NotFound(class.to_owned()))?
+                .ok_or_else(|| BackendError::NotFound(class.to_owned()))?;
+            (layout.max_size(&FreeSpace::new(EXTENT, [free])), Some(1))
         };
         Ok(Capacity {
             available,
             maximum_volume_size: available,
             minimum_volume_size: EXTENT,
+            devices,
         })
+    }
+
+    async fn free_space(&self, class: &str) -> Result<Option<FreeSpace>> {
+        let s = self.state.lock().unwrap();
+        Ok(s.thick_free
+            .get(class)
+            .map(|free| FreeSpace::new(EXTENT, [*free])))
     }
 
     async fn activate(&self, id: &str) -> Result<String> {

@@ -95,7 +95,7 @@ fn classes() -> Vec<ClassInfo> {
         thin_pool: Some(POOL.into()),
         overprovision_ratio: 100,
         default: true,
-        layout: lvms_csi::backend::LvType::Linear,
+        layout: lvms_csi::backend::Layout::Linear,
         fstype: None,
         shared: None,
     }]

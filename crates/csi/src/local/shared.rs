@@ -507,7 +507,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::backend::{Backend as _, LvType};
+    use crate::backend::{Backend as _, Layout};
 
     #[test]
     fn zeroing_chunks_are_a_32nd_of_the_volume_at_least_1_gib_in_whole_mib() {
@@ -584,7 +584,7 @@ mod tests {
             thin_pool: None,
             overprovision_ratio: 1,
             default: true,
-            layout: LvType::Linear,
+            layout: Layout::Linear,
             fstype: None,
             shared: Some(SharedConfig::default()),
         };

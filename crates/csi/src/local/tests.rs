@@ -8,7 +8,7 @@ use lvms_core::{
 };
 use lvms_host::{
     fake::FakeRunner,
-    lvm::{LV_FIELDS, VG_FIELDS},
+    lvm::{LV_FIELDS, PV_FIELDS, VG_FIELDS},
 };
 
 use super::*;
@@ -28,7 +28,7 @@ fn classes() -> Vec<ClassInfo> {
             thin_pool: Some("pool".into()),
             overprovision_ratio: 10,
             default: true,
-            layout: crate::backend::LvType::Linear,
+            layout: crate::backend::Layout::Linear,
             fstype: None,
             shared: None,
         },
@@ -37,7 +37,7 @@ fn classes() -> Vec<ClassInfo> {
             thin_pool: None,
             overprovision_ratio: 1,
             default: false,
-            layout: crate::backend::LvType::Linear,
+            layout: crate::backend::Layout::Linear,
             fstype: None,
             shared: None,
         },
@@ -395,9 +395,20 @@ fn expect_thick_create(
     segtype: &'static str,
     free: u64,
 ) {
+    expect_report(fake, &[]);
+    expect_thick_lvcreate(fake, name, layout, segtype, free);
+}
+
+/// [`expect_thick_create`] with the report already cached.
+fn expect_thick_lvcreate(
+    fake: &FakeRunner,
+    name: &str,
+    layout: &[&str],
+    segtype: &'static str,
+    free: u64,
+) {
     let lv_name = ids::volume_lv_name(name);
     let name_tag = ids::name_tag(name);
-    expect_report(fake, &[]);
     let mut argv = vec!["lvm", "lvcreate", "--yes", "--type"];
     argv.extend(layout);
     argv.extend([
@@ -432,8 +443,8 @@ async fn create_thick_striped_volume_runs_lvcreate_with_the_layout() {
         4 * GIB,
     );
     let mut req = new_volume("pvc-s", "thick", GIB);
-    req.lv_type = Some(LvType::Striped {
-        stripes: 2,
+    req.lv_type = Some(Layout::Striped {
+        stripes: Some(2),
         stripe_size: Some(64 * 1024),
     });
     let vol = b.create_volume(&req).await.unwrap();
@@ -441,7 +452,13 @@ async fn create_thick_striped_volume_runs_lvcreate_with_the_layout() {
     assert!(!vol.thin && !vol.snapshot);
     assert_eq!(vol.class, "thick");
     // The patched report answers capacity with the new free space.
-    assert_eq!(b.capacity("thick").await.unwrap().available, 4 * GIB);
+    assert_eq!(
+        b.capacity("thick", &Layout::Linear)
+            .await
+            .unwrap()
+            .available,
+        4 * GIB
+    );
     fake.assert_done();
 }
 
@@ -449,11 +466,13 @@ async fn create_thick_striped_volume_runs_lvcreate_with_the_layout() {
 async fn a_raid_class_makes_raid_volumes_when_the_request_names_no_layout() {
     let fake = FakeRunner::new();
     let raid = ClassInfo {
-        layout: LvType::Raid {
+        layout: Layout::Raid {
             level: RaidType::Raid1,
             mirrors: Some(1),
             stripes: None,
             stripe_size: None,
+            nosync: false,
+            integrity: false,
         },
         ..classes()[1].clone()
     };
@@ -473,26 +492,153 @@ async fn a_raid_class_makes_raid_volumes_when_the_request_names_no_layout() {
     assert_eq!(vol.class, "thick");
 }
 
+/// `lvm pvs` answering the thick group's two devices (`free` bytes each) and the thin group's one.
+fn expect_pvs(fake: &FakeRunner, free: [u64; 2]) {
+    let row = |name: &str, vg: &str, free: u64| {
+        format!(
+            r#"{{"pv_name":"/dev/{name}", "vg_name":"{vg}", "pv_uuid":"u-{name}", "pv_size":"{}", "pv_free":"{free}", "pv_attr":"a--"}}"#,
+            4 * GIB
+        )
+    };
+    fake.expect(&report_argv("pvs", PV_FIELDS)).stdout(format!(
+        r#"{{"report":[{{"pv":[{},{},{}]}}]}}"#,
+        row("vdb", "thick", free[0]),
+        row("vdc", "thick", free[1]),
+        row("vdd", "thin", 0)
+    ));
+}
+
+fn mirror() -> Layout {
+    Layout::Mirror {
+        mirrors: 1,
+        nosync: false,
+        integrity: false,
+    }
+}
+
 #[tokio::test]
-async fn raid_layouts_map_to_the_host_layouts() {
+async fn capacity_per_layout_reads_the_devices_once_until_a_change_of_the_group() {
+    let (fake, b) = setup();
+    expect_report(&fake, &[]);
+    // Linear: the group's free space, no look at the devices.
+    let linear = b.capacity("thick", &Layout::Linear).await.unwrap();
+    assert_eq!((linear.available, linear.devices), (5 * GIB, None));
+    fake.assert_done();
+
+    // 4 GiB free on one device, 1 GiB on the other.
+    expect_pvs(&fake, [4 * GIB, GIB]);
+    let m = b.capacity("thick", &mirror()).await.unwrap();
     assert_eq!(
-        layout(LvType::Raid {
-            level: RaidType::Raid5,
-            mirrors: None,
-            stripes: Some(2),
-            stripe_size: None
-        }),
-        Layout::Raid {
-            level: RaidType::Raid5,
-            mirrors: None,
-            stripes: Some(2),
-            stripe_size: None
-        }
+        m,
+        Capacity {
+            available: GIB - EXTENT,
+            maximum_volume_size: GIB - EXTENT,
+            minimum_volume_size: EXTENT,
+            devices: Some(2),
+        },
+        "one copy on each device, less one extent of RAID metadata"
+    );
+    let striped = Layout::Striped {
+        stripes: None,
+        stripe_size: None,
+    };
+    assert_eq!(
+        b.capacity("thick", &striped).await.unwrap().available,
+        2 * GIB
     );
     assert_eq!(
-        layout(LvType::Mirror { mirrors: 1 }),
-        Layout::Mirror { mirrors: 1 }
+        b.free_space("thick").await.unwrap(),
+        Some(FreeSpace {
+            extent_size: EXTENT,
+            free_extents: vec![1024, 256],
+        })
     );
+    assert_eq!(b.free_space("thin").await.unwrap(), None);
+    fake.assert_done();
+
+    // A volume made in the group: the devices are read again at the next question.
+    expect_thick_lvcreate(&fake, "pvc-a", &["linear"], "linear", 4 * GIB);
+    b.create_volume(&new_volume("pvc-a", "thick", GIB))
+        .await
+        .unwrap();
+    expect_pvs(&fake, [3 * GIB, GIB]);
+    b.capacity("thick", &mirror()).await.unwrap();
+    fake.assert_done();
+}
+
+#[tokio::test]
+async fn a_layout_the_group_has_too_few_devices_for_is_refused_naming_them() {
+    let fake = FakeRunner::new();
+    let b = LocalBackend::new("node-a", classes(), Lvm::new(fake.clone())).with_clock(|| NOW);
+    fake.expect(&report_argv("vgs", VG_FIELDS)).stdout(vgs().replace(
+        r#""vg_name":"thick", "vg_uuid":"u-thick", "vg_size":"8589934592", "vg_free":"5368709120", "vg_extent_size":"4194304", "vg_extent_count":"2048", "vg_free_count":"1280", "pv_count":"2""#,
+        r#""vg_name":"thick", "vg_uuid":"u-thick", "vg_size":"8589934592", "vg_free":"5368709120", "vg_extent_size":"4194304", "vg_extent_count":"2048", "vg_free_count":"1280", "pv_count":"1""#,
+    ));
+    fake.expect(&report_argv("lvs", LV_FIELDS)).stdout(lvs(&[]));
+    for layout in [
+        mirror(),
+        Layout::Striped {
+            stripes: None,
+            stripe_size: None,
+        },
+    ] {
+        let mut req = new_volume("pvc-m", "thick", GIB);
+        req.lv_type = Some(layout);
+        let err = b.create_volume(&req).await.unwrap_err();
+        assert!(
+            matches!(&err, BackendError::InsufficientSpace(m)
+                if m.contains(&format!("a {} volume needs 2 LVM physical volumes", layout.name()))
+                    && m.contains("which has 1")),
+            "{err}"
+        );
+    }
+    fake.assert_done();
+}
+
+#[tokio::test]
+async fn a_striped_volume_without_a_stripe_count_stripes_over_every_device() {
+    let (fake, b) = setup();
+    expect_thick_create(
+        &fake,
+        "pvc-s",
+        &["striped", "--stripes", "2"],
+        "striped",
+        4 * GIB,
+    );
+    let mut req = new_volume("pvc-s", "thick", GIB);
+    req.lv_type = Some(Layout::Striped {
+        stripes: None,
+        stripe_size: None,
+    });
+    b.create_volume(&req).await.unwrap();
+    fake.assert_done();
+}
+
+#[tokio::test]
+async fn mirror_options_reach_lvcreate() {
+    let (fake, b) = setup();
+    expect_thick_create(
+        &fake,
+        "pvc-m",
+        &[
+            "raid1",
+            "--mirrors",
+            "1",
+            "--nosync",
+            "--raidintegrity",
+            "y",
+        ],
+        "raid1",
+        4 * GIB,
+    );
+    let mut req = new_volume("pvc-m", "thick", GIB);
+    req.lv_type = Some(Layout::Mirror {
+        mirrors: 1,
+        nosync: true,
+        integrity: true,
+    });
+    b.create_volume(&req).await.unwrap();
+    fake.assert_done();
 }
 
 #[tokio::test]
@@ -911,7 +1057,7 @@ async fn capacity_from_a_recorded_report_thin_and_thick() {
             thin_pool: Some("pool1".into()),
             overprovision_ratio: 10,
             default: true,
-            layout: crate::backend::LvType::Linear,
+            layout: crate::backend::Layout::Linear,
             fstype: None,
             shared: None,
         },
@@ -920,7 +1066,7 @@ async fn capacity_from_a_recorded_report_thin_and_thick() {
             thin_pool: None,
             overprovision_ratio: 1,
             default: false,
-            layout: crate::backend::LvType::Linear,
+            layout: crate::backend::Layout::Linear,
             fstype: None,
             shared: None,
         },
@@ -931,25 +1077,27 @@ async fn capacity_from_a_recorded_report_thin_and_thick() {
     // Pool 512 MiB at 1.56 %, thin1 and snap1 promise 256 MiB each: with ratio 10,
     // virtual free = 10 × 512 MiB − 512 MiB = 4.5 GiB, below 10 × physical free.
     assert_eq!(
-        b.capacity("vg1").await.unwrap(),
+        b.capacity("vg1", &Layout::Linear).await.unwrap(),
         Capacity {
             available: 4_831_838_208,
             maximum_volume_size: 4_831_838_208,
             minimum_volume_size: 4 * MIB,
+            devices: None,
         }
     );
     // Thick: the volume group's free space (238 extents).
     assert_eq!(
-        b.capacity("foreign").await.unwrap(),
+        b.capacity("foreign", &Layout::Linear).await.unwrap(),
         Capacity {
             available: 998_244_352,
             maximum_volume_size: 998_244_352,
             minimum_volume_size: 4 * MIB,
+            devices: None,
         }
     );
     fake.assert_done();
     assert!(matches!(
-        b.capacity("nope").await.unwrap_err(),
+        b.capacity("nope", &Layout::Linear).await.unwrap_err(),
         BackendError::NotFound(_)
     ));
     // The recorded LVs carry no owner tag: none of them is ours.
@@ -967,8 +1115,8 @@ async fn reads_after_one_refresh_spawn_no_second_lvs() {
     expect_report(&fake, &[pool(), vol.clone(), snap.clone(), foreign]);
     let listed = b.list().await.unwrap();
     let got = b.get(&vol.name).await.unwrap().unwrap();
-    b.capacity("thin").await.unwrap();
-    b.capacity("thick").await.unwrap();
+    b.capacity("thin", &Layout::Linear).await.unwrap();
+    b.capacity("thick", &Layout::Linear).await.unwrap();
     assert!(b.ready().await.unwrap());
     fake.assert_done();
     assert_eq!(fake.calls().len(), 2);

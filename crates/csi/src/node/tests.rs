@@ -87,7 +87,11 @@ impl Backend for TestBackend {
     async fn expand(&self, _: &str, _: u64) -> crate::backend::Result<u64> {
         unused()
     }
-    async fn capacity(&self, _: &str) -> crate::backend::Result<Capacity> {
+    async fn capacity(
+        &self,
+        _: &str,
+        _: &crate::backend::Layout,
+    ) -> crate::backend::Result<Capacity> {
         unused()
     }
     async fn activate(&self, id: &str) -> crate::backend::Result<String> {
@@ -519,7 +523,7 @@ async fn stage_without_a_capability_fstype_formats_with_the_volume_class_fstype_
         thin_pool: None,
         overprovision_ratio: 1,
         default: false,
-        layout: crate::backend::LvType::Linear,
+        layout: crate::backend::Layout::Linear,
         fstype,
         shared: None,
     };

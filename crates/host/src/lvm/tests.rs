@@ -732,13 +732,13 @@ async fn lv_create_striped_with_and_without_stripe_size() {
     ])
     .succeeds();
     lvm.lv_create(&spec(Layout::Striped {
-        stripes: 2,
+        stripes: Some(2),
         stripe_size: Some(65536),
     }))
     .await
     .unwrap();
     lvm.lv_create(&spec(Layout::Striped {
-        stripes: 3,
+        stripes: Some(3),
         stripe_size: None,
     }))
     .await
@@ -768,9 +768,13 @@ async fn lv_create_mirror_is_raid1_with_mirrors() {
         "vg1",
     ])
     .succeeds();
-    lvm.lv_create(&spec(Layout::Mirror { mirrors: 1 }))
-        .await
-        .unwrap();
+    lvm.lv_create(&spec(Layout::Mirror {
+        mirrors: 1,
+        nosync: false,
+        integrity: false,
+    }))
+    .await
+    .unwrap();
     fake.assert_done();
 }
 
@@ -824,6 +828,8 @@ async fn lv_create_raid_levels() {
         mirrors: Some(1),
         stripes: Some(2),
         stripe_size: Some(65536),
+        nosync: false,
+        integrity: false,
     }))
     .await
     .unwrap();
@@ -832,6 +838,8 @@ async fn lv_create_raid_levels() {
         mirrors: None,
         stripes: Some(3),
         stripe_size: None,
+        nosync: false,
+        integrity: false,
     }))
     .await
     .unwrap();
@@ -842,7 +850,7 @@ async fn lv_create_raid_levels() {
 async fn lv_create_rejects_zero_stripes_and_zero_size() {
     let (fake, lvm) = setup();
     let zero_stripes = spec(Layout::Striped {
-        stripes: 0,
+        stripes: Some(0),
         stripe_size: None,
     });
     assert!(matches!(
@@ -908,7 +916,7 @@ async fn lv_create_too_big_is_insufficient_space() {
     .fails(5, stderr!("lvcreate-insufficient-suitable-extents"));
     let err = lvm
         .lv_create(&spec(Layout::Striped {
-            stripes: 2,
+            stripes: Some(2),
             stripe_size: None,
         }))
         .await

@@ -84,7 +84,7 @@ fn the_engine_config_carries_every_field_with_the_apis_defaults() {
             thin_pool: Some("thin-pool-1".into()),
             overprovision_ratio: 10,
             default: true,
-            layout: lvms_csi::backend::LvType::Linear,
+            layout: lvms_csi::backend::Layout::Linear,
             fstype: None,
             shared: None,
         }
@@ -106,11 +106,13 @@ fn the_engine_config_carries_every_field_with_the_apis_defaults() {
     // Its volumes are RAID volumes of that layout unless a request names another.
     assert_eq!(
         ClassInfo::from_config(&raid).layout,
-        lvms_csi::backend::LvType::Raid {
+        lvms_csi::backend::Layout::Raid {
             level: RaidType::Raid1,
             mirrors: Some(1),
             stripes: None,
             stripe_size: Some(64 << 10),
+            nosync: false,
+            integrity: false,
         }
     );
 
