@@ -141,6 +141,19 @@ pub const DESCRIPTION_ANNOTATION: &str = "description";
 pub const CAPACITY_ANNOTATION_PREFIX: &str = "capacity.topolvm.io/";
 /// PVC annotation TopoLVM sets when a resize was requested.
 pub const RESIZE_REQUESTED_AT_ANNOTATION: &str = "topolvm.io/resize-requested-at";
+/// On a StatefulSet's pod or on one of its claims: `"true"` lets the operator's eviction controller
+/// (`lvms operator --eviction-controller`) delete the claim when the pod is evicted from, or cannot be
+/// scheduled because of, a node that is gone or cordoned, so the StatefulSet makes a new claim on
+/// another node. The data on the old node is lost.
+pub const EVICTION_ALLOWED_ANNOTATION: &str = "lvms.topolvm.io/is-eviction-allowed";
+/// metal-stack csi-driver-lvm's name for [`EVICTION_ALLOWED_ANNOTATION`], accepted the same way.
+pub const CSI_DRIVER_LVM_EVICTION_ALLOWED_ANNOTATION: &str =
+    "metal-stack.io/csi-driver-lvm.is-eviction-allowed";
+/// Every annotation that opts a claim in to the eviction controller.
+pub const EVICTION_ALLOWED_ANNOTATIONS: [&str; 2] = [
+    EVICTION_ALLOWED_ANNOTATION,
+    CSI_DRIVER_LVM_EVICTION_ALLOWED_ANNOTATION,
+];
 
 // ---------------------------------------------------------------------------------------------
 // CSI driver, topology and StorageClass parameters

@@ -143,6 +143,13 @@ struct OperatorArgs {
     /// Port of `/metrics`.
     #[arg(long, env = "METRICS_PORT", default_value_t = 8080)]
     metrics_port: u16,
+    /// Run the eviction controller (metal-stack csi-driver-lvm's): when a StatefulSet's pod is
+    /// evicted or unschedulable and it or its claim says `lvms.topolvm.io/is-eviction-allowed:
+    /// "true"` (or `metal-stack.io/csi-driver-lvm.is-eviction-allowed`), delete the claim if its
+    /// volume's node is gone, out of service or cordoned, so the StatefulSet makes a new one
+    /// elsewhere. Assumes one operator replica.
+    #[arg(long, env = "LVMS_EVICTION_CONTROLLER")]
+    eviction_controller: bool,
 }
 
 fn main() -> Result<()> {
@@ -190,6 +197,7 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
         .context("providing the webhook's certificate")?;
     }
     let mut cfg = lvms_operator::RenderConfig::new(namespace.clone(), args.image);
+    let driver_name = args.driver_name.clone();
     cfg.driver_name = args.driver_name;
     cfg.node_driver_registrar_image = args.node_driver_registrar_image;
     cfg.livenessprobe_image = args.livenessprobe_image;
@@ -243,6 +251,16 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
         metrics.clone(),
         stopped(),
     );
+    let eviction = {
+        let (client, metrics, stop) = (client.clone(), metrics.clone(), stopped());
+        async move {
+            if args.eviction_controller {
+                tracing::info!(driver = %driver_name, "eviction controller enabled");
+                lvms_operator::controller::eviction::run(client, driver_name, metrics, stop).await;
+            }
+            Ok(())
+        }
+    };
     let controller = async {
         lvms_operator::controller::run(client, cfg, metrics, readiness, stopped()).await;
         Ok(())
@@ -262,6 +280,7 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
             node_removal.await;
             Ok(())
         },
+        eviction,
     )?;
     Ok(())
 }

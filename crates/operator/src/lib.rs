@@ -9,6 +9,8 @@
 //!   which nodes each device class selects ([`selector`] holds the Kubernetes matching rules).
 //! - [`finalizer`]: when deleting an `LVMCluster` may proceed, and what to clean up after nodes that no
 //!   longer exist.
+//! - [`eviction`]: when a StatefulSet's claim on a drained or gone node may be deleted so the
+//!   StatefulSet makes it anew elsewhere (metal-stack csi-driver-lvm's eviction controller).
 //!
 //! The planning modules above have no client and no async. [`controller`] is the thin I/O half that
 //! executes their plans against the API server (the `LVMCluster` reconciler and its `run` loop);
@@ -18,6 +20,7 @@
 
 pub mod certificate;
 pub mod controller;
+pub mod eviction;
 pub mod finalizer;
 pub mod host_ids;
 pub mod metrics;

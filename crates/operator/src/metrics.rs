@@ -4,14 +4,16 @@
 //!
 //! Metric names, all prefixed `lvms_operator_`:
 //! - `reconciles_total{controller, result}`: reconciles by controller (`lvmcluster`,
-//!   `node-removal`) and result (`success`, `error`);
+//!   `node-removal`, `eviction`: only pods of a StatefulSet that are being evicted or are
+//!   unschedulable count) and result (`success`, `error`);
 //! - `reconcile_duration_seconds{controller}`: how long they took;
 //! - `lvmcluster_ready{namespace, name}`: 1 while the LVMCluster's status says ready, else 0;
 //! - `lvmcluster_state{namespace, name, state}`: 1 for the LVMCluster's current state, 0 for the
 //!   others;
 //! - `webhook_requests_total{operation, result}`: admission reviews by operation (`validate`,
 //!   `mutate`) and result (`allowed`, `denied`, `error`);
-//! - `node_cleanups_total`: nodes that no longer exist whose objects and finalizers were released.
+//! - `node_cleanups_total`: nodes that no longer exist whose objects and finalizers were released;
+//! - `eviction_claim_deletions_total`: claims the eviction controller deleted.
 
 use std::{
     future::Future,
@@ -87,6 +89,7 @@ pub struct Metrics {
     cluster_state: Family<ClusterStateLabels, Gauge>,
     webhook_requests: Family<WebhookLabels, Counter>,
     node_cleanups: Counter,
+    eviction_claim_deletions: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -144,6 +147,13 @@ impl Metrics {
             "Nodes that no longer exist whose node status and cleanup finalizers were released",
             node_cleanups.clone(),
         );
+        let eviction_claim_deletions = Counter::default();
+        registry.register(
+            "eviction_claim_deletions",
+            "StatefulSet claims the eviction controller deleted because their node was gone, out of \
+             service or cordoned",
+            eviction_claim_deletions.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -152,6 +162,7 @@ impl Metrics {
             cluster_state,
             webhook_requests,
             node_cleanups,
+            eviction_claim_deletions,
         }
     }
 
@@ -217,6 +228,11 @@ impl Metrics {
     /// Counts nodes whose leftovers were released.
     pub fn node_cleanups(&self, nodes: u64) {
         self.node_cleanups.inc_by(nodes);
+    }
+
+    /// Counts one claim the eviction controller deleted.
+    pub fn eviction_claim_deleted(&self) {
+        self.eviction_claim_deletions.inc();
     }
 
     /// The OpenMetrics text exposition of every metric.
@@ -373,6 +389,7 @@ mod tests {
         metrics.cluster_status("lvms-system", "my-lvmcluster", false, "Degraded");
         metrics.webhook_request("validate", "denied");
         metrics.node_cleanups(2);
+        metrics.eviction_claim_deleted();
         let (code, body) = get(
             router(metrics.clone(), Readiness::without_webhook()),
             "/metrics",
@@ -388,6 +405,7 @@ mod tests {
             r#"lvms_operator_lvmcluster_state{namespace="lvms-system",name="my-lvmcluster",state="Ready"} 0"#,
             r#"lvms_operator_webhook_requests_total{operation="validate",result="denied"} 1"#,
             "lvms_operator_node_cleanups_total 2",
+            "lvms_operator_eviction_claim_deletions_total 1",
         ] {
             assert!(
                 body.lines().any(|l| l == line),

@@ -108,13 +108,25 @@ const OPERATOR_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
         Scope::Cluster,
     ),
     ("", "nodes", &["get", "list", "watch"], Scope::Cluster),
+    // The LVMCluster's deletion counts claims and volumes; the eviction controller reads a claim,
+    // its volume and node, and deletes the claim.
     (
         "",
         "persistentvolumeclaims",
-        &["get", "list"],
+        &["get", "list", "delete"],
         Scope::Cluster,
     ),
     ("", "persistentvolumes", &["get", "list"], Scope::Cluster),
+    // The eviction controller (src/controller/eviction.rs): every pod watched, the pod's
+    // StatefulSet read, events on claims and StatefulSets in any namespace.
+    ("", "pods", &["list", "watch"], Scope::Cluster),
+    ("apps", "statefulsets", &["get"], Scope::Cluster),
+    (
+        "events.k8s.io",
+        "events",
+        &["create", "patch"],
+        Scope::Cluster,
+    ),
     // The webhook's self-signed certificate (src/certificate.rs).
     ("", "secrets", &["get", "create", "patch"], Scope::Namespace),
     // The sanlock host ids of shared classes (src/host_ids.rs): read, create, conditional update.

@@ -12,6 +12,9 @@
 //! - being deleted: count what still needs the storage, and follow the [`DeletionPlan`].
 //!
 //! Every step is idempotent: apply is declarative, deletes treat "not found" as done.
+//!
+//! Beside it: [`node_removal`] releases what deleted nodes leave behind, and [`eviction`] (off by
+//! default) deletes the claims of StatefulSet pods evicted from drained or gone nodes.
 
 use std::{collections::BTreeSet, fmt::Debug, future::Future, sync::Arc, time::Duration};
 
@@ -766,6 +769,7 @@ where
     }
 }
 
+pub mod eviction;
 pub mod node_removal;
 
 #[cfg(test)]

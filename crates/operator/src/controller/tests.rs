@@ -13,7 +13,7 @@ use tower_test::mock::{self, Handle};
 use super::{Context, DELETION_REQUEUE, REQUEUE, reconcile};
 use crate::render::RenderConfig;
 
-type ApiServer = Handle<Request<Body>, Response<Body>>;
+pub(super) type ApiServer = Handle<Request<Body>, Response<Body>>;
 
 const NS: &str = "lvms";
 const CLUSTER_PATH: &str =
@@ -64,7 +64,7 @@ fn list(items: Vec<Value>) -> Value {
     json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "1"}, "items": items})
 }
 
-fn not_found() -> (StatusCode, Value) {
+pub(super) fn not_found() -> (StatusCode, Value) {
     (
         StatusCode::NOT_FOUND,
         json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "NotFound",
@@ -74,16 +74,19 @@ fn not_found() -> (StatusCode, Value) {
 
 /// One request as the API server saw it.
 #[derive(Debug)]
-struct Seen {
-    method: Method,
-    path: String,
-    query: BTreeMap<String, String>,
-    content_type: Option<String>,
-    body: Value,
+pub(super) struct Seen {
+    pub(super) method: Method,
+    pub(super) path: String,
+    pub(super) query: BTreeMap<String, String>,
+    pub(super) content_type: Option<String>,
+    pub(super) body: Value,
 }
 
 /// Takes the next request, answers it with `respond(&request)`, and returns it.
-async fn next(server: &mut ApiServer, respond: impl FnOnce(&Seen) -> (StatusCode, Value)) -> Seen {
+pub(super) async fn next(
+    server: &mut ApiServer,
+    respond: impl FnOnce(&Seen) -> (StatusCode, Value),
+) -> Seen {
     let (request, send) = tokio::time::timeout(Duration::from_secs(5), server.next_request())
         .await
         .expect("a request within 5 s")
@@ -141,12 +144,12 @@ fn assert_ssa(seen: &Seen, path: &str) {
     );
 }
 
-fn assert_get(seen: &Seen, path: &str) {
+pub(super) fn assert_get(seen: &Seen, path: &str) {
     assert_eq!((&seen.method, seen.path.as_str()), (&Method::GET, path));
 }
 
 /// Asserts that the reconciler sends nothing more once it is done.
-async fn assert_no_more_requests(server: &mut ApiServer) {
+pub(super) async fn assert_no_more_requests(server: &mut ApiServer) {
     if let Ok(Some((request, _))) =
         tokio::time::timeout(Duration::from_millis(200), server.next_request()).await
     {

@@ -18,6 +18,9 @@
 //!   status into `LVMCluster.status`, and runs the deletion flow (PVCs and Retain PVs block it, node
 //!   cleanup finalizers are awaited);
 //! - [`node_removal`]: deleting a Node releases its node status and cleanup finalizers;
+//! - [`eviction`]: draining a node deletes the opted-in claim of its evicted StatefulSet pod (not
+//!   another driver's, not one on a healthy node) and the StatefulSet makes it anew; an
+//!   unschedulable pod whose volume's node is gone gets a new claim;
 //! - [`host_ids`]: two sanlock host-id allocators racing on one record never give an id to two
 //!   nodes, and deleting a Node releases its id;
 //! - [`provisioning`]: the CSI controller and a node agent's LogicalVolume reconciler (over an in-memory
@@ -34,6 +37,7 @@
 mod bench;
 mod cleanup;
 mod crds;
+mod eviction;
 mod host_ids;
 mod installed;
 mod node_removal;
