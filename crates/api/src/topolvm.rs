@@ -44,6 +44,58 @@ pub struct LogicalVolumeSpec {
     /// `ro` for a snapshot, `rw` for a restore or clone; only with `source`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub access_type: String,
+    /// How a thick volume lays out its extents (lvms-rs; TopoLVM has no such field): from the
+    /// StorageClass's layout parameters. Absent: the device class's layout (linear, or its
+    /// `raidConfig`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<VolumeLayout>,
+}
+
+/// A thick volume's layout (`spec.layout`).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeLayout {
+    /// The segment type.
+    #[serde(rename = "type")]
+    pub layout_type: LayoutType,
+    /// Striped: the stripe count (absent: one per LVM physical volume of the group); raid4/5/6
+    /// and raid10: the data stripes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub stripes: Option<u32>,
+    /// Striped and RAID: the stripe size, a power of two of at least 4Ki.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stripe_size: Option<Quantity>,
+    /// Mirror, raid1 and raid10: extra copies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub mirrors: Option<u32>,
+    /// Mirror and RAID: skip the initial synchronisation (`lvcreate --nosync`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub nosync: bool,
+    /// Mirror and RAID: dm-integrity under each image (`lvcreate --raidintegrity y`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub integrity: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// The segment type of a thick volume.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LayoutType {
+    #[default]
+    Linear,
+    Striped,
+    /// raid1 with one extra copy unless `mirrors` says otherwise.
+    Mirror,
+    Raid1,
+    Raid4,
+    Raid5,
+    Raid6,
+    Raid10,
 }
 
 /// Observed state of a `LogicalVolume`.

@@ -228,14 +228,6 @@ impl Backend for NodeBackend {
     }
 
     async fn create_volume(&self, req: &NewVolume) -> Result<Volume> {
-        if req.lv_type.is_some() {
-            return Err(BackendError::InvalidArgument(
-                "the volume layout parameter (lvms.topolvm.io/lv-type) is not supported on \
-                 Kubernetes: thick volumes take their device class's layout (linear, or the RAID \
-                 layout of its raidConfig); remove the parameter"
-                    .to_owned(),
-            ));
-        }
         let id = ids::volume_lv_name(&req.name);
         let (source, access_type) = match &req.source {
             None => (String::new(), String::new()),
@@ -251,6 +243,7 @@ impl Backend for NodeBackend {
                 lvcreate_option_class: String::new(),
                 source,
                 access_type,
+                layout: req.lv_type.map(|l| l.to_api()),
             },
         ))
         .await
@@ -271,6 +264,7 @@ impl Backend for NodeBackend {
                 lvcreate_option_class: String::new(),
                 source: source.id.clone(),
                 access_type: "ro".to_owned(),
+                layout: None,
             },
         ))
         .await

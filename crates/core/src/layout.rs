@@ -20,11 +20,13 @@
 //! image over several devices and so make a little more in unbalanced groups, but what is reported
 //! can always be made. A layout that needs more devices than the group has can make nothing.
 
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use lvms_api::topolvm::{LayoutType, VolumeLayout};
 use serde::{Deserialize, Serialize};
 
 use crate::{
     config::{RaidConfig, RaidType},
-    size::MIB,
+    size::{ByteSize, MIB},
 };
 
 /// How a thick volume lays out its extents (thin volumes have no choice).
@@ -114,6 +116,135 @@ impl Layout {
             nosync: false,
             integrity: false,
         }
+    }
+
+    /// The layout as a `LogicalVolume`'s `spec.layout` carries it.
+    pub fn to_api(&self) -> VolumeLayout {
+        let raid = |level| match level {
+            RaidType::Raid1 => LayoutType::Raid1,
+            RaidType::Raid4 => LayoutType::Raid4,
+            RaidType::Raid5 => LayoutType::Raid5,
+            RaidType::Raid6 => LayoutType::Raid6,
+            RaidType::Raid10 => LayoutType::Raid10,
+        };
+        let quantity = |s: Option<u64>| s.map(|s| Quantity(ByteSize(s).to_string()));
+        match *self {
+            Self::Linear => VolumeLayout::default(),
+            Self::Striped {
+                stripes,
+                stripe_size,
+            } => VolumeLayout {
+                layout_type: LayoutType::Striped,
+                stripes,
+                stripe_size: quantity(stripe_size),
+                ..VolumeLayout::default()
+            },
+            Self::Mirror {
+                mirrors,
+                nosync,
+                integrity,
+            } => VolumeLayout {
+                layout_type: LayoutType::Mirror,
+                mirrors: Some(mirrors),
+                nosync,
+                integrity,
+                ..VolumeLayout::default()
+            },
+            Self::Raid {
+                level,
+                mirrors,
+                stripes,
+                stripe_size,
+                nosync,
+                integrity,
+            } => VolumeLayout {
+                layout_type: raid(level),
+                stripes,
+                stripe_size: quantity(stripe_size),
+                mirrors,
+                nosync,
+                integrity,
+            },
+        }
+    }
+
+    /// Reads a `LogicalVolume`'s `spec.layout`; the error names the field and the fix.
+    pub fn from_api(api: &VolumeLayout) -> Result<Self, String> {
+        let stripe_size = api
+            .stripe_size
+            .as_ref()
+            .map(|q| {
+                q.0.parse::<ByteSize>()
+                    .ok()
+                    .map(|b| b.0)
+                    .filter(|b| b.is_power_of_two() && *b >= 4096)
+                    .ok_or_else(|| {
+                        format!(
+                            "spec.layout.stripeSize {:?} is not a power of two of at least 4Ki",
+                            q.0
+                        )
+                    })
+            })
+            .transpose()?;
+        let positive = |field: &str, v: Option<u32>| match v {
+            Some(0) => Err(format!("spec.layout.{field} must be at least 1")),
+            other => Ok(other),
+        };
+        let (stripes, mirrors) = (
+            positive("stripes", api.stripes)?,
+            positive("mirrors", api.mirrors)?,
+        );
+        let only = |what: &str, set: bool| {
+            if set {
+                Err(format!(
+                    "spec.layout.{what} does not apply to a {:?} volume: remove it",
+                    api.layout_type
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        let raid = |level| Self::Raid {
+            level,
+            mirrors,
+            stripes,
+            stripe_size,
+            nosync: api.nosync,
+            integrity: api.integrity,
+        };
+        Ok(match api.layout_type {
+            LayoutType::Linear => {
+                only("stripes", stripes.is_some())?;
+                only("stripeSize", stripe_size.is_some())?;
+                only("mirrors", mirrors.is_some())?;
+                only("nosync", api.nosync)?;
+                only("integrity", api.integrity)?;
+                Self::Linear
+            }
+            LayoutType::Striped => {
+                only("mirrors", mirrors.is_some())?;
+                only("nosync", api.nosync)?;
+                only("integrity", api.integrity)?;
+                Self::Striped {
+                    stripes,
+                    stripe_size,
+                }
+            }
+            LayoutType::Mirror => {
+                only("stripes", stripes.is_some())?;
+                only("stripeSize", stripe_size.is_some())?;
+                Self::Mirror {
+                    mirrors: mirrors.unwrap_or(1),
+                    nosync: api.nosync,
+                    integrity: api.integrity,
+                }
+            }
+            LayoutType::Raid1 => raid(RaidType::Raid1),
+            LayoutType::Raid4 => raid(RaidType::Raid4),
+            LayoutType::Raid5 => raid(RaidType::Raid5),
+            LayoutType::Raid6 => raid(RaidType::Raid6),
+            LayoutType::Raid10 => raid(RaidType::Raid10),
+        })
     }
 
     /// Its name in messages and StorageClass parameters: `linear`, `striped`, `mirror`, `raid5`, ….

@@ -32,7 +32,7 @@ use lvms_api::{
     LOGICAL_VOLUME_FINALIZER,
     topolvm::{LogicalVolume, LogicalVolumeStatus},
 };
-use lvms_core::size::ByteSize;
+use lvms_core::{layout::Layout, size::ByteSize};
 use lvms_csi::{
     backend::{BackendError, NewSnapshot, NewVolume, Source, Volume},
     ids,
@@ -225,6 +225,10 @@ fn plan_create(lv: &LogicalVolume, observed: &Observed<'_>, status: &LogicalVolu
     } else {
         lv.spec.device_class.clone()
     };
+    let lv_type = match lv.spec.layout.as_ref().map(Layout::from_api).transpose() {
+        Ok(layout) => layout,
+        Err(e) => return failed(Code::InvalidArgument, e),
+    };
     if lv.spec.source.is_empty() {
         if !lv.spec.access_type.is_empty() {
             return failed(
@@ -239,7 +243,7 @@ fn plan_create(lv: &LogicalVolume, observed: &Observed<'_>, status: &LogicalVolu
             name: lv.spec.name.clone(),
             class,
             size,
-            lv_type: None,
+            lv_type,
             volume_mode: None,
             source: None,
         });
@@ -291,7 +295,7 @@ fn plan_create(lv: &LogicalVolume, observed: &Observed<'_>, status: &LogicalVolu
         name: lv.spec.name.clone(),
         class,
         size,
-        lv_type: None,
+        lv_type,
         volume_mode: None,
         source: Some(if source_is_snapshot {
             Source::Snapshot(source_id)

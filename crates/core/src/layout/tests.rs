@@ -208,3 +208,66 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn every_layout_goes_through_a_logical_volume_unchanged() {
+    let all = [
+        Layout::Linear,
+        striped(None),
+        Layout::Striped {
+            stripes: Some(3),
+            stripe_size: Some(64 << 10),
+        },
+        mirror(1, false),
+        Layout::Mirror {
+            mirrors: 2,
+            nosync: true,
+            integrity: true,
+        },
+        raid(RaidType::Raid10, Some(1), Some(2)),
+        Layout::Raid {
+            level: RaidType::Raid5,
+            mirrors: None,
+            stripes: Some(3),
+            stripe_size: Some(1 << 20),
+            nosync: true,
+            integrity: false,
+        },
+    ];
+    for layout in all {
+        let api = layout.to_api();
+        let json = serde_json::to_value(&api).unwrap();
+        let back: VolumeLayout = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(Layout::from_api(&back), Ok(layout), "{json}");
+    }
+    assert_eq!(
+        serde_json::to_value(mirror(1, false).to_api()).unwrap(),
+        serde_json::json!({"type": "mirror", "mirrors": 1})
+    );
+}
+
+#[test]
+fn a_logical_volume_layout_that_makes_no_sense_is_refused_naming_the_field() {
+    for (json, needle) in [
+        (
+            serde_json::json!({"type": "linear", "mirrors": 1}),
+            "spec.layout.mirrors does not apply",
+        ),
+        (
+            serde_json::json!({"type": "striped", "integrity": true}),
+            "spec.layout.integrity does not apply",
+        ),
+        (
+            serde_json::json!({"type": "raid5", "stripeSize": "3000"}),
+            "spec.layout.stripeSize \"3000\"",
+        ),
+        (
+            serde_json::json!({"type": "mirror", "mirrors": 0}),
+            "spec.layout.mirrors must be at least 1",
+        ),
+    ] {
+        let api: VolumeLayout = serde_json::from_value(json.clone()).unwrap();
+        let err = Layout::from_api(&api).unwrap_err();
+        assert!(err.contains(needle), "{json}: {err}");
+    }
+}

@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
-use lvms_api::topolvm::LogicalVolumeSpec;
+use lvms_api::topolvm::{LayoutType, LogicalVolumeSpec, VolumeLayout};
 use lvms_core::lvattr::LvHealth;
 
 use super::*;
@@ -199,6 +199,16 @@ fn specs_the_agent_cannot_serve_fail_naming_the_field() {
         (|lv| lv.spec.access_type = "ro".into(), "spec.accessType"),
         (
             |lv| {
+                lv.spec.layout = Some(VolumeLayout {
+                    layout_type: LayoutType::Linear,
+                    mirrors: Some(1),
+                    ..VolumeLayout::default()
+                })
+            },
+            "spec.layout.mirrors",
+        ),
+        (
+            |lv| {
                 lv.spec.source = "src".into();
                 lv.spec.access_type = "rx".into();
             },
@@ -211,6 +221,25 @@ fn specs_the_agent_cannot_serve_fail_naming_the_field() {
         let (code, msg) = failure(plan(&lv, &observed(None, Some(&src))));
         assert_eq!(code, Code::InvalidArgument as i32, "{msg}");
         assert!(msg.contains(field), "{field}: {msg}");
+    }
+}
+
+#[test]
+fn the_layout_on_the_object_is_the_layout_made() {
+    let mut lv = ours("pvc-1", "1Gi");
+    assert!(matches!(
+        plan(&lv, &observed(None, None)),
+        Step::Create(NewVolume { lv_type: None, .. })
+    ));
+    let mirror = Layout::Mirror {
+        mirrors: 1,
+        nosync: true,
+        integrity: true,
+    };
+    lv.spec.layout = Some(mirror.to_api());
+    match plan(&lv, &observed(None, None)) {
+        Step::Create(req) => assert_eq!(req.lv_type, Some(mirror)),
+        other => panic!("expected a create, got {other:?}"),
     }
 }
 
