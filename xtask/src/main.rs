@@ -431,7 +431,14 @@ fn vm_test(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
         forwards: vec![],
         command,
         cwd: repo.to_path_buf(),
-        env: vec![("RUST_BACKTRACE".into(), "1".into())],
+        // RUST_TEST_NOCAPTURE=1 on the host shows what passing tests print (measured numbers).
+        env: std::iter::once(("RUST_BACKTRACE".into(), "1".into()))
+            .chain(
+                std::env::var("RUST_TEST_NOCAPTURE")
+                    .ok()
+                    .map(|v| ("RUST_TEST_NOCAPTURE".into(), v)),
+            )
+            .collect(),
         timeout: Duration::from_secs(60 * 60),
     };
     let out = vm::run_all(repo, vec![spec])?.remove(0);

@@ -95,13 +95,25 @@ impl FreeSpace {
     }
 }
 
-/// The extents of dm-integrity metadata lvm2 allocates for an image of `data` extents: 4 MiB for
-/// each started 500 MiB (`_lv_size_bytes_to_integrity_meta_bytes`), rounded up to whole extents.
+/// The extents of dm-integrity metadata lvm2 allocates for an image of `data` extents
+/// (`_lv_size_bytes_to_integrity_meta_bytes`): 4 MiB for each started 500 MiB, plus room for the
+/// journals that lvm2 2.03.2x adds (4 MiB up to 512 MiB of data, 8 MiB up to 1 GiB, 32 MiB up to
+/// 4 GiB, 64 MiB beyond), rounded up to whole extents. Older lvm2 asks for less, so the answer is
+/// never short on either.
 pub fn integrity_metadata_extents(data: u64, extent_size: u64) -> u64 {
     if extent_size == 0 {
         return 0;
     }
-    let bytes = (data.saturating_mul(extent_size) / (500 * MIB) + 1).saturating_mul(4 * MIB);
+    let data_bytes = data.saturating_mul(extent_size);
+    let journals = match data_bytes {
+        b if b <= 512 * MIB => 4 * MIB,
+        b if b <= 1024 * MIB => 8 * MIB,
+        b if b <= 4096 * MIB => 32 * MIB,
+        _ => 64 * MIB,
+    };
+    let bytes = (data_bytes / (500 * MIB) + 1)
+        .saturating_mul(4 * MIB)
+        .saturating_add(journals);
     bytes.div_ceil(extent_size)
 }
 

@@ -9,7 +9,10 @@
 mod vm_local {
     use std::{sync::Arc, time::Instant};
 
-    use lvms_core::capacity::{ThinPoolUsage, thin_capacity};
+    use lvms_core::{
+        capacity::{ThinPoolUsage, thin_capacity},
+        config::RaidType,
+    };
     use lvms_csi::{
         backend::{
             Backend, BackendError, ClassInfo, Layout, NewSnapshot, NewVolume, Source, Volume,
@@ -606,5 +609,121 @@ mod vm_local {
         tokio::time::sleep(std::time::Duration::from_millis(5200)).await;
         assert!(b.ready().await.unwrap());
         assert!(b.capacity(&vg, &Layout::Linear).await.unwrap().available > 0);
+    }
+    /// For every layout a StorageClass may ask for, a volume of exactly the capacity reported for
+    /// that layout is made, in a group whose devices have unequal free space; a layout needing more
+    /// devices than the group has reports nothing and is refused naming the devices.
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn a_volume_of_the_reported_maximum_is_made_in_every_layout() {
+        let mut s = Scratch::new(4, 256);
+        let vg = sh_vg(&mut s);
+        // Unbalanced: the devices have 60, 150, 250 and 250 MiB or so free.
+        for (size, disk) in [(192, 0), (100, 1)] {
+            sh(&format!(
+                "lvm lvcreate -q -y -L {size}m -n fill{disk} {vg} {} 2>&1",
+                s.disks[disk]
+            ));
+        }
+        let b = backend(vec![thick_class(&vg)]);
+        let raid = |level, mirrors, stripes| Layout::Raid {
+            level,
+            mirrors,
+            stripes,
+            stripe_size: None,
+            nosync: true,
+            integrity: false,
+        };
+        let layouts = [
+            (Layout::Linear, "linear"),
+            (
+                Layout::Striped {
+                    stripes: None,
+                    stripe_size: None,
+                },
+                "striped",
+            ),
+            (
+                Layout::Striped {
+                    stripes: Some(2),
+                    stripe_size: Some(64 << 10),
+                },
+                "striped",
+            ),
+            (
+                Layout::Mirror {
+                    mirrors: 1,
+                    nosync: true,
+                    integrity: false,
+                },
+                "raid1",
+            ),
+            (
+                Layout::Mirror {
+                    mirrors: 1,
+                    nosync: false,
+                    integrity: true,
+                },
+                "raid1",
+            ),
+            (
+                Layout::Raid {
+                    level: RaidType::Raid1,
+                    mirrors: Some(2),
+                    stripes: None,
+                    stripe_size: None,
+                    nosync: false,
+                    integrity: false,
+                },
+                "raid1",
+            ),
+            (raid(RaidType::Raid5, None, Some(2)), "raid5"),
+            (raid(RaidType::Raid10, Some(1), Some(2)), "raid10"),
+        ];
+        for (i, (layout, segtype)) in layouts.into_iter().enumerate() {
+            let cap = b.capacity(&vg, &layout).await.unwrap();
+            let max = cap.maximum_volume_size;
+            assert!(max >= 16 * MIB, "{layout:?}: {cap:?}");
+            let free: u64 = vgs_field(&vg, "vg_free").parse().unwrap();
+            let mut r = req(&format!("max-{i}"), &vg, max);
+            r.lv_type = Some(layout);
+            let vol = b
+                .create_volume(&r)
+                .await
+                .unwrap_or_else(|e| panic!("{layout:?}: {max} bytes reported, then {e:?}"));
+            let size: u64 = lvs_field(&vg, &vol.id, "lv_size").parse().unwrap();
+            assert_eq!(size, max, "{layout:?}");
+            assert!(
+                lvs_field(&vg, &vol.id, "segtype").starts_with(segtype),
+                "{layout:?}: {}",
+                lvs_field(&vg, &vol.id, "segtype")
+            );
+            let left: u64 = vgs_field(&vg, "vg_free").parse().unwrap();
+            println!(
+                "layout {}: reported {} MiB, made {} MiB, group free {} MiB before, {} MiB after",
+                layout.name(),
+                max / MIB,
+                size / MIB,
+                free / MIB,
+                left / MIB
+            );
+            assert!(b.delete(&vol.id).await.unwrap());
+            assert_eq!(
+                b.capacity(&vg, &layout).await.unwrap().maximum_volume_size,
+                max
+            );
+        }
+        let raid6 = raid(RaidType::Raid6, None, Some(3));
+        assert_eq!(
+            b.capacity(&vg, &raid6).await.unwrap().maximum_volume_size,
+            0
+        );
+        let mut r = req("too-wide", &vg, 16 * MIB);
+        r.lv_type = Some(raid6);
+        let err = b.create_volume(&r).await.unwrap_err();
+        assert!(
+            matches!(&err, BackendError::InsufficientSpace(m) if m.contains("needs 5 LVM physical volumes") && m.contains("which has 4")),
+            "{err:?}"
+        );
     }
 }

@@ -130,22 +130,28 @@ fn raid_levels_count_their_images_and_data_stripes() {
 }
 
 #[test]
-fn integrity_metadata_is_4_mib_per_started_500_mib_in_whole_extents() {
-    assert_eq!(integrity_metadata_extents(1, EXTENT), 1);
-    // 499 MiB of data: one 4 MiB block; 500 MiB: two.
-    assert_eq!(integrity_metadata_extents(124, EXTENT), 1);
-    assert_eq!(integrity_metadata_extents(125, EXTENT), 2);
-    // 1 GiB extents: the 4 MiB block still takes a whole extent.
+fn integrity_metadata_is_4_mib_per_started_500_mib_and_the_journals_in_whole_extents() {
+    // Up to 512 MiB of data: 4 MiB of journals beside the 4 MiB block per started 500 MiB.
+    assert_eq!(integrity_metadata_extents(1, EXTENT), 2);
+    // 244 MiB, the raid1 image lvm2 2.03.31 refused with one extent: "2 extents needed".
+    assert_eq!(integrity_metadata_extents(61, EXTENT), 2);
+    assert_eq!(integrity_metadata_extents(124, EXTENT), 2);
+    assert_eq!(integrity_metadata_extents(125, EXTENT), 3);
+    // Over 512 MiB: 8 MiB of journals; over 1 GiB: 32 MiB; over 4 GiB: 64 MiB.
+    assert_eq!(integrity_metadata_extents(129, EXTENT), 4);
+    assert_eq!(integrity_metadata_extents(257, EXTENT), 8 + 3);
+    assert_eq!(integrity_metadata_extents(1025, EXTENT), 16 + 9);
+    // 1 GiB extents: 8 MiB still takes a whole extent.
     assert_eq!(integrity_metadata_extents(3, GIB), 1);
     assert_eq!(integrity_metadata_extents(5, 0), 0);
 }
 
 #[test]
 fn mirror_with_integrity_leaves_room_for_each_images_integrity_metadata() {
-    // 510 extents per device: 1 _rmeta, and for d data extents ⌈(⌊4d/500⌋+1)·4 MiB / 4 MiB⌉.
+    // 510 extents per device: 1 _rmeta, and for d data extents the metadata above.
     let size = mirror(1, true).max_size(&free(&[510, 510]));
     let data = size / EXTENT;
-    assert_eq!(data, 504, "504 + 1 + 5 = 510");
+    assert_eq!(data, 497, "497 + 1 + (4 + 8) = 510");
     assert_eq!(data + 1 + integrity_metadata_extents(data, EXTENT), 510);
     assert!(data + 1 + 1 + integrity_metadata_extents(data + 1, EXTENT) > 510);
 }
