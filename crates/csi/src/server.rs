@@ -13,7 +13,8 @@ use std::{
 use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
 use tokio_stream::wrappers::UnixListenerStream;
-use tonic::transport::{Channel, Endpoint, Server};
+pub use tonic::transport::Channel;
+use tonic::transport::{Endpoint, Server};
 
 use crate::{
     backend::Backend,

@@ -21,6 +21,10 @@ pub struct State {
     pub volumes: BTreeMap<String, Volume>,
     /// Free bytes of each thick class's VG.
     pub thick_free: BTreeMap<String, u64>,
+    /// How many equal devices each thick class's free bytes are spread over (none: one).
+    pub thick_devices: BTreeMap<String, u64>,
+    /// The layout each volume was made with (by id), as the backend was asked.
+    pub layouts: BTreeMap<String, lvms_csi::backend::Layout>,
     /// Pool size of each thin class.
     pub pool_size: BTreeMap<String, u64>,
     pub create_delay: Duration,
@@ -69,6 +73,28 @@ impl FakeBackend {
             ],
             state: Mutex::new(state),
         }
+    }
+
+    /// The same backend with thick `class`'s free space spread evenly over `devices` devices, so
+    /// that striped and mirrored layouts fit.
+    pub fn with_devices(self, class: &str, devices: u64) -> Self {
+        self.state
+            .lock()
+            .unwrap()
+            .thick_devices
+            .insert(class.to_owned(), devices.max(1));
+        self
+    }
+
+    /// Thick `class`'s free space as devices of equal free extents.
+    fn free_of(s: &State, class: &str) -> Option<FreeSpace> {
+        let free = *s.thick_free.get(class)?;
+        let devices = s.thick_devices.get(class).copied().unwrap_or(1);
+        let each = free / EXTENT / devices;
+        Some(FreeSpace::new(
+            EXTENT,
+            (0..devices).map(|_| each * EXTENT).collect::<Vec<_>>(),
+        ))
     }
 
     /// The same backend with `class`'s filesystem set to `fstype`.
@@ -187,16 +213,26 @@ impl Backend for FakeBackend {
             return Ok(v.clone());
         }
         let thin = self.thin(&req.class);
+        let layout = req.lv_type.unwrap_or(lvms_csi::backend::Layout::Linear);
+        let mut taken = size;
         if !thin {
-            let free = s.thick_free.get_mut(&req.class).unwrap();
-            if *free < size {
+            let space = Self::free_of(&s, &req.class).unwrap();
+            if layout.max_size(&space) < size {
                 return Err(BackendError::InsufficientSpace(format!(
-                    "volume group {} has {} bytes free",
-                    req.class, free
+                    "volume group {} has {} bytes free on {} devices; a {} volume of {size} bytes does not fit",
+                    req.class,
+                    s.thick_free[&req.class],
+                    space.devices(),
+                    layout.name()
                 )));
             }
-            *free -= size;
+            // Every image holds its share of the data (no metadata extents here).
+            if let Some((images, data_stripes)) = layout.images(space.devices()) {
+                taken = size / data_stripes * images;
+            }
+            *s.thick_free.get_mut(&req.class).unwrap() -= taken;
         }
+        s.layouts.insert(id.clone(), layout);
         let mut v = Self::volume(&req.name, id.clone(), &req.class, size, thin);
         v.source = req.source.clone();
         v.requested = req.source.as_ref().map(|_| req.size);
@@ -229,8 +265,13 @@ impl Backend for FakeBackend {
         let Some(v) = s.volumes.remove(id) else {
             return Ok(false);
         };
+        let devices = s.thick_devices.get(&v.class).copied().unwrap_or(1);
+        let taken = match s.layouts.remove(id).and_then(|l| l.images(devices)) {
+            Some((images, data_stripes)) => v.size / data_stripes * images,
+            None => v.size,
+        };
         if let Some(free) = s.thick_free.get_mut(&v.class) {
-            *free += v.size;
+            *free += taken;
         }
         Ok(true)
     }
@@ -264,7 +305,8 @@ impl Backend for FakeBackend {
         Ok(self.state.lock().unwrap().usage.get(class).copied())
     }
 
-    /// A thick class's volume group is one device with `thick_free` bytes free.
+    /// A thick class's volume group is `thick_devices` devices (one unless set) sharing
+    /// `thick_free` bytes evenly.
     async fn capacity(&self, class: &str, layout: &lvms_csi::backend::Layout) -> Result<Capacity> {
         let s = self.state.lock().unwrap();
         let (available, devices) = if let Some(pool) = s.pool_size.get(class) {
@@ -273,11 +315,9 @@ impl Backend for FakeBackend {
                 None,
             )
         } else {
-            let free = *s
-                .thick_free
-                .get(class)
-                .ok_or_else(|| BackendError::NotFound(class.to_owned()))?;
-            (layout.max_size(&FreeSpace::new(EXTENT, [free])), Some(1))
+            let space =
+                Self::free_of(&s, class).ok_or_else(|| BackendError::NotFound(class.to_owned()))?;
+            (layout.max_size(&space), Some(space.devices()))
         };
         Ok(Capacity {
             available,
@@ -289,9 +329,7 @@ impl Backend for FakeBackend {
 
     async fn free_space(&self, class: &str) -> Result<Option<FreeSpace>> {
         let s = self.state.lock().unwrap();
-        Ok(s.thick_free
-            .get(class)
-            .map(|free| FreeSpace::new(EXTENT, [*free])))
+        Ok(Self::free_of(&s, class))
     }
 
     async fn activate(&self, id: &str) -> Result<String> {

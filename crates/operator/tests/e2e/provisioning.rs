@@ -13,6 +13,7 @@ use lvms_api::{
     LOGICAL_VOLUME_FINALIZER, LVMVolumeGroup, LVMVolumeGroupNodeStatus, topolvm::LogicalVolume,
 };
 use lvms_controller::{backend::NodeBackend, service::ClusterController, view::View};
+use lvms_core::layout::Layout;
 use lvms_csi::{
     csi::{
         CapacityRange, ControllerExpandVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest,
@@ -21,7 +22,7 @@ use lvms_csi::{
         volume_capability::access_mode::Mode,
     },
     identity::{Converged, IdentityService},
-    ids,
+    ids, params as ids_param,
     server::{self, NoNode, Services},
 };
 use lvms_node::{capacity::Publisher, lv_reconciler};
@@ -53,57 +54,150 @@ async fn annotations_of(
         .unwrap_or_default()
 }
 
+/// One node agent (LogicalVolume reconciler and capacity publisher over `backend`) and the
+/// cluster's CSI Controller on a socket, on the real API server, in a namespace of their own.
+struct Stack {
+    client: kube::Client,
+    ns: TestNamespace,
+    node: String,
+    sfx: String,
+    backend: Arc<FakeBackend>,
+    publish: tokio::sync::watch::Sender<Option<Arc<FakeBackend>>>,
+    publisher: Publisher<FakeBackend>,
+    view: Arc<View>,
+    lvs: Api<LogicalVolume>,
+    csi: ControllerClient<server::Channel>,
+    stop: tokio::sync::watch::Sender<bool>,
+    serving: tokio::task::JoinHandle<()>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Stack {
+    async fn start(what: &str, backend: FakeBackend) -> Self {
+        let client = support::client().await;
+        support::install_crds(&client).await;
+        let sfx = support::suffix();
+        let ns = TestNamespace::create(&client, &format!("lvms-e2e-{what}-{sfx}"), &[]).await;
+        let node = format!("lvms-e2e-{sfx}-{what}");
+        support::create_node(&client, &node, &[]).await;
+        // The classes the node reports Ready (the in-memory backend serves `thin` and `thick`).
+        let vgs = Api::<LVMVolumeGroup>::namespaced(client.clone(), &ns.name);
+        for (name, spec) in [
+            (
+                "thin",
+                json!({"deviceSelector": {"paths": ["/dev/sdb"]}, "default": true,
+                       "thinPoolConfig": {"name": "pool", "overprovisionRatio": 2}}),
+            ),
+            ("thick", json!({"deviceSelector": {"paths": ["/dev/sdc"]}})),
+        ] {
+            let vg: LVMVolumeGroup = serde_json::from_value(json!({
+                "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
+                "metadata": {"name": name, "namespace": ns.name}, "spec": spec,
+            }))
+            .unwrap();
+            vgs.create(&PostParams::default(), &vg).await.unwrap();
+        }
+        let status: LVMVolumeGroupNodeStatus = serde_json::from_value(json!({
+            "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroupNodeStatus",
+            "metadata": {"name": node, "namespace": ns.name},
+            "spec": {"nodeStatus": [{"name": "thin", "status": "Ready"}, {"name": "thick", "status": "Ready"}]},
+        }))
+        .unwrap();
+        Api::<LVMVolumeGroupNodeStatus>::namespaced(client.clone(), &ns.name)
+            .create(&PostParams::default(), &status)
+            .await
+            .unwrap();
+
+        // The node agent's side: the LogicalVolume reconciler and the capacity publisher.
+        let backend = Arc::new(backend);
+        let agent = tokio::spawn(lv_reconciler::run(Arc::new(lv_reconciler::Context::fixed(
+            client.clone(),
+            &node,
+            backend.clone(),
+        ))));
+        let (publish, backend_rx) = tokio::sync::watch::channel(Some(backend.clone()));
+        let mut publisher = Publisher::new(client.clone(), &node, "topolvm.io", backend_rx);
+        publisher.publish_once().await.unwrap();
+
+        // The controller's side, on a socket.
+        let (view, keep_current) = View::start(client.clone(), &ns.name, "topolvm.io");
+        let watches = tokio::spawn(keep_current);
+        tokio::time::timeout(WAIT, view.ready())
+            .await
+            .unwrap()
+            .unwrap();
+        let lvs: Api<LogicalVolume> = Api::all(client.clone());
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("csi.sock");
+        let listener = server::bind(&socket).unwrap();
+        let services: Services<NodeBackend, NoNode, ClusterController> = Services {
+            identity: IdentityService::new(
+                "topolvm.io",
+                true,
+                Arc::new(NodeBackend::new("", view.clone(), lvs.clone())),
+                Converged::default(),
+            ),
+            controller: Some(
+                ClusterController::new(view.clone(), lvs.clone())
+                    .with_wait(Duration::from_secs(60)),
+            ),
+            node: None,
+        };
+        let (stop, stopped) = support::stop_signal();
+        let serving = tokio::spawn(async move {
+            let _ = server::serve(listener, services, stopped()).await;
+        });
+        let csi = ControllerClient::new(server::connect(&socket).await.unwrap());
+        Self {
+            client,
+            ns,
+            node,
+            sfx,
+            backend,
+            publish,
+            publisher,
+            view,
+            lvs,
+            csi,
+            stop,
+            serving,
+            tasks: vec![
+                agent,
+                tokio::spawn(async move {
+                    watches.await.ok();
+                }),
+            ],
+            _dir: dir,
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.serving.await;
+        for task in self.tasks {
+            task.abort();
+        }
+        support::delete_node(&self.client, &self.node).await;
+        self.ns.delete().await;
+    }
+}
+
 #[tokio::test]
 async fn a_volume_is_made_grown_snapshotted_and_removed_through_logical_volumes() {
     if !support::enabled("a_volume_is_made_grown_snapshotted_and_removed_through_logical_volumes") {
         return;
     }
-    let client = support::client().await;
-    support::install_crds(&client).await;
-    let sfx = support::suffix();
-    let ns = TestNamespace::create(&client, &format!("lvms-e2e-prov-{sfx}"), &[]).await;
-    let node = format!("lvms-e2e-{sfx}-prov");
-    support::create_node(&client, &node, &[]).await;
-
-    // The classes the node reports Ready (the in-memory backend serves `thin` and `thick`).
-    let vgs = Api::<LVMVolumeGroup>::namespaced(client.clone(), &ns.name);
-    for (name, spec) in [
-        (
-            "thin",
-            json!({"deviceSelector": {"paths": ["/dev/sdb"]}, "default": true,
-                   "thinPoolConfig": {"name": "pool", "overprovisionRatio": 2}}),
-        ),
-        ("thick", json!({"deviceSelector": {"paths": ["/dev/sdc"]}})),
-    ] {
-        let vg: LVMVolumeGroup = serde_json::from_value(json!({
-            "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
-            "metadata": {"name": name, "namespace": ns.name}, "spec": spec,
-        }))
-        .unwrap();
-        vgs.create(&PostParams::default(), &vg).await.unwrap();
-    }
-    let status: LVMVolumeGroupNodeStatus = serde_json::from_value(json!({
-        "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroupNodeStatus",
-        "metadata": {"name": node, "namespace": ns.name},
-        "spec": {"nodeStatus": [{"name": "thin", "status": "Ready"}, {"name": "thick", "status": "Ready"}]},
-    }))
-    .unwrap();
-    Api::<LVMVolumeGroupNodeStatus>::namespaced(client.clone(), &ns.name)
-        .create(&PostParams::default(), &status)
-        .await
-        .unwrap();
-
-    // The node agent's side: the LogicalVolume reconciler and the capacity publisher.
-    let backend = Arc::new(FakeBackend::new());
-    let agent = tokio::spawn(lv_reconciler::run(Arc::new(lv_reconciler::Context::fixed(
-        client.clone(),
-        &node,
-        backend.clone(),
-    ))));
-    let (publish, backend_rx) = tokio::sync::watch::channel(Some(backend.clone()));
-    let mut publisher = Publisher::new(client.clone(), &node, "topolvm.io", backend_rx);
-    publisher.publish_once().await.unwrap();
-    let nodes = Api::<Node>::all(client.clone());
+    let mut st = Stack::start("prov", FakeBackend::new()).await;
+    let (node, sfx, backend, view, lvs) = (
+        st.node.clone(),
+        st.sfx.clone(),
+        st.backend.clone(),
+        st.view.clone(),
+        st.lvs.clone(),
+    );
+    let csi = &mut st.csi;
+    let nodes = Api::<Node>::all(st.client.clone());
     let annotations = annotations_of(&nodes, &node).await;
     assert_eq!(
         annotations
@@ -112,33 +206,6 @@ async fn a_volume_is_made_grown_snapshotted_and_removed_through_logical_volumes(
         Some((8u64 << 30).to_string().as_str()),
         "{annotations:?}"
     );
-
-    // The controller's side, on a socket.
-    let (view, keep_current) = View::start(client.clone(), &ns.name, "topolvm.io");
-    let watches = tokio::spawn(keep_current);
-    tokio::time::timeout(WAIT, view.ready())
-        .await
-        .unwrap()
-        .unwrap();
-    let lvs: Api<LogicalVolume> = Api::all(client.clone());
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("csi.sock");
-    let listener = server::bind(&socket).unwrap();
-    let services: Services<NodeBackend, NoNode, ClusterController> = Services {
-        identity: IdentityService::new(
-            "topolvm.io",
-            true,
-            Arc::new(NodeBackend::new("", view.clone(), lvs.clone())),
-            Converged::default(),
-        ),
-        controller: Some(
-            ClusterController::new(view.clone(), lvs.clone()).with_wait(Duration::from_secs(60)),
-        ),
-        node: None,
-    };
-    let (stop, stopped) = support::stop_signal();
-    let serving = tokio::spawn(server::serve(listener, services, stopped()));
-    let mut csi = ControllerClient::new(server::connect(&socket).await.unwrap());
 
     // The node's capacity reaches the controller's view.
     eventually("the view sees the node's capacity", WAIT, || {
@@ -272,8 +339,8 @@ async fn a_volume_is_made_grown_snapshotted_and_removed_through_logical_volumes(
     assert!(backend.state.lock().unwrap().volumes.is_empty());
 
     // A class the node no longer serves loses its annotation.
-    publish.send_replace(None);
-    publisher.publish_once().await.unwrap();
+    st.publish.send_replace(None);
+    st.publisher.publish_once().await.unwrap();
     let annotations = annotations_of(&nodes, &node).await;
     assert!(
         !annotations
@@ -282,10 +349,147 @@ async fn a_volume_is_made_grown_snapshotted_and_removed_through_logical_volumes(
         "{annotations:?}"
     );
 
-    let _ = stop.send(true);
-    let _ = serving.await;
-    agent.abort();
-    watches.abort();
-    support::delete_node(&client, &node).await;
-    ns.delete().await;
+    st.stop().await;
+}
+
+/// A StorageClass's layout on the real API server: GetCapacity answers per layout from the node's
+/// free-space annotation, CreateVolume carries csi-driver-lvm's `type` on the LogicalVolume's
+/// `spec.layout` (which the CRD's schema keeps rather than prunes), the node agent makes the
+/// volume in that layout, and a layout the node has too few devices for is refused naming them.
+#[tokio::test]
+async fn a_storage_class_layout_reaches_the_node_through_the_logical_volume() {
+    if !support::enabled("a_storage_class_layout_reaches_the_node_through_the_logical_volume") {
+        return;
+    }
+    // `thick`: 1 GiB free over two devices of 128 extents each.
+    let mut st = Stack::start("layout", FakeBackend::new().with_devices("thick", 2)).await;
+    let (node, view) = (st.node.clone(), st.view.clone());
+    eventually("the view sees the node's two devices", WAIT, || {
+        let (view, node) = (view.clone(), node.clone());
+        async move {
+            view.free_space(&node, "thick")
+                .filter(|f| f.devices() == 2)
+                .map(|_| ())
+                .ok_or_else(|| format!("{:?}", view.free_space(&node, "thick")))
+        }
+    })
+    .await;
+    let params = |layout: &[(&str, &str)]| {
+        std::iter::once((ids_param::DEVICE_CLASS, "thick"))
+            .chain(layout.iter().copied())
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect::<std::collections::HashMap<_, _>>()
+    };
+    let capacity = async |csi: &mut ControllerClient<server::Channel>, layout| {
+        csi.get_capacity(GetCapacityRequest {
+            volume_capabilities: vec![cap()],
+            parameters: params(layout),
+            accessible_topology: Some(on(&node)),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .available_capacity
+    };
+    const MIB: i64 = 1 << 20;
+    // Linear and striped over both devices: all of it; a mirror: one device less its metadata
+    // extent.
+    assert_eq!(capacity(&mut st.csi, &[]).await, GIB);
+    assert_eq!(capacity(&mut st.csi, &[("type", "striped")]).await, GIB);
+    assert_eq!(
+        capacity(&mut st.csi, &[("type", "mirror")]).await,
+        508 * MIB
+    );
+
+    let name = format!("pvc-e2e-mirror-{}", st.sfx);
+    let id = ids::volume_lv_name(&name);
+    let create = |name: &str, layout: &[(&str, &str)]| CreateVolumeRequest {
+        name: name.to_owned(),
+        capacity_range: Some(CapacityRange {
+            // XFS's smallest filesystem.
+            required_bytes: 300 * MIB,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![cap()],
+        parameters: params(layout),
+        accessibility_requirements: Some(TopologyRequirement {
+            requisite: vec![on(&node)],
+            preferred: vec![on(&node)],
+        }),
+        ..Default::default()
+    };
+    st.csi
+        .create_volume(create(&name, &[("type", "mirror")]))
+        .await
+        .unwrap();
+    // What the API server stored, read back: the layout survived its schema.
+    let stored = st.lvs.get(&id).await.unwrap().spec.layout;
+    let stored = Layout::from_api(stored.as_ref().expect("spec.layout is kept")).unwrap();
+    assert_eq!(stored.name(), "mirror");
+    assert_eq!(
+        st.backend.state.lock().unwrap().layouts.get(&id),
+        Some(&stored)
+    );
+    {
+        let s = st.backend.state.lock().unwrap();
+        // Both copies came out of the group's free space.
+        assert_eq!(
+            (s.volumes[&id].size, s.thick_free["thick"]),
+            (300 << 20, 424 << 20),
+            "{:?}",
+            s.calls
+        );
+    }
+    // The node says so: 53 extents left on each device.
+    st.publisher.publish_once().await.unwrap();
+    eventually("the view sees the mirror's two copies taken", WAIT, || {
+        let (view, node) = (view.clone(), node.clone());
+        async move {
+            view.free_space(&node, "thick")
+                .filter(|f| f.free_extents == [53, 53])
+                .map(|_| ())
+                .ok_or_else(|| format!("{:?}", view.free_space(&node, "thick")))
+        }
+    })
+    .await;
+    assert_eq!(
+        capacity(&mut st.csi, &[("type", "mirror")]).await,
+        208 * MIB
+    );
+
+    // raid5 over two data stripes needs three devices: refused before any LogicalVolume is made.
+    let wide = format!("pvc-e2e-raid5-{}", st.sfx);
+    let err = st
+        .csi
+        .create_volume(create(
+            &wide,
+            &[
+                ("lvms.topolvm.io/lv-type", "raid5"),
+                ("lvms.topolvm.io/stripes", "2"),
+            ],
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("needs 3 LVM physical volumes"),
+        "{err:?}"
+    );
+    assert!(
+        st.lvs
+            .get_opt(&ids::volume_lv_name(&wide))
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    st.csi
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(st.backend.state.lock().unwrap().volumes.is_empty());
+    st.stop().await;
 }
