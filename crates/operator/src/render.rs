@@ -516,10 +516,11 @@ pub fn render(cluster: &LVMCluster, cfg: &RenderConfig) -> Result<Rendered, Rend
         .iter()
         .flat_map(|class| {
             let own = storage_class(&owner, cfg, class);
-            let compat = class
-                .csi_driver_lvm_storage_classes
-                .then(|| csi_driver_lvm_storage_classes(&own))
-                .unwrap_or_default();
+            let compat = if class.csi_driver_lvm_storage_classes {
+                csi_driver_lvm_storage_classes(&own)
+            } else {
+                Vec::new()
+            };
             std::iter::once(own).chain(compat)
         })
         .collect();
