@@ -219,6 +219,21 @@ pub fn storage_class_name(device_class: &str) -> String {
     format!("{STORAGE_CLASS_PREFIX}{device_class}")
 }
 
+/// csi-driver-lvm's default `storageClassStub`: its StorageClasses are `<stub>-<type>`.
+pub const CSI_DRIVER_LVM_STORAGE_CLASS_STUB: &str = "csi-driver-lvm";
+
+/// csi-driver-lvm's StorageClass parameter naming a volume's layout.
+pub const CSI_DRIVER_LVM_TYPE_PARAMETER: &str = "type";
+
+/// csi-driver-lvm's layouts, one StorageClass each.
+pub const CSI_DRIVER_LVM_TYPES: [&str; 3] = ["linear", "striped", "mirror"];
+
+/// Name of csi-driver-lvm's StorageClass for layout `ty` (`csi-driver-lvm-linear`, ...), which a
+/// device class with `csiDriverLVMStorageClasses: true` renders (ADR 0022).
+pub fn csi_driver_lvm_storage_class_name(ty: &str) -> String {
+    format!("{CSI_DRIVER_LVM_STORAGE_CLASS_STUB}-{ty}")
+}
+
 /// Field manager of the operator's server-side applies.
 pub const OPERATOR_FIELD_MANAGER: &str = "lvms-operator";
 

@@ -189,9 +189,41 @@ pub struct DeviceClass {
     /// that names `deviceAccessPolicy` has no such field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_config: Option<SharedConfig>,
+    /// Also render csi-driver-lvm's three StorageClasses, `csi-driver-lvm-linear`,
+    /// `csi-driver-lvm-striped` and `csi-driver-lvm-mirror`: copies of this class's StorageClass
+    /// with csi-driver-lvm's `type` parameter, so manifests written for csi-driver-lvm bind
+    /// unchanged (an lvms-rs extension, ADR 0022). At most one class may set it; only on a thick,
+    /// node-local class without `raidConfig`. Turning it off deletes the three StorageClasses.
+    #[serde(
+        rename = "csiDriverLVMStorageClasses",
+        default,
+        skip_serializing_if = "is_false"
+    )]
+    pub csi_driver_lvm_storage_classes: bool,
+    /// Take over the volume group another driver made on each node instead of creating one
+    /// (an lvms-rs extension, ADR 0023). `csi-driver-lvm`: the group named like this class (name
+    /// the class `csi-lvm`, csi-driver-lvm's default `vgName`) must carry csi-driver-lvm's tag
+    /// `vg.metal-stack.io/csi-lvm-driver`; the node agent adds lvms-rs's tag and wipes or creates
+    /// nothing. Its volumes stay and are reported as foreign, never removed. Node-local classes only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopt: Option<AdoptFrom>,
 }
 
 impl DeviceClass {
+    /// Every StorageClass rendered for this class: `lvms-<name>`, then csi-driver-lvm's three
+    /// names when [`DeviceClass::csi_driver_lvm_storage_classes`] is set.
+    pub fn storage_class_names(&self) -> Vec<String> {
+        let mut names = vec![crate::storage_class_name(&self.name)];
+        if self.csi_driver_lvm_storage_classes {
+            names.extend(
+                crate::CSI_DRIVER_LVM_TYPES
+                    .iter()
+                    .map(|t| crate::csi_driver_lvm_storage_class_name(t)),
+            );
+        }
+        names
+    }
+
     /// The effective filesystem type (`xfs` when unset).
     pub fn fstype_or_default(&self) -> DeviceFilesystemType {
         self.filesystem_type.unwrap_or_default()
@@ -422,6 +454,14 @@ impl DeviceAccessPolicy {
     /// Whether this is `shared`.
     pub const fn is_shared(self) -> bool {
         matches!(self, DeviceAccessPolicy::Shared)
+    }
+}
+
+string_enum! {
+    /// Another driver whose existing volume group a device class takes over (ADR 0023).
+    pub enum AdoptFrom {
+        /// metal-stack csi-driver-lvm: a volume group tagged `vg.metal-stack.io/csi-lvm-driver`.
+        CsiDriverLvm = "csi-driver-lvm",
     }
 }
 
@@ -680,6 +720,9 @@ pub struct LVMVolumeGroupSpec {
     /// As in the device class.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_config: Option<SharedConfig>,
+    /// As in the device class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopt: Option<AdoptFrom>,
 }
 
 impl LVMVolumeGroupSpec {
@@ -752,6 +795,10 @@ pub struct VGStatus {
     /// device listed here is never wiped again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub wiped_devices: Vec<String>,
+    /// Logical volumes in the volume group that lvms-rs did not make (not tagged ours), by name:
+    /// an adopted csi-driver-lvm group's `pvc-…` volumes. Never removed by lvms-rs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub foreign_volumes: Vec<String>,
     /// For a shared class: whether this node sees the LUNs and takes part in the lockspace.
     // Boxed to keep `VGStatus` small for node-local classes, which have none.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -9,6 +9,39 @@ use crate::size::ByteSize;
 /// so volume groups made by LVMS are recognised as ours after a migration.
 pub const VG_OWNER_TAG: &str = "lvms";
 
+/// The tag metal-stack csi-driver-lvm puts on the volume group it creates (`csi-lvm` by default).
+pub const CSI_DRIVER_LVM_VG_TAG: &str = "vg.metal-stack.io/csi-lvm-driver";
+
+/// The tag metal-stack csi-driver-lvm puts on each logical volume it creates.
+pub const CSI_DRIVER_LVM_LV_TAG: &str = "lv.metal-stack.io/csi-lvm-driver";
+
+/// csi-driver-lvm's default volume group name (its Helm value `lvm.vgName`).
+pub const CSI_DRIVER_LVM_VG_NAME: &str = "csi-lvm";
+
+/// Another driver whose existing volume group a device class takes over (ADR 0023).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Adopt {
+    /// metal-stack csi-driver-lvm: a volume group tagged [`CSI_DRIVER_LVM_VG_TAG`].
+    #[serde(rename = "csi-driver-lvm")]
+    CsiDriverLvm,
+}
+
+impl Adopt {
+    /// The tag the other driver's volume group must carry to be adopted.
+    pub const fn vg_tag(self) -> &'static str {
+        match self {
+            Adopt::CsiDriverLvm => CSI_DRIVER_LVM_VG_TAG,
+        }
+    }
+
+    /// The value as written in a configuration.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Adopt::CsiDriverLvm => "csi-driver-lvm",
+        }
+    }
+}
+
 /// The node engine's configuration: one or more device classes for this node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -95,6 +128,11 @@ pub struct DeviceClassConfig {
     /// Settings of a shared class (defaults when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_config: Option<SharedConfig>,
+    /// Take over the volume group of this class's name that another driver made (tagged as that
+    /// driver tags it) instead of creating one: it is tagged ours, and nothing on its devices is
+    /// wiped or created. Its logical volumes stay, reported as foreign (ADR 0023).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopt: Option<Adopt>,
 }
 
 impl DeviceClassConfig {

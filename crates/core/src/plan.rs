@@ -29,8 +29,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     config::{
-        CalculationPolicy, DeviceClassConfig, DiscoveryPolicy, RaidConfig, RaidType,
-        ThinPoolConfig, VG_OWNER_TAG,
+        CSI_DRIVER_LVM_VG_NAME, CSI_DRIVER_LVM_VG_TAG, CalculationPolicy, DeviceClassConfig,
+        DiscoveryPolicy, RaidConfig, RaidType, ThinPoolConfig, VG_OWNER_TAG,
     },
     filter::{self, ExclusionReason, FilterContext, Verdict, find_device, physical_volume_of},
     glob::{self, Pattern},
@@ -322,6 +322,12 @@ pub enum Action {
     RemovePhysicalVolume {
         path: String,
     },
+    /// Take over another driver's volume group by adding our tag (`vgchange --addtag`); nothing
+    /// else on it changes (`adopt`, ADR 0023).
+    AdoptVolumeGroup {
+        name: String,
+        tag: String,
+    },
 }
 
 /// Where the class stands after this plan.
@@ -388,6 +394,26 @@ struct Selected<'a> {
     has_pv: bool,
 }
 
+/// The logical volumes in the class's volume group that are not ours (they lack [`VG_OWNER_TAG`]),
+/// by name: an adopted group's volumes (csi-driver-lvm's `pvc-…`, ADR 0023) or volumes made by
+/// hand. The class's thin pool is ours though untagged. Nothing of lvms-rs ever removes them: the
+/// driver and the garbage collector only see logical volumes tagged ours.
+pub fn foreign_volumes(class: &DeviceClassConfig, observed: &Observed) -> Vec<String> {
+    let pool = class.thin_pool_config.as_ref().map(|tp| tp.name.as_str());
+    let mut names: Vec<String> = observed
+        .lvs
+        .iter()
+        .filter(|lv| lv.vg_name == class.name)
+        // Hidden sub-volumes (`[pool_tdata]`, `[lvol0_pmspare]`) belong to a visible one.
+        .filter(|lv| !lv.name.starts_with('['))
+        .filter(|lv| Some(lv.name.as_str()) != pool)
+        .filter(|lv| !lv.tags.iter().any(|t| t == VG_OWNER_TAG))
+        .map(|lv| lv.name.clone())
+        .collect();
+    names.sort();
+    names
+}
+
 /// Plans device class `class` against `observed`. Pure: the same inputs give the same plan.
 pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> ClassPlan {
     let vg = observed.vgs.iter().find(|v| v.name == class.name);
@@ -416,16 +442,72 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
     if let Err(reason) = check_config(class) {
         return failed(devices, reason);
     }
-    if let Some(vg) = vg.filter(|_| !ours) {
-        return failed(
-            devices,
-            format!(
-                "volume group {} exists and is not ours: it lacks the {VG_OWNER_TAG:?} tag, so lvms-rs \
-                 never touches it; rename the device class, or adopt the group with \
-                 vgchange --addtag {VG_OWNER_TAG} {}",
-                vg.name, vg.name
-            ),
-        );
+    // A group already ours (adopted before, or made by us) goes on as usual, `adopt` or not.
+    let foreign_vg = vg.filter(|_| !ours);
+    match (foreign_vg, class.adopt) {
+        (Some(vg), Some(adopt)) if vg.tags.iter().any(|t| t == adopt.vg_tag()) => {
+            return ClassPlan {
+                devices,
+                actions: vec![Action::AdoptVolumeGroup {
+                    name: vg.name.clone(),
+                    tag: VG_OWNER_TAG.to_owned(),
+                }],
+                state: ClassState::Progressing,
+            };
+        }
+        (Some(vg), Some(adopt)) => {
+            return failed(
+                devices,
+                format!(
+                    "volume group {} exists but was not made by {adopt}: it lacks the {:?} tag \
+                     (it has {}), so adopt: {adopt} does not take it and lvms-rs never touches it; \
+                     check that this is the group meant, or rename the device class",
+                    vg.name,
+                    adopt.vg_tag(),
+                    if vg.tags.is_empty() {
+                        "no tags".to_owned()
+                    } else {
+                        format!("tags {}", vg.tags.join(", "))
+                    },
+                    adopt = adopt.as_str(),
+                ),
+            );
+        }
+        (Some(vg), None) => {
+            let hint = if vg.tags.iter().any(|t| t == CSI_DRIVER_LVM_VG_TAG) {
+                format!(
+                    "; it was made by csi-driver-lvm ({CSI_DRIVER_LVM_VG_TAG}): set adopt: \
+                     csi-driver-lvm on device class {} to take it over without wiping it",
+                    class.name
+                )
+            } else {
+                String::new()
+            };
+            return failed(
+                devices,
+                format!(
+                    "volume group {} exists and is not ours: it lacks the {VG_OWNER_TAG:?} tag, so \
+                     lvms-rs never touches it; rename the device class, or adopt the group with \
+                     vgchange --addtag {VG_OWNER_TAG} {}{hint}",
+                    vg.name, vg.name
+                ),
+            );
+        }
+        (None, Some(adopt)) if vg.is_none() => {
+            return failed(
+                devices,
+                format!(
+                    "device class {} has adopt: {adopt}, but this node has no volume group {} to \
+                     adopt, and adopting never creates one: name the device class after the \
+                     group {adopt} made (its default is {CSI_DRIVER_LVM_VG_NAME}), or, for a node \
+                     without one, remove adopt (a group already adopted stays ours without it)",
+                    class.name,
+                    class.name,
+                    adopt = adopt.as_str(),
+                ),
+            );
+        }
+        (None, _) => {}
     }
 
     let unusable_required: Vec<String> = devices

@@ -24,7 +24,13 @@
 //! - device patterns (`deviceSelector.devicePatterns`, ADR 0019), on create and update: 44 every
 //!   pattern absolute under `/dev/` and valid glob syntax, 45 none on a shared class, 46 no
 //!   `forceWipeDevicesAndDestroyAllData` on a class that lists no paths (matched devices are never
-//!   wiped), 47 no pattern twice in a class or in two classes with the same node selector.
+//!   wiped), 47 no pattern twice in a class or in two classes with the same node selector;
+//! - csi-driver-lvm's StorageClass names (`csiDriverLVMStorageClasses`, ADR 0022), on create and
+//!   update: 48 at most one class sets it (the names would collide), 49 only on a thick,
+//!   node-local class without `raidConfig`, 50 a warning when the class's selector names fewer
+//!   than 2 devices (striped and mirror volumes need 2);
+//! - adopting another driver's volume group (`adopt`, ADR 0023), on create and update: 51 only on
+//!   a node-local class.
 //!
 //! Decisions (also in the module's tests):
 //! - Rule 16: `fstype` is [`lvms_api::DeviceFilesystemType`], so any value but `xfs`/`ext4` fails to
@@ -70,6 +76,11 @@
 //!   which adds only devices its patterns match. Rule 47 compares patterns as written: two
 //!   different patterns that match the same device are not seen here (the node reports the device
 //!   as a member of the other class's volume group).
+//! - Rules 48–50: the three StorageClasses are cluster-wide names, so rule 48 counts classes
+//!   whatever their node selectors. Rule 49 refuses thin classes (thin volumes are linear only),
+//!   RAID classes (whose `raidConfig` already fixes every volume's layout) and shared classes
+//!   (linear or thin volumes on a LUN). Rule 50 warns only when the count is certain: a class
+//!   that discovers its devices or has a pattern with a wildcard may well find 2 or more.
 
 use std::collections::BTreeSet;
 
@@ -289,7 +300,7 @@ fn check_single_cluster(ctx: &Context, review: &mut Review) {
     }
 }
 
-/// Rules 3–21 (16 is enforced by the type) and 31–40.
+/// Rules 3–21 (16 is enforced by the type), 31–40 and 44–51.
 fn check_spec(spec: &LVMClusterSpec, ctx: &Context, review: &mut Review) {
     let classes = &spec.storage.device_classes;
     check_defaults(classes, review);
@@ -298,6 +309,18 @@ fn check_spec(spec: &LVMClusterSpec, ctx: &Context, review: &mut Review) {
         let at = class_path(i);
         if class.is_shared() {
             check_shared(class, &at, ctx, review);
+            // Rule 51.
+            if let Some(adopt) = class.adopt {
+                review.error(
+                    format!("{at}.adopt"),
+                    format!(
+                        "adopt: {adopt} takes over the volume group another driver made on one \
+                         node's own disks, and device class {:?} is shared: set adopt on a \
+                         node-local class (deviceAccessPolicy unset or nodeLocal), or remove it",
+                        class.name
+                    ),
+                );
+            }
         } else if class.shared_config.is_some() {
             // Rule 39.
             review.error(
@@ -324,6 +347,7 @@ fn check_spec(spec: &LVMClusterSpec, ctx: &Context, review: &mut Review) {
     }
     check_duplicate_paths(classes, review);
     check_duplicate_patterns(classes, review);
+    check_csi_driver_lvm_storage_classes(classes, review);
     check_shared_paths_elsewhere(classes, review);
 }
 
@@ -779,6 +803,106 @@ fn check_duplicate_patterns(classes: &[DeviceClass], review: &mut Review) {
             }
         }
     }
+}
+
+/// Rules 48–50.
+fn check_csi_driver_lvm_storage_classes(classes: &[DeviceClass], review: &mut Review) {
+    let opted_in: Vec<(usize, &DeviceClass)> = classes
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.csi_driver_lvm_storage_classes)
+        .collect();
+    // Rule 48.
+    if opted_in.len() > 1 {
+        let names = opted_in
+            .iter()
+            .map(|(_, c)| format!("{:?}", c.name))
+            .collect::<Vec<_>>()
+            .join(", ");
+        for (i, _) in &opted_in[1..] {
+            review.error(
+                format!("{}.csiDriverLVMStorageClasses", class_path(*i)),
+                format!(
+                    "csiDriverLVMStorageClasses is set on device classes {names}, but it renders the \
+                     StorageClasses csi-driver-lvm-linear, csi-driver-lvm-striped and \
+                     csi-driver-lvm-mirror, which exist once per cluster: set it on one device \
+                     class only"
+                ),
+            );
+        }
+    }
+    for (i, class) in opted_in {
+        let at = format!("{}.csiDriverLVMStorageClasses", class_path(i));
+        let name = &class.name;
+        // Rule 49.
+        let mut why = Vec::new();
+        if class.thin_pool_config.is_some() {
+            why.push(
+                "it has a thinPoolConfig, and thin volumes are linear only, so the striped and \
+                 mirror StorageClasses could never provision",
+            );
+        }
+        if class.raid_config.is_some() {
+            why.push(
+                "it has a raidConfig, which already fixes the layout of every volume of the class",
+            );
+        }
+        if class.is_shared() {
+            why.push(
+                "it is shared, and volumes on shared LUNs are linear or thin, never striped or \
+                 mirrored per node",
+            );
+        }
+        if !why.is_empty() {
+            review.error(
+                at.clone(),
+                format!(
+                    "csi-driver-lvm's StorageClasses need a thick, node-local device class without \
+                     raidConfig, and device class {name:?} is not: {}; set \
+                     csiDriverLVMStorageClasses on such a class, or remove it",
+                    why.join("; ")
+                ),
+            );
+        }
+        // Rule 50.
+        if let Some(count) = fixed_device_count(class)
+            && count < 2
+        {
+            review.warn(format!(
+                "{at}: device class {name:?} names {count} device{} in its deviceSelector, but \
+                 volumes of csi-driver-lvm-striped and csi-driver-lvm-mirror need 2 or more LVM \
+                 physical volumes on the node and are refused where there are fewer: name at \
+                 least 2 devices (paths, optionalPaths or devicePatterns) to use them",
+                if count == 1 { "" } else { "s" }
+            ));
+        }
+    }
+}
+
+/// How many devices a class's selector can yield at most, when that is known: every device is
+/// named by a path or by a pattern without wildcards. `None` for a class that discovers its
+/// devices or has a pattern with wildcards.
+fn fixed_device_count(class: &DeviceClass) -> Option<usize> {
+    if !names_devices(class) {
+        return None;
+    }
+    let mut names: BTreeSet<&str> = class.all_paths().collect();
+    for item in class
+        .device_selector
+        .iter()
+        .flat_map(|s| s.device_patterns.iter())
+    {
+        for pattern in crate::glob::split(item)
+            .into_iter()
+            .filter(|p| !p.is_empty())
+        {
+            if crate::glob::has_meta(pattern) {
+                return None;
+            }
+            names.insert(pattern);
+        }
+    }
+    Some(names.len())
 }
 
 /// Rule 15.

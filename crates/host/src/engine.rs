@@ -8,7 +8,9 @@ use std::{collections::BTreeMap, future::Future};
 use lvms_core::{
     config::{Claims, DeviceClassConfig},
     model::{LogicalVolume, PhysicalVolume, VolumeGroup},
-    plan::{Action, ClassPlan, ClassState, Observed, matched_by, plan_device_class},
+    plan::{
+        Action, ClassPlan, ClassState, Observed, foreign_volumes, matched_by, plan_device_class,
+    },
 };
 use serde::Serialize;
 
@@ -49,6 +51,10 @@ pub struct ConvergeReport {
     pub logical_volumes: Vec<LogicalVolume>,
     #[serde(skip)]
     pub physical_volumes: Vec<PhysicalVolume>,
+    /// Logical volumes in the class's volume group that are not ours, by name (an adopted group's
+    /// volumes, ADR 0023); never touched.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub foreign_volumes: Vec<String>,
 }
 
 impl ConvergeReport {
@@ -105,6 +111,7 @@ pub async fn converge_among<H: NodeHost>(
                     .find(|lv| lv.vg_name == class.name && lv.name == tp.name)
                     .cloned()
             });
+            let foreign_volumes = foreign_volumes(class, &observed);
             let logical_volumes = observed
                 .lvs
                 .into_iter()
@@ -123,6 +130,7 @@ pub async fn converge_among<H: NodeHost>(
                 thin_pool,
                 logical_volumes,
                 physical_volumes,
+                foreign_volumes,
             });
         }
         for action in plan.actions {
@@ -216,6 +224,7 @@ impl<R: Runner> NodeHost for RealNodeHost<R> {
             } => self.lvm.thin_pool_extend(vg, name, *data_size).await,
             Action::ReduceVolumeGroup { name, pvs } => self.lvm.vg_reduce(name, pvs).await,
             Action::RemovePhysicalVolume { path } => self.lvm.pv_remove(path).await,
+            Action::AdoptVolumeGroup { name, tag } => self.lvm.vg_add_tag(name, tag).await,
         }
     }
 }
@@ -406,6 +415,7 @@ mod tests {
             device_discovery_policy: Default::default(),
             device_access_policy: Default::default(),
             shared_config: None,
+            adopt: None,
             default: true,
             fstype: Some(Fstype::Xfs),
         }

@@ -711,3 +711,94 @@ async fn engine_pool_on_discovered_disks_grows_onto_a_disk_found_later() {
     assert!(third.executed.is_empty(), "{:?}", third.executed);
     blank_clean_disks(vg);
 }
+
+/// sha256 of a logical volume's first 4 MiB.
+fn lv_sum(vg: &str, lv: &str) -> String {
+    sh(&format!(
+        "dd if=$(lvm lvs --noheadings -o lv_path {vg}/{lv} | tr -d ' ') bs=1M count=4 status=none \
+         | sha256sum"
+    ))
+}
+
+#[tokio::test]
+#[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+async fn engine_adopts_a_csi_driver_lvm_group_keeping_its_volumes_and_refuses_it_without_adopt() {
+    let mut s = Scratch::new(2, 1200);
+    // The group as csi-driver-lvm makes it (`vgcreate` with its tag over its devices, lvcreate
+    // with `-W y` and its LV tag; mirror is raid1 with --nosync), under its default name.
+    let vg = "csi-lvm";
+    let _ = sh_status(&format!("lvm vgremove -ff -y {vg} >/dev/null 2>&1"));
+    s.vgs.push(vg.to_owned());
+    let (d0, d1) = (s.disks[0].clone(), s.disks[1].clone());
+    sh(&format!(
+        "lvm vgcreate -q --addtag vg.metal-stack.io/csi-lvm-driver {vg} {d0} {d1} && \
+         lvm lvcreate -q -y -W y -L 64m --addtag lv.metal-stack.io/csi-lvm-driver -n pvc-11111111 {vg} && \
+         lvm lvcreate -q -y -W y -L 64m --type raid1 --mirrors 1 --nosync \
+           --addtag lv.metal-stack.io/csi-lvm-driver -n pvc-22222222 {vg} && \
+         for lv in pvc-11111111 pvc-22222222; do \
+           dd if=/dev/urandom of=$(lvm lvs --noheadings -o lv_path {vg}/$lv | tr -d ' ') bs=1M \
+             count=4 conv=fsync status=none; done"
+    ));
+    let sums = [lv_sum(vg, "pvc-11111111"), lv_sum(vg, "pvc-22222222")];
+    let disks_before = [fingerprint(&d0), fingerprint(&d1)];
+
+    // Without adopt: the class of the group's name is refused, naming adopt; a class of another
+    // name that lists the disks finds them excluded by the safety filter. Nothing is executed.
+    let plain = format!("name: {vg}\ndeviceSelector:\n  optionalPaths: [{d0}, {d1}]\n");
+    let report = converge(&host(), &class(&plain)).await.unwrap();
+    let reason = failed_reason(&report);
+    assert!(
+        reason.contains("not ours") && reason.contains("adopt: csi-driver-lvm"),
+        "{reason}"
+    );
+    assert!(report.executed.is_empty(), "{:?}", report.executed);
+    let other = s.vg_name();
+    let yaml = format!("name: {other}\ndeviceSelector:\n  optionalPaths: [{d0}, {d1}]\n");
+    let report = converge(&host(), &class(&yaml)).await.unwrap();
+    assert!(report.executed.is_empty(), "{:?}", report.executed);
+    for d in [&d0, &d1] {
+        let codes = excluded_codes(&report, d);
+        assert!(
+            codes.iter().any(|c| c == "physicalVolumeInOtherVg"),
+            "{d}: {codes:?}"
+        );
+    }
+    assert!(!vg_exists(&other));
+    assert_eq!([fingerprint(&d0), fingerprint(&d1)], disks_before);
+
+    // With adopt: only our tag is added; the volumes and their data stay, listed as foreign.
+    let adopting = format!("{plain}adopt: csi-driver-lvm\n");
+    let report = converge(&host(), &class(&adopting)).await.unwrap();
+    assert!(report.is_ready(), "{:?}", report.plan.state);
+    assert_eq!(
+        report.executed,
+        [Action::AdoptVolumeGroup {
+            name: vg.into(),
+            tag: "lvms".into()
+        }]
+    );
+    assert_eq!(report.foreign_volumes, ["pvc-11111111", "pvc-22222222"]);
+    for d in [&d0, &d1] {
+        assert_eq!(verdict(&report, d), &DeviceVerdict::Member);
+    }
+    let tags = sh(&format!("lvm vgs --noheadings -o vg_tags {vg}"));
+    let mut tags: Vec<&str> = tags.trim().split(',').collect();
+    tags.sort_unstable();
+    assert_eq!(tags, ["lvms", "vg.metal-stack.io/csi-lvm-driver"]);
+    assert_eq!(
+        sh(&format!("lvm lvs --noheadings -o lv_name {vg}"))
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+        ["pvc-11111111", "pvc-22222222"]
+    );
+    assert_eq!(
+        [lv_sum(vg, "pvc-11111111"), lv_sum(vg, "pvc-22222222")],
+        sums
+    );
+    // Converged: a second run executes nothing, with or without adopt.
+    for yaml in [&adopting, &plain] {
+        let again = converge(&host(), &class(yaml)).await.unwrap();
+        assert!(again.is_ready(), "{:?}", again.plan.state);
+        assert!(again.executed.is_empty(), "{:?}", again.executed);
+    }
+}

@@ -525,6 +525,7 @@ pub async fn reconcile<R: Runner, B: Backend>(
                 }
             };
             let mut status = vg_status(&vg, &report.plan);
+            status.foreign_volumes = report.foreign_volumes.clone();
             let raid = config.raid_config.is_some() && report.volume_group.is_some();
             if raid {
                 status.raid_status = Some(volume_group::raid_status(

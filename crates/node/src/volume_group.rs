@@ -30,9 +30,9 @@ use lvms_api::{
 };
 use lvms_core::{
     config::{
-        AccessPolicy, CalculationPolicy, Claims, DEFAULT_IO_TIMEOUT_SECONDS, DeviceClassConfig,
-        DeviceSelector, DiscoveryPolicy, RaidConfig, RaidType, SharedConfig, SharedVolumeMode,
-        ThinPoolConfig, WipePolicy,
+        AccessPolicy, Adopt, CalculationPolicy, Claims, DEFAULT_IO_TIMEOUT_SECONDS,
+        DeviceClassConfig, DeviceSelector, DiscoveryPolicy, RaidConfig, RaidType, SharedConfig,
+        SharedVolumeMode, ThinPoolConfig, WipePolicy,
     },
     lvattr::{LvAttr, LvHealth},
     model::{LogicalVolume, PhysicalVolume},
@@ -218,6 +218,9 @@ pub fn device_class_config(vg: &LVMVolumeGroup) -> Result<DeviceClassConfig, Str
                     .unwrap_or(DEFAULT_IO_TIMEOUT_SECONDS),
             }
         }),
+        adopt: spec.adopt.map(|a| match a {
+            lvms_api::AdoptFrom::CsiDriverLvm => Adopt::CsiDriverLvm,
+        }),
     })
 }
 
@@ -338,6 +341,8 @@ pub fn vg_status(vg: &LVMVolumeGroup, plan: &ClassPlan) -> VGStatus {
         raid_status: None,
         // The reconciler carries its wipe record over from the previous status.
         wiped_devices: Vec::new(),
+        // The reconciler adds them from the engine's report.
+        foreign_volumes: Vec::new(),
         shared: None,
     }
 }

@@ -16,8 +16,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use lvms_api::{
-    LVMCLUSTER_FINALIZER, LVMCluster, LVMVolumeGroup, NODE_CLEANUP_FINALIZER_PREFIX,
-    node_cleanup_finalizer, node_of_cleanup_finalizer, storage_class_name,
+    DeviceClass, LVMCLUSTER_FINALIZER, LVMCluster, LVMVolumeGroup, NODE_CLEANUP_FINALIZER_PREFIX,
+    node_cleanup_finalizer, node_of_cleanup_finalizer,
 };
 
 /// What to do about an `LVMCluster`'s deletion and its `lvmcluster.topolvm.io` finalizer.
@@ -89,7 +89,7 @@ pub fn cluster_deletion(
             .storage
             .device_classes
             .iter()
-            .map(|c| storage_class_name(&c.name))
+            .flat_map(DeviceClass::storage_class_names)
             .collect();
         remains.push(format!(
             "{} {} the {} {}: delete {} (and the pods using {}) first",

@@ -27,13 +27,14 @@ use k8s_openapi::{
     },
 };
 use lvms_api::{
-    DEFAULT_DRIVER_NAME, DEFAULT_SNAPSHOT_CLASS_ANNOTATION, DEFAULT_STORAGE_CLASS_ANNOTATION,
-    DESCRIPTION_ANNOTATION, DEVICE_CLASS_PARAMETER, DeviceClass, FSTYPE_PARAMETER,
-    LABEL_APP_COMPONENT, LABEL_APP_MANAGED_BY, LABEL_APP_NAME, LABEL_APP_PART_OF,
-    LABEL_OWNED_BY_GROUP, LABEL_OWNED_BY_KIND, LABEL_OWNED_BY_NAME, LABEL_OWNED_BY_NAMESPACE,
-    LABEL_OWNED_BY_UID, LABEL_OWNED_BY_VERSION, LVM_GROUP, LVM_VERSION, LVMCluster, LVMVolumeGroup,
-    LVMVolumeGroupSpec, OPERATOR_FIELD_MANAGER, StorageClassOptions, VOLUME_MODE_PARAMETER,
-    is_reserved_storage_class_label, storage_class_name,
+    CSI_DRIVER_LVM_TYPE_PARAMETER, CSI_DRIVER_LVM_TYPES, DEFAULT_DRIVER_NAME,
+    DEFAULT_SNAPSHOT_CLASS_ANNOTATION, DEFAULT_STORAGE_CLASS_ANNOTATION, DESCRIPTION_ANNOTATION,
+    DEVICE_CLASS_PARAMETER, DeviceClass, FSTYPE_PARAMETER, LABEL_APP_COMPONENT,
+    LABEL_APP_MANAGED_BY, LABEL_APP_NAME, LABEL_APP_PART_OF, LABEL_OWNED_BY_GROUP,
+    LABEL_OWNED_BY_KIND, LABEL_OWNED_BY_NAME, LABEL_OWNED_BY_NAMESPACE, LABEL_OWNED_BY_UID,
+    LABEL_OWNED_BY_VERSION, LVM_GROUP, LVM_VERSION, LVMCluster, LVMVolumeGroup, LVMVolumeGroupSpec,
+    OPERATOR_FIELD_MANAGER, StorageClassOptions, VOLUME_MODE_PARAMETER,
+    csi_driver_lvm_storage_class_name, is_reserved_storage_class_label, storage_class_name,
 };
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -240,7 +241,8 @@ impl RenderConfig {
 pub struct Rendered {
     /// One per device class, named after it.
     pub volume_groups: Vec<LVMVolumeGroup>,
-    /// One per device class, `lvms-<class>`.
+    /// One per device class, `lvms-<class>`, each followed by csi-driver-lvm's three
+    /// (`csi-driver-lvm-linear|striped|mirror`) for a class with `csiDriverLVMStorageClasses`.
     pub storage_classes: Vec<StorageClass>,
     /// One per thin device class, `lvms-<class>`; none without the snapshot API.
     pub snapshot_classes: Vec<VolumeSnapshotClass>,
@@ -512,7 +514,15 @@ pub fn render(cluster: &LVMCluster, cfg: &RenderConfig) -> Result<Rendered, Rend
         .collect();
     let storage_classes = classes
         .iter()
-        .map(|class| storage_class(&owner, cfg, class))
+        .flat_map(|class| {
+            let own = storage_class(&owner, cfg, class);
+            let compat = if class.csi_driver_lvm_storage_classes {
+                csi_driver_lvm_storage_classes(&own)
+            } else {
+                Vec::new()
+            };
+            std::iter::once(own).chain(compat)
+        })
         .collect();
     let snapshot_classes = if cfg.snapshot_api_available {
         classes
@@ -576,6 +586,7 @@ fn volume_group(owner: &Owner<'_>, class: &DeviceClass) -> LVMVolumeGroup {
             default: class.default,
             device_access_policy: class.device_access_policy,
             shared_config: class.shared_config.clone(),
+            adopt: class.adopt,
         },
         status: None,
     }
@@ -634,6 +645,26 @@ fn storage_class(owner: &Owner<'_>, cfg: &RenderConfig, class: &DeviceClass) -> 
         allowed_topologies: None,
         mount_options: None,
     }
+}
+
+/// csi-driver-lvm's three StorageClasses (ADR 0022): copies of a class's own StorageClass `own`
+/// under csi-driver-lvm's names, with its `type` parameter. Never the cluster default: the class's
+/// own StorageClass is the one `default: true` marks.
+fn csi_driver_lvm_storage_classes(own: &StorageClass) -> Vec<StorageClass> {
+    CSI_DRIVER_LVM_TYPES
+        .iter()
+        .map(|ty| {
+            let mut sc = own.clone();
+            sc.metadata.name = Some(csi_driver_lvm_storage_class_name(ty));
+            if let Some(annotations) = &mut sc.metadata.annotations {
+                annotations.remove(DEFAULT_STORAGE_CLASS_ANNOTATION);
+            }
+            sc.parameters
+                .get_or_insert_with(BTreeMap::new)
+                .insert(CSI_DRIVER_LVM_TYPE_PARAMETER.into(), (*ty).into());
+            sc
+        })
+        .collect()
 }
 
 fn snapshot_class(

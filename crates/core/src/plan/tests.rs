@@ -170,6 +170,7 @@ fn class(name: &str, paths: &[String]) -> DeviceClassConfig {
         device_discovery_policy: DiscoveryPolicy::Static,
         device_access_policy: Default::default(),
         shared_config: None,
+        adopt: None,
     }
 }
 
@@ -343,6 +344,11 @@ fn apply(obs: &mut Observed, actions: &[Action]) {
                     g.size = g.extent_count * EXTENT;
                     g.pv_count -= 1;
                 }
+            }
+            Action::AdoptVolumeGroup { name, tag } => {
+                let g = obs.vgs.iter_mut().find(|v| v.name == *name).unwrap();
+                assert!(!g.tags.contains(tag), "{name} adopted twice");
+                g.tags.push(tag.clone());
             }
             Action::RemovePhysicalVolume { path } => {
                 let pv = obs.pvs.iter().find(|p| p.name == *path).unwrap();
@@ -539,7 +545,9 @@ fn action_paths(action: &Action) -> Vec<&str> {
         }
         Action::ReduceVolumeGroup { pvs, .. } => pvs.iter().map(String::as_str).collect(),
         Action::RemovePhysicalVolume { path } => vec![path],
-        Action::CreateThinPool { .. } | Action::ExtendThinPool { .. } => vec![],
+        Action::CreateThinPool { .. }
+        | Action::ExtendThinPool { .. }
+        | Action::AdoptVolumeGroup { .. } => vec![],
     }
 }
 
@@ -2338,4 +2346,159 @@ fn a_replaced_path_is_added_before_the_old_one_leaves_and_the_pool_waits() {
     let plans = converge(&thin_class("vg1", from_ref(&a)), &mut host.obs);
     assert_eq!(plans.last().unwrap().state, ClassState::Ready);
     assert!(lv_of(&host.obs, "vg1", "thin-pool-1").is_some());
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Adopting csi-driver-lvm's volume group (ADR 0023)
+
+/// A node as csi-driver-lvm leaves it: volume group `csi-lvm` tagged `vg_tags` over two disks, with
+/// a linear and a mirror volume of its own (tagged as csi-driver-lvm tags them) and a third disk
+/// that is blank. Returns the host and the three disks' paths.
+fn csi_driver_lvm_host(vg_tags: &[&str]) -> (Host, Vec<String>) {
+    let mut host = Host::default();
+    let disks: Vec<String> = (0..3).map(|_| host.clean(10 * GIB)).collect();
+    for path in &disks[..2] {
+        device_mut(&mut host.obs.devices, path).unwrap().fstype = Some(LVM_SIGNATURE.into());
+        host.obs.pvs.push(new_pv(path, 10 * GIB, None));
+    }
+    let extents = add_pvs_to_vg(&mut host.obs, CSI_DRIVER_LVM_VG_NAME, &disks[..2]);
+    let mut g = crate::filter::tests::vg(CSI_DRIVER_LVM_VG_NAME, vg_tags);
+    g.extent_count = extents;
+    g.free_count = extents;
+    g.size = extents * EXTENT;
+    g.free = g.size;
+    g.pv_count = 2;
+    host.obs.vgs.push(g);
+    allocate(&mut host.obs, CSI_DRIVER_LVM_VG_NAME, GIB);
+    allocate(&mut host.obs, CSI_DRIVER_LVM_VG_NAME, 2 * GIB);
+    for (name, segtype) in [("pvc-1111", "linear"), ("pvc-2222", "raid1")] {
+        let mut lv = new_lv(CSI_DRIVER_LVM_VG_NAME, name, GIB, "-wi-a-----", segtype);
+        lv.tags = vec![crate::config::CSI_DRIVER_LVM_LV_TAG.into()];
+        host.obs.lvs.push(lv);
+    }
+    (host, disks)
+}
+
+fn adopting(paths: &[String]) -> DeviceClassConfig {
+    let mut class = class(CSI_DRIVER_LVM_VG_NAME, &[]);
+    class.device_selector.optional_paths = paths.to_vec();
+    class.adopt = Some(crate::config::Adopt::CsiDriverLvm);
+    class
+}
+
+#[test]
+fn adopt_tags_csi_driver_lvm_group_ours_and_nothing_else_then_is_ready() {
+    let (mut host, disks) = csi_driver_lvm_host(&[CSI_DRIVER_LVM_VG_TAG]);
+    let class = adopting(&disks[..2]);
+    let before = host.obs.clone();
+    let plans = converge(&class, &mut host.obs);
+    assert_eq!(
+        plans[0].actions,
+        [Action::AdoptVolumeGroup {
+            name: "csi-lvm".into(),
+            tag: VG_OWNER_TAG.into()
+        }]
+    );
+    assert_eq!(plans.len(), 2, "{plans:#?}");
+    assert_eq!(plans[1].state, ClassState::Ready);
+    // Nothing but the tag changed: no wipe, no pvcreate, no volume touched.
+    assert_eq!(host.obs.pvs, before.pvs);
+    assert_eq!(host.obs.lvs, before.lvs);
+    assert_eq!(
+        vg_of(&host.obs, "csi-lvm").tags,
+        [CSI_DRIVER_LVM_VG_TAG, VG_OWNER_TAG]
+    );
+    assert!(
+        plans[1]
+            .devices
+            .iter()
+            .all(|d| d.verdict == DeviceVerdict::Member),
+        "{:#?}",
+        plans[1].devices
+    );
+    assert_eq!(foreign_volumes(&class, &host.obs), ["pvc-1111", "pvc-2222"]);
+}
+
+#[test]
+fn adopted_group_grows_with_a_listed_blank_disk_and_keeps_its_volumes() {
+    let (mut host, disks) = csi_driver_lvm_host(&[CSI_DRIVER_LVM_VG_TAG]);
+    let class = adopting(&disks);
+    let plans = converge(&class, &mut host.obs);
+    assert!(
+        plans.iter().flat_map(|p| &p.actions).all(|a| !matches!(
+            a,
+            Action::WipeDevice { .. } | Action::ReduceVolumeGroup { .. }
+        )),
+        "{plans:#?}"
+    );
+    assert_eq!(vg_of(&host.obs, "csi-lvm").pv_count, 3);
+    assert_eq!(host.obs.lvs.len(), 2);
+}
+
+#[test]
+fn adopt_refuses_a_group_without_csi_driver_lvm_tag_and_touches_nothing() {
+    let (host, disks) = csi_driver_lvm_host(&["someone-else"]);
+    let plan = plan_device_class(&adopting(&disks[..2]), &host.obs);
+    let reason = failed_reason(&plan);
+    assert!(
+        reason.contains("not made by csi-driver-lvm")
+            && reason.contains("vg.metal-stack.io/csi-lvm-driver")
+            && reason.contains("tags someone-else"),
+        "{reason}"
+    );
+    assert!(plan.actions.is_empty());
+}
+
+#[test]
+fn adopt_never_creates_a_missing_group() {
+    let mut host = Host::default();
+    let disks = vec![host.clean(10 * GIB), host.clean(10 * GIB)];
+    let plan = plan_device_class(&adopting(&disks), &host.obs);
+    let reason = failed_reason(&plan);
+    assert!(
+        reason.contains("no volume group csi-lvm to adopt") && reason.contains("remove adopt"),
+        "{reason}"
+    );
+    assert!(plan.actions.is_empty());
+}
+
+#[test]
+fn without_adopt_a_csi_driver_lvm_group_is_refused_and_the_fix_named() {
+    let (host, disks) = csi_driver_lvm_host(&[CSI_DRIVER_LVM_VG_TAG]);
+    let mut plain = adopting(&disks[..2]);
+    plain.adopt = None;
+    let plan = plan_device_class(&plain, &host.obs);
+    let reason = failed_reason(&plan);
+    assert!(
+        reason.contains("is not ours") && reason.contains("set adopt: csi-driver-lvm"),
+        "{reason}"
+    );
+    assert!(plan.actions.is_empty());
+    // Another class listing those disks does not take them either: the safety filter excludes
+    // another group's LVM physical volumes.
+    let other = class("vg1", &disks[..2]);
+    let plan = plan_device_class(&other, &host.obs);
+    assert!(plan.actions.is_empty(), "{:#?}", plan.actions);
+    assert!(
+        failed_reason(&plan).contains("csi-lvm"),
+        "{}",
+        failed_reason(&plan)
+    );
+}
+
+#[test]
+fn foreign_volumes_are_the_untagged_ones_except_the_thin_pool() {
+    let mut host = Host::default();
+    let class = thin_class("vg1", &[host.clean(10 * GIB)]);
+    converge(&class, &mut host.obs);
+    let mut ours = new_lv("vg1", "csi-abc", GIB, "Vwi-a-tz--", "thin");
+    ours.tags = vec![VG_OWNER_TAG.into()];
+    host.obs.lvs.push(ours);
+    host.obs
+        .lvs
+        .push(new_lv("vg1", "by-hand", GIB, "-wi-a-----", "linear"));
+    host.obs
+        .lvs
+        .push(new_lv("other", "elsewhere", GIB, "-wi-a-----", "linear"));
+    assert_eq!(foreign_volumes(&class, &host.obs), ["by-hand"]);
 }

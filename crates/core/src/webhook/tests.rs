@@ -1953,6 +1953,7 @@ fn every_lvms_sample_passes_validate_create() {
     assert_eq!(
         checked,
         [
+            "lvmcluster_csi_driver_lvm.yaml",
             "lvmcluster_multiple_classes_with_paths.yaml",
             "lvmcluster_raid1.yaml",
             "lvmcluster_raid10_all_fields.yaml",
@@ -2180,5 +2181,203 @@ fn patterns_count_as_devices_when_a_class_is_updated() {
         &update(json!([emptied]), json!([with_patterns])),
         "spec.storage.deviceClasses[0].deviceSelector",
         &["paths or patterns cannot be added later"],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// csi-driver-lvm's StorageClass names (rules 48–50)
+
+/// A valid thick class on `paths` with csi-driver-lvm's StorageClasses.
+fn csi_driver_lvm(name: &str, paths: &[&str]) -> Value {
+    json!({
+        "name": name,
+        "deviceSelector": {"paths": paths},
+        "csiDriverLVMStorageClasses": true,
+    })
+}
+
+#[test]
+fn csi_driver_lvm_storage_classes_on_a_thick_local_class_with_two_devices_is_allowed() {
+    assert_clean(&create(json!([
+        base(),
+        csi_driver_lvm("fast", &["/dev/sdc", "/dev/sdd"])
+    ])));
+    let mut patterns = matching("fast", &["/dev/nvme[0-9]n1"]);
+    patterns.as_object_mut().unwrap().remove("thinPoolConfig");
+    patterns["csiDriverLVMStorageClasses"] = json!(true);
+    assert_clean(&create(json!([base(), patterns])));
+}
+
+#[test]
+fn csi_driver_lvm_storage_classes_on_two_classes_is_rejected_naming_both() {
+    let review = create(json!([
+        base(),
+        csi_driver_lvm("a", &["/dev/sdc", "/dev/sdd"]),
+        csi_driver_lvm("b", &["/dev/sde", "/dev/sdf"]),
+    ]));
+    assert_only_error(
+        &review,
+        "spec.storage.deviceClasses[2].csiDriverLVMStorageClasses",
+        &[
+            "\"a\", \"b\"",
+            "csi-driver-lvm-linear",
+            "one device class only",
+        ],
+    );
+}
+
+#[test]
+fn csi_driver_lvm_storage_classes_on_two_classes_with_different_node_selectors_is_rejected() {
+    let mut a = csi_driver_lvm("a", &["/dev/sdc", "/dev/sdd"]);
+    a["nodeSelector"] = json!({"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "zone", "operator": "In", "values": ["a"]}]}]});
+    let review = create(json!([
+        base(),
+        a,
+        csi_driver_lvm("b", &["/dev/sde", "/dev/sdf"])
+    ]));
+    assert_error(
+        &review,
+        "spec.storage.deviceClasses[2].csiDriverLVMStorageClasses",
+        &["\"a\", \"b\""],
+    );
+}
+
+#[test]
+fn csi_driver_lvm_storage_classes_on_a_thin_class_is_rejected_saying_why() {
+    let mut class = thin("fast", &["/dev/sdc", "/dev/sdd"]);
+    class["csiDriverLVMStorageClasses"] = json!(true);
+    assert_only_error(
+        &create(json!([base(), class])),
+        "spec.storage.deviceClasses[1].csiDriverLVMStorageClasses",
+        &["thick, node-local", "thinPoolConfig", "linear only"],
+    );
+}
+
+#[test]
+fn csi_driver_lvm_storage_classes_on_a_raid_class_is_rejected_saying_why() {
+    let mut class = raid(json!({"type": "raid1", "mirrors": 1}), 2);
+    class["csiDriverLVMStorageClasses"] = json!(true);
+    assert_only_error(
+        &create(json!([class])),
+        "spec.storage.deviceClasses[0].csiDriverLVMStorageClasses",
+        &["raidConfig", "already fixes the layout"],
+    );
+}
+
+#[test]
+fn csi_driver_lvm_storage_classes_on_a_shared_class_is_rejected_saying_why() {
+    let class = json!({
+        "name": "san",
+        "deviceAccessPolicy": "shared",
+        "deviceSelector": {"paths": ["/dev/disk/by-id/wwn-0x1", "/dev/disk/by-id/wwn-0x2"]},
+        "csiDriverLVMStorageClasses": true,
+    });
+    assert_only_error(
+        &create(json!([base(), class])),
+        "spec.storage.deviceClasses[1].csiDriverLVMStorageClasses",
+        &["it is shared", "node-local"],
+    );
+}
+
+#[test]
+fn csi_driver_lvm_storage_classes_on_a_class_naming_one_device_warns() {
+    let review = create(json!([base(), csi_driver_lvm("fast", &["/dev/sdc"])]));
+    assert_only_warning(
+        &review,
+        &[
+            "spec.storage.deviceClasses[1].csiDriverLVMStorageClasses",
+            "names 1 device ",
+            "2 or more",
+        ],
+    );
+    // A literal pattern counts as one named device, and the same device twice counts once.
+    let mut class = csi_driver_lvm("fast", &["/dev/sdc"]);
+    class["deviceSelector"]["devicePatterns"] = json!(["/dev/sdc"]);
+    let review = create(json!([base(), class]));
+    assert_eq!(review.warnings.len(), 1, "{:#?}", review.warnings);
+    // One path plus an optional path is two.
+    let mut class = csi_driver_lvm("fast", &["/dev/sdc"]);
+    class["deviceSelector"]["optionalPaths"] = json!(["/dev/sdd"]);
+    assert_clean(&create(json!([base(), class])));
+}
+
+#[test]
+fn csi_driver_lvm_storage_classes_on_a_discovering_or_wildcard_class_does_not_warn() {
+    let discovering = json!({"name": "fast", "default": true, "csiDriverLVMStorageClasses": true,
+        "deviceDiscoveryPolicy": "Static"});
+    let review = create(json!([discovering]));
+    assert_allowed(&review);
+    // Only the usual warning about a class that names no devices, not rule 50's.
+    assert!(
+        review
+            .warnings
+            .iter()
+            .all(|w| !w.contains("csiDriverLVMStorageClasses")),
+        "{:#?}",
+        review.warnings
+    );
+    let mut class = csi_driver_lvm("fast", &[]);
+    class["deviceSelector"] = json!({"devicePatterns": ["/dev/sd[c-d]"]});
+    assert_clean(&create(json!([base(), class])));
+}
+
+#[test]
+fn csi_driver_lvm_storage_classes_rules_apply_on_update_and_the_flag_may_be_turned_off() {
+    let on = csi_driver_lvm("fast", &["/dev/sdc", "/dev/sdd"]);
+    let mut off = on.clone();
+    off["csiDriverLVMStorageClasses"] = json!(false);
+    assert_clean(&update(
+        json!([base(), on.clone()]),
+        json!([base(), off.clone()]),
+    ));
+    assert_clean(&update(json!([base(), off]), json!([base(), on.clone()])));
+    let mut other = base();
+    other["csiDriverLVMStorageClasses"] = json!(true);
+    let review = update(json!([base(), on.clone()]), json!([other, on]));
+    assert_error(
+        &review,
+        "spec.storage.deviceClasses[1].csiDriverLVMStorageClasses",
+        &["\"vg1\", \"fast\""],
+    );
+    assert_error(
+        &review,
+        "spec.storage.deviceClasses[0].csiDriverLVMStorageClasses",
+        &["thinPoolConfig"],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Adopting csi-driver-lvm's volume group (rule 51)
+
+#[test]
+fn adopt_on_a_node_local_class_is_allowed() {
+    let class = json!({"name": "csi-lvm", "adopt": "csi-driver-lvm",
+        "deviceSelector": {"devicePatterns": ["/dev/nvme[0-9]n[0-9]"]}});
+    assert_clean(&create(json!([base(), class.clone()])));
+    let mut local = class;
+    local["deviceAccessPolicy"] = json!("nodeLocal");
+    assert_clean(&create(json!([base(), local])));
+}
+
+#[test]
+fn adopt_on_a_shared_class_is_rejected_naming_the_field() {
+    let class = json!({
+        "name": "san",
+        "deviceAccessPolicy": "shared",
+        "deviceSelector": {"paths": ["/dev/disk/by-id/wwn-0x1"]},
+        "adopt": "csi-driver-lvm",
+    });
+    assert_only_error(
+        &create(json!([base(), class.clone()])),
+        "spec.storage.deviceClasses[1].adopt",
+        &["adopt: csi-driver-lvm", "\"san\" is shared", "node-local"],
+    );
+    let mut without = class.clone();
+    without.as_object_mut().unwrap().remove("adopt");
+    assert_error(
+        &update(json!([base(), without]), json!([base(), class])),
+        "spec.storage.deviceClasses[1].adopt",
+        &["node-local"],
     );
 }

@@ -195,6 +195,7 @@ fn class() -> DeviceClassConfig {
         device_discovery_policy: DiscoveryPolicy::Static,
         device_access_policy: AccessPolicy::Shared,
         shared_config: None,
+        adopt: None,
     }
 }
 

@@ -553,3 +553,33 @@ fn the_shared_status_follows_the_engines_state() {
     assert_eq!(failed.reason, "sanlock is not installed");
     assert_eq!(failed.shared.unwrap().lockspace, LockspaceState::NotJoined);
 }
+
+#[test]
+fn adopt_reaches_the_engine_and_is_absent_by_default() {
+    let cfg = device_class_config(&vg(json!({
+        "deviceSelector": {"devicePatterns": ["/dev/nvme[0-9]n1"]},
+        "adopt": "csi-driver-lvm",
+    })))
+    .unwrap();
+    assert_eq!(cfg.adopt, Some(Adopt::CsiDriverLvm));
+    assert_eq!(device_class_config(&vg(thin_spec())).unwrap().adopt, None);
+}
+
+#[test]
+fn foreign_volumes_are_reported_in_the_node_status_and_omitted_when_none() {
+    let mut status = VGStatus {
+        name: "csi-lvm".into(),
+        ..VGStatus::default()
+    };
+    assert!(
+        serde_json::to_value(&status)
+            .unwrap()
+            .get("foreignVolumes")
+            .is_none()
+    );
+    status.foreign_volumes = vec!["pvc-1".into(), "pvc-2".into()];
+    assert_eq!(
+        serde_json::to_value(&status).unwrap()["foreignVolumes"],
+        json!(["pvc-1", "pvc-2"])
+    );
+}

@@ -41,9 +41,9 @@ use kube::{
     },
 };
 use lvms_api::{
-    DEFAULT_STORAGE_CLASS_ANNOTATION, LABEL_OWNED_BY_NAME, LABEL_OWNED_BY_NAMESPACE,
+    DEFAULT_STORAGE_CLASS_ANNOTATION, DeviceClass, LABEL_OWNED_BY_NAME, LABEL_OWNED_BY_NAMESPACE,
     LVMCLUSTER_FINALIZER, LVMCluster, LVMVolumeGroup, LVMVolumeGroupNodeStatus,
-    NODE_CLEANUP_FINALIZER_PREFIX, OPERATOR_FIELD_MANAGER, storage_class_name,
+    NODE_CLEANUP_FINALIZER_PREFIX, OPERATOR_FIELD_MANAGER,
 };
 use serde::{Serialize, de::DeserializeOwned};
 use tracing::{info, instrument, warn};
@@ -588,7 +588,7 @@ impl Reconciler<'_> {
             .storage
             .device_classes
             .iter()
-            .map(|c| storage_class_name(&c.name))
+            .flat_map(DeviceClass::storage_class_names)
             .collect();
         let pvcs = Api::<PersistentVolumeClaim>::all(self.client())
             .list(&ListParams::default())
@@ -714,7 +714,7 @@ impl Reconciler<'_> {
                     .storage
                     .device_classes
                     .iter()
-                    .map(|c| storage_class_name(&c.name))
+                    .flat_map(DeviceClass::storage_class_names)
                     .collect::<Vec<_>>(),
                 Vec::new(),
             ),

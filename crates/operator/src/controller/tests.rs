@@ -310,6 +310,117 @@ async fn stale_volume_group_of_a_removed_class_is_deleted() {
     assert_eq!(task.await.unwrap().unwrap(), Action::requeue(REQUEUE));
 }
 
+/// `finalized()` with `csiDriverLVMStorageClasses` on its class `vg1`.
+fn with_csi_driver_lvm_storage_classes(mut c: LVMCluster) -> LVMCluster {
+    c.spec.storage.device_classes[0].csi_driver_lvm_storage_classes = true;
+    c
+}
+
+#[tokio::test]
+async fn csi_driver_lvm_storage_classes_are_applied_after_the_class_storage_class() {
+    let (ctx, mut server) = context();
+    let cluster = with_csi_driver_lvm_storage_classes(finalized());
+    let task = tokio::spawn(reconcile(Arc::new(cluster.clone()), ctx.clone()));
+    let _ = next(&mut server, |_| not_found()).await; // snapshot discovery
+    let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await; // storage classes
+    let echo = |s: &Seen| (StatusCode::OK, s.body.clone());
+    let _ = next(&mut server, echo).await; // LVMVolumeGroup
+    let seen = next(&mut server, echo).await;
+    assert_ssa(&seen, "/apis/storage.k8s.io/v1/storageclasses/lvms-vg1");
+    for ty in ["linear", "striped", "mirror"] {
+        let seen = next(&mut server, echo).await;
+        assert_ssa(
+            &seen,
+            &format!("/apis/storage.k8s.io/v1/storageclasses/csi-driver-lvm-{ty}"),
+        );
+        assert_eq!(seen.body["parameters"]["type"], ty);
+        assert_eq!(seen.body["parameters"]["topolvm.io/device-class"], "vg1");
+        assert_eq!(
+            seen.body["metadata"]["labels"]["owned-by.topolvm.io/name"],
+            "my-lvmcluster"
+        );
+    }
+    let _ = next(&mut server, echo).await; // CSIDriver
+    let _ = next(&mut server, echo).await; // DaemonSet
+    for _ in 0..3 {
+        let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    }
+    let _ = next(&mut server, |_| {
+        (StatusCode::OK, serde_json::to_value(&cluster).unwrap())
+    })
+    .await;
+    assert_eq!(task.await.unwrap().unwrap(), Action::requeue(REQUEUE));
+    assert_no_more_requests(&mut server).await;
+}
+
+#[tokio::test]
+async fn stale_csi_driver_lvm_storage_class_is_deleted_when_the_flag_is_turned_off() {
+    let (ctx, mut server) = context();
+    let task = tokio::spawn(reconcile(Arc::new(finalized()), ctx.clone()));
+    let owned = |name: &str| {
+        json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": name, "labels": {
+                "owned-by.topolvm.io/name": "my-lvmcluster", "owned-by.topolvm.io/namespace": NS}},
+            "provisioner": "topolvm.io"})
+    };
+    // csi-driver-lvm's own StorageClass of the same name (not ours) is left alone.
+    let foreign = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": "csi-driver-lvm-striped"}, "provisioner": "lvm.csi.metal-stack.io"});
+    let scs = list(vec![
+        owned("lvms-vg1"),
+        owned("csi-driver-lvm-linear"),
+        owned("csi-driver-lvm-mirror"),
+        foreign,
+    ]);
+    let _ = next(&mut server, |_| not_found()).await; // snapshot discovery
+    let _ = next(&mut server, |_| (StatusCode::OK, scs.clone())).await;
+    for _ in 0..4 {
+        let _ = next(&mut server, |s| (StatusCode::OK, s.body.clone())).await;
+    }
+    for name in ["csi-driver-lvm-linear", "csi-driver-lvm-mirror"] {
+        let seen = next(&mut server, |_| (StatusCode::OK, owned(name))).await;
+        assert_eq!(seen.method, Method::DELETE);
+        assert_eq!(
+            seen.path,
+            format!("/apis/storage.k8s.io/v1/storageclasses/{name}")
+        );
+    }
+    for _ in 0..3 {
+        let seen = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+        assert_eq!(seen.method, Method::GET);
+    }
+    let _ = next(&mut server, |_| {
+        (StatusCode::OK, serde_json::to_value(finalized()).unwrap())
+    })
+    .await;
+    assert_eq!(task.await.unwrap().unwrap(), Action::requeue(REQUEUE));
+    assert_no_more_requests(&mut server).await;
+}
+
+#[tokio::test]
+async fn deletion_with_a_pvc_on_a_csi_driver_lvm_storage_class_keeps_the_finalizer() {
+    let (ctx, mut server) = context();
+    let task = tokio::spawn(reconcile(
+        Arc::new(with_csi_driver_lvm_storage_classes(deleting())),
+        ctx.clone(),
+    ));
+    let pvc = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "data", "namespace": "app"},
+        "spec": {"storageClassName": "csi-driver-lvm-mirror"}});
+    let _ = next(&mut server, |_| (StatusCode::OK, list(vec![pvc]))).await;
+    let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    let seen = next(&mut server, |s| (StatusCode::OK, s.body.clone())).await;
+    assert_eq!(seen.body["reason"], "DeletionBlocked");
+    let note = seen.body["note"].as_str().unwrap();
+    assert!(note.contains("csi-driver-lvm-mirror"), "{note}");
+    assert_eq!(
+        task.await.unwrap().unwrap(),
+        Action::requeue(DELETION_REQUEUE)
+    );
+    assert_no_more_requests(&mut server).await;
+}
+
 #[tokio::test]
 async fn deletion_with_a_pvc_on_our_storage_class_keeps_the_finalizer() {
     let (ctx, mut server) = context();

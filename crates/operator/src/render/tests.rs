@@ -1056,3 +1056,118 @@ fn default_config_uses_the_upstream_defaults() {
     assert!(!cfg.snapshot_api_available);
     assert_eq!(cfg.existing_default_storage_class, None);
 }
+
+const CSI_DRIVER_LVM: &str = "\
+storage:
+  deviceClasses:
+  - name: fast
+    default: true
+    fstype: ext4
+    csiDriverLVMStorageClasses: true
+    deviceSelector:
+      paths: [/dev/nvme0n1, /dev/nvme1n1]
+    storageClassOptions:
+      reclaimPolicy: Retain
+      volumeBindingMode: Immediate
+      additionalParameters:
+        example.com/tier: gold
+  - name: bulk
+    deviceSelector:
+      paths: [/dev/sdb]
+";
+
+fn storage_class_names(r: &Rendered) -> Vec<String> {
+    r.storage_classes
+        .iter()
+        .filter_map(|sc| sc.metadata.name.clone())
+        .collect()
+}
+
+#[test]
+fn csi_driver_lvm_storage_classes_are_copies_of_the_class_storage_class_with_its_type() {
+    let r = ok(&cluster(CSI_DRIVER_LVM), &cfg());
+    assert_eq!(
+        storage_class_names(&r),
+        [
+            "lvms-fast",
+            "csi-driver-lvm-linear",
+            "csi-driver-lvm-striped",
+            "csi-driver-lvm-mirror",
+            "lvms-bulk"
+        ]
+    );
+    let own = json(&r.storage_classes[0]);
+    for (sc, ty) in r.storage_classes[1..4]
+        .iter()
+        .zip(["linear", "striped", "mirror"])
+    {
+        let mut expected = own.clone();
+        expected["metadata"]["name"] = json!(format!("csi-driver-lvm-{ty}"));
+        // Only the class's own StorageClass is the cluster default.
+        expected["metadata"]["annotations"]
+            .as_object_mut()
+            .unwrap()
+            .remove("storageclass.kubernetes.io/is-default-class");
+        expected["parameters"]["type"] = json!(ty);
+        assert_eq!(json(sc), expected, "{ty}");
+    }
+    assert_eq!(
+        json(&r.storage_classes[3].parameters),
+        json!({
+            "topolvm.io/device-class": "fast",
+            "csi.storage.k8s.io/fstype": "ext4",
+            "example.com/tier": "gold",
+            "type": "mirror",
+        })
+    );
+    let mirror = &r.storage_classes[3];
+    assert_eq!(mirror.provisioner, "topolvm.io");
+    assert_eq!(mirror.reclaim_policy.as_deref(), Some("Retain"));
+    assert_eq!(mirror.volume_binding_mode.as_deref(), Some("Immediate"));
+    assert_eq!(mirror.allow_volume_expansion, Some(true));
+    // Owned and labelled like the class's own StorageClass, so stale-object cleanup finds them.
+    assert_eq!(mirror.metadata.labels, r.storage_classes[0].metadata.labels);
+    assert_eq!(
+        mirror.metadata.labels.as_ref().unwrap()[LABEL_OWNED_BY_NAME],
+        "my-lvmcluster"
+    );
+}
+
+#[test]
+fn csi_driver_lvm_storage_classes_are_not_rendered_when_the_flag_is_off() {
+    let r = ok(&cluster(MULTI), &cfg());
+    assert!(
+        storage_class_names(&r)
+            .iter()
+            .all(|n| !n.starts_with("csi-driver-lvm")),
+        "{:?}",
+        storage_class_names(&r)
+    );
+}
+
+#[test]
+fn turning_csi_driver_lvm_storage_classes_off_drops_them_from_what_is_rendered() {
+    // The reconciler deletes every StorageClass with our owned-by labels that is not rendered
+    // (controller test `stale_csi_driver_lvm_storage_class_is_deleted`).
+    let mut c = cluster(CSI_DRIVER_LVM);
+    assert_eq!(ok(&c, &cfg()).storage_classes.len(), 5);
+    c.spec.storage.device_classes[0].csi_driver_lvm_storage_classes = false;
+    assert_eq!(
+        storage_class_names(&ok(&c, &cfg())),
+        ["lvms-fast", "lvms-bulk"]
+    );
+}
+
+#[test]
+fn device_class_storage_class_names_list_every_rendered_name() {
+    let c = cluster(CSI_DRIVER_LVM);
+    let r = ok(&c, &cfg());
+    let from_api: Vec<String> = c
+        .spec
+        .storage
+        .device_classes
+        .iter()
+        .flat_map(DeviceClass::storage_class_names)
+        .collect();
+    assert_eq!(from_api, storage_class_names(&r));
+}

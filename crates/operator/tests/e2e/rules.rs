@@ -3,7 +3,7 @@
 //!
 //! Each rule has a valid object and an invalid twin. The valid one must be admitted without a
 //! warning, so the refusal (or warning) of the twin comes from the difference. Rules 1 and 2 apply
-//! on create only, 22–30 and 41–43 on update only; 3–21, 31–40 and 44–47 are checked on both (on update,
+//! on create only, 22–30 and 41–43 on update only; 3–21, 31–40 and 44–51 are checked on both (on update,
 //! the valid twin is created and then replaced by the invalid one). Rule 38 (no wipe of a shared
 //! volume group that exists) needs a node to report the volume group: the test creates an
 //! `LVMVolumeGroupNodeStatus` that reports the shared class `san` ready.
@@ -332,6 +332,71 @@ fn pattern_rules() -> Vec<Case> {
             good(),
             json!([base(), matching(&["/dev/nvme*", "/dev/sdc,/dev/nvme*"])]),
             Refused("spec.storage.deviceClasses[1].deviceSelector.devicePatterns[1]"),
+        )
+        .by_adding(),
+    ]
+}
+
+/// A thick class `c` on two devices with csi-driver-lvm's StorageClasses.
+fn csi_driver_lvm(edit: impl FnOnce(&mut Value)) -> Value {
+    let mut class = json!({"name": "c", "deviceSelector": {"paths": ["/dev/sdc", "/dev/sdd"]},
+                           "csiDriverLVMStorageClasses": true});
+    edit(&mut class);
+    class
+}
+
+/// Rules 48–50: csi-driver-lvm's StorageClass names (on create and update; on update the class
+/// is added).
+fn csi_driver_lvm_rules() -> Vec<Case> {
+    let good = || json!([base(), csi_driver_lvm(|_| {})]);
+    vec![
+        case(
+            48,
+            good(),
+            json!([
+                base(),
+                csi_driver_lvm(|_| {}),
+                csi_driver_lvm(|c| {
+                    c["name"] = json!("d");
+                    c["deviceSelector"]["paths"] = json!(["/dev/sde", "/dev/sdf"]);
+                })
+            ]),
+            Refused("spec.storage.deviceClasses[2].csiDriverLVMStorageClasses"),
+        )
+        .by_adding(),
+        case(
+            49,
+            good(),
+            json!([
+                base(),
+                csi_driver_lvm(|c| c["thinPoolConfig"] = base()["thinPoolConfig"].clone())
+            ]),
+            Refused("spec.storage.deviceClasses[1].csiDriverLVMStorageClasses"),
+        )
+        .by_adding(),
+        case(
+            50,
+            good(),
+            json!([
+                base(),
+                csi_driver_lvm(|c| c["deviceSelector"]["paths"] = json!(["/dev/sdc"]))
+            ]),
+            Warned("need 2 or more LVM physical volumes"),
+        )
+        .by_adding(),
+    ]
+}
+
+/// Rule 51: `adopt` only on a node-local class (on create and update; on update the class is
+/// added).
+fn adopt_rules() -> Vec<Case> {
+    vec![
+        case(
+            51,
+            json!([base(), {"name": "csi-lvm", "adopt": "csi-driver-lvm",
+                            "deviceSelector": {"paths": ["/dev/sdc"]}}]),
+            json!([base(), shared(|c| c["adopt"] = json!("csi-driver-lvm"))]),
+            Refused("spec.storage.deviceClasses[1].adopt"),
         )
         .by_adding(),
     ]
@@ -736,6 +801,8 @@ async fn webhook_and_cel_refuse_every_rule_on_create_and_update_naming_the_field
         .into_iter()
         .chain(shared_rules())
         .chain(pattern_rules())
+        .chain(csi_driver_lvm_rules())
+        .chain(adopt_rules())
     {
         let good = send(&client, &ns.name, name, &c.good, None, false).await;
         let clean = if !good.admitted() {
@@ -774,11 +841,11 @@ async fn webhook_and_cel_refuse_every_rule_on_create_and_update_naming_the_field
         );
     }
 
-    for rule in 1..=47u8 {
+    for rule in 1..=51u8 {
         let on = |when: &str| covered.contains(&(rule, when.to_owned()));
         let expected: &[&str] = match rule {
             1 | 2 => &["create"],
-            3..=21 | 31..=40 | 44..=47 => &["create", "update"],
+            3..=21 | 31..=40 | 44..=51 => &["create", "update"],
             _ => &["update"],
         };
         for when in expected {
