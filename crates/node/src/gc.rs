@@ -412,6 +412,8 @@ mod tests {
             requested: None,
             health: lvms_core::lvattr::LvHealth::Ok,
             device: String::new(),
+            ephemeral: None,
+            open: false,
         };
         assert_eq!(
             by_kind(
@@ -449,6 +451,7 @@ mod tests {
                     lv_type: None,
                     volume_mode: None,
                     source: None,
+                    ephemeral: None,
                 })
                 .await
                 .unwrap()

@@ -50,6 +50,8 @@ fn volume(id: &str) -> Volume {
         requested: None,
         health: LvHealth::Ok,
         device: DEV.to_owned(),
+        ephemeral: None,
+        open: false,
     }
 }
 
