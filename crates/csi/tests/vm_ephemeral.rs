@@ -167,7 +167,7 @@ mod vm_ephemeral {
         let ctx = context("app", &[("size", "64Mi"), ("type", "linear")]);
 
         publish(&svc, &id, &target, ctx.clone()).await.unwrap();
-        assert_eq!(lvs_in(&env.vg), [lv.clone()]);
+        assert_eq!(lvs_in(&env.vg), std::slice::from_ref(&lv));
         let tags = lvs_field(&env.vg, &lv, "lv_tags");
         for want in [
             "lvms.ephemeral",
@@ -190,7 +190,7 @@ mod vm_ephemeral {
 
         // Again, as kubelet retries: the same LV, still mounted once, the data still there.
         publish(&svc, &id, &target, ctx).await.unwrap();
-        assert_eq!(lvs_in(&env.vg), [lv.clone()]);
+        assert_eq!(lvs_in(&env.vg), std::slice::from_ref(&lv));
         assert_eq!(
             sh(&format!(
                 "findmnt -n -o SOURCE --mountpoint {target} | wc -l"
