@@ -118,6 +118,8 @@ impl NodeBackend {
             requested: None,
             health: LvHealth::Ok,
             device: String::new(),
+            ephemeral: None,
+            open: false,
         })
     }
 

@@ -8,7 +8,7 @@ use std::future::Future;
 pub use lvms_core::layout::Layout;
 use lvms_core::lvattr::LvHealth;
 
-pub use crate::ids::Source;
+pub use crate::ids::{EphemeralOwner, Source};
 
 /// One device class as the driver serves it: a volume group, with or without a thin pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,6 +107,10 @@ pub struct Volume {
     pub health: LvHealth,
     /// The block device, `/dev/<vg>/<lv>` (present once active).
     pub device: String,
+    /// An inline ephemeral volume: the pod it was made for (from its tags).
+    pub ephemeral: Option<EphemeralOwner>,
+    /// Whether its device is open (mounted or in use), from `lv_attr`.
+    pub open: bool,
 }
 
 /// A volume to make.
@@ -125,6 +129,9 @@ pub struct NewVolume {
     pub volume_mode: Option<lvms_core::config::SharedVolumeMode>,
     /// Thin classes: the snapshot or volume to start from (same class, same node).
     pub source: Option<Source>,
+    /// An inline ephemeral volume (made by `NodePublishVolume`): the pod it is for, recorded in its
+    /// tags. `None` for persistent volumes.
+    pub ephemeral: Option<EphemeralOwner>,
 }
 
 /// A snapshot to take.

@@ -691,6 +691,7 @@ impl<B: Backend> ControllerService<B> {
                 lv_type: params.lv_type,
                 volume_mode: params.volume_mode,
                 source: source.clone(),
+                ephemeral: None,
             })
             .await
             .map_err(|e| match e {
@@ -905,7 +906,8 @@ impl<B: Backend> Controller for ControllerService<B> {
             .await
             .map_err(backend)?
             .into_iter()
-            .filter(|v| !v.snapshot)
+            // Inline ephemeral volumes belong to their pod's node, not to the CO's volumes.
+            .filter(|v| !v.snapshot && v.ephemeral.is_none())
             .collect();
         let (page, next_token) = page(
             volumes,

@@ -30,6 +30,17 @@ pub const CREATED_TAG_PREFIX: &str = "lvms.created=";
 /// Prefix of the tag carrying the size a restore or clone was asked for, in bytes: a retry after a crash
 /// between the thin snapshot and its `lvextend` finishes the extend instead of refusing the smaller LV.
 pub const REQUESTED_TAG_PREFIX: &str = "lvms.size=";
+/// Tag on an inline ephemeral volume's LV (made by `NodePublishVolume`, removed by
+/// `NodeUnpublishVolume` or the node's collector once its pod is gone; ADR 0021).
+pub const EPHEMERAL_TAG: &str = "lvms.ephemeral";
+/// Prefix of the tag carrying the uid of the pod an ephemeral volume was made for.
+pub const POD_UID_TAG_PREFIX: &str = "lvms.pod-uid=";
+/// Prefix of the tag carrying that pod's namespace.
+pub const POD_NAMESPACE_TAG_PREFIX: &str = "lvms.pod-ns=";
+/// Prefix of the tag carrying that pod's name.
+pub const POD_NAME_TAG_PREFIX: &str = "lvms.pod-name=";
+/// The longest value a pod tag keeps (a pod name is at most 253 bytes; LVM allows 1024 per tag).
+const MAX_TAG_VALUE_BYTES: usize = 253;
 /// Prefix of volume LV names.
 pub const VOLUME_PREFIX: &str = "csi-";
 /// Prefix of snapshot LV names.
@@ -185,11 +196,108 @@ pub fn created_from_tags(tags: &[String]) -> Option<u64> {
         .and_then(|s| s.parse().ok())
 }
 
+/// The pod an inline ephemeral volume was made for, as kubelet names it in the volume context
+/// (`csi.storage.k8s.io/pod.uid`, `.namespace`, `.name`) and as its tags record it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EphemeralOwner {
+    pub pod_uid: String,
+    pub pod_namespace: String,
+    pub pod_name: String,
+}
+
+/// `value` with every character an LVM tag cannot carry (`[A-Za-z0-9_+.-/=!:&#]` only) replaced by
+/// `_`, cut to [`MAX_TAG_VALUE_BYTES`]. Kubernetes uids, namespaces and pod names never need it; a
+/// CO outside Kubernetes might send anything.
+pub fn sanitize_tag_value(value: &str) -> String {
+    value
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "_+.-/=!:&#".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(MAX_TAG_VALUE_BYTES)
+        .collect()
+}
+
+impl EphemeralOwner {
+    /// The tags of an ephemeral volume made for this pod: [`EPHEMERAL_TAG`] and the pod's (sanitized)
+    /// uid, namespace and name; empty values are left out.
+    pub fn tags(&self) -> Vec<String> {
+        let mut tags = vec![EPHEMERAL_TAG.to_owned()];
+        for (prefix, value) in [
+            (POD_UID_TAG_PREFIX, &self.pod_uid),
+            (POD_NAMESPACE_TAG_PREFIX, &self.pod_namespace),
+            (POD_NAME_TAG_PREFIX, &self.pod_name),
+        ] {
+            if !value.is_empty() {
+                tags.push(format!("{prefix}{}", sanitize_tag_value(value)));
+            }
+        }
+        tags
+    }
+
+    /// The owner recorded in `tags` when they mark an ephemeral volume.
+    pub fn from_tags(tags: &[String]) -> Option<Self> {
+        if !tags.iter().any(|t| t == EPHEMERAL_TAG) {
+            return None;
+        }
+        let get = |prefix: &str| {
+            tags.iter()
+                .find_map(|t| t.strip_prefix(prefix))
+                .unwrap_or_default()
+                .to_owned()
+        };
+        Some(Self {
+            pod_uid: get(POD_UID_TAG_PREFIX),
+            pod_namespace: get(POD_NAMESPACE_TAG_PREFIX),
+            pod_name: get(POD_NAME_TAG_PREFIX),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn ephemeral_owner_round_trips_through_valid_tags() {
+        let owner = EphemeralOwner {
+            pod_uid: "0b1c5b1e-8f0e-4a57-a3a5-7d0e6a3f7c11".into(),
+            pod_namespace: "default".into(),
+            pod_name: "web-0".into(),
+        };
+        let tags = owner.tags();
+        assert_eq!(tags[0], EPHEMERAL_TAG);
+        for t in &tags {
+            lvms_host::validate::lvm_tag(t).unwrap();
+        }
+        assert_eq!(EphemeralOwner::from_tags(&tags), Some(owner));
+        assert_eq!(EphemeralOwner::from_tags(&[OWNER_TAG.to_owned()]), None);
+    }
+
+    #[test]
+    fn pod_tag_values_are_sanitized_to_what_lvm_allows() {
+        let owner = EphemeralOwner {
+            pod_uid: "a b;c".into(),
+            pod_namespace: "é".into(),
+            pod_name: "x".repeat(400),
+        };
+        let tags = owner.tags();
+        for t in &tags {
+            lvms_host::validate::lvm_tag(t).unwrap();
+        }
+        assert_eq!(tags[1], "lvms.pod-uid=a_b_c");
+        assert_eq!(tags[2], "lvms.pod-ns=_");
+        assert_eq!(
+            tags[3].len(),
+            POD_NAME_TAG_PREFIX.len() + MAX_TAG_VALUE_BYTES
+        );
+    }
 
     #[test]
     fn lv_names_are_deterministic_valid_lvm_names_that_fit_an_id() {

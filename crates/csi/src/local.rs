@@ -4,7 +4,8 @@
 //! Thin classes make thin volumes in the class's pool (`lvcreate --type thin`), thick classes make
 //! linear, striped or RAID volumes in the class's volume group. Names and tags come from [`crate::ids`]:
 //! the LV name is derived from the CO's name, and the tags say that the LV is ours ([`ids::OWNER_TAG`]),
-//! which CO name it answers to, where its content came from and whether it is a snapshot. Nothing else is
+//! which CO name it answers to, where its content came from, whether it is a snapshot and whether it is
+//! an inline ephemeral volume (with its pod, [`ids::EphemeralOwner`]). Nothing else is
 //! kept, so a restarted driver finds every volume. LVs without our owner tag are never changed or removed.
 //!
 //! Snapshots need a thin class: a snapshot is a read-only thin snapshot of the volume (created with the
@@ -157,6 +158,8 @@ fn to_volume(lv: &LogicalVolume) -> Volume {
         requested: ids::requested_from_tags(&lv.tags),
         health: LvAttr::parse(&lv.attr).map_or(LvHealth::Unknown, |a| a.health()),
         device: format!("/dev/{}/{}", lv.vg_name, lv.name),
+        ephemeral: ids::EphemeralOwner::from_tags(&lv.tags),
+        open: LvAttr::parse(&lv.attr).is_ok_and(|a| a.is_open()),
     }
 }
 
@@ -837,7 +840,10 @@ impl<R: Runner> Backend for LocalBackend<R> {
         let _queued = self.lock_vg(&class.name).await?;
         let locked = Instant::now();
         let report = self.report().await?;
-        let tags = vec![ids::OWNER_TAG.to_owned(), ids::name_tag(&req.name)];
+        let mut tags = vec![ids::OWNER_TAG.to_owned(), ids::name_tag(&req.name)];
+        if let Some(owner) = &req.ephemeral {
+            tags.extend(owner.tags());
+        }
         if let Some(lv) = report.find(&lv_name) {
             if lv.tags.is_empty() && class.shared.is_some() {
                 // Perhaps a shared thin volume a crash left untagged beside its pool.

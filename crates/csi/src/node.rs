@@ -6,6 +6,7 @@
 //! anything runs ([`request`]); one operation per volume runs at a time ([`InFlight`]), a second gets
 //! ABORTED.
 
+pub mod ephemeral;
 pub mod request;
 pub mod table;
 
@@ -28,7 +29,7 @@ use self::{
     table::{DeviceIds, Mounted, Publish, Stage, Unmount},
 };
 use crate::{
-    backend::{Backend, BackendError, Volume},
+    backend::{Backend, BackendError, ClassInfo, NewVolume, Volume},
     csi::{
         self, NodeExpandVolumeRequest, NodeExpandVolumeResponse, NodeGetCapabilitiesRequest,
         NodeGetCapabilitiesResponse, NodeGetInfoRequest, NodeGetInfoResponse,
@@ -309,6 +310,22 @@ pub enum PublishError {
         #[source]
         source: lvms_host::Error,
     },
+    /// Making or activating an inline ephemeral volume's LV failed.
+    #[error("{step} the LV of inline ephemeral volume {id}")]
+    Ephemeral {
+        step: &'static str,
+        id: String,
+        #[source]
+        source: BackendError,
+    },
+    /// Probing, formatting or mounting an inline ephemeral volume failed.
+    #[error("{step} {device}")]
+    Host {
+        step: &'static str,
+        device: String,
+        #[source]
+        source: lvms_host::Error,
+    },
 }
 
 impl PublishError {
@@ -321,7 +338,8 @@ impl PublishError {
             | Self::NotStaged(_)
             | Self::TargetKind(_) => Code::FailedPrecondition,
             Self::CreateTarget(..) => Code::Internal,
-            Self::Bind { source, .. } => host_code(source),
+            Self::Bind { source, .. } | Self::Host { source, .. } => host_code(source),
+            Self::Ephemeral { source, .. } => backend_code(source),
         }
     }
 }
@@ -344,6 +362,13 @@ pub enum UnpublishError {
     /// The target could not be removed (a directory not empty once unmounted: INTERNAL).
     #[error("removing target path {0}")]
     RemoveTarget(String, #[source] io::Error),
+    /// Removing an inline ephemeral volume's LV failed.
+    #[error("removing the LV {id} of an inline ephemeral volume")]
+    RemoveEphemeral {
+        id: String,
+        #[source]
+        source: BackendError,
+    },
 }
 
 impl UnpublishError {
@@ -353,6 +378,7 @@ impl UnpublishError {
             Self::Foreign(_) => Code::FailedPrecondition,
             Self::Unmount(_, e) => host_code(e),
             Self::StillMounted(_) | Self::RemoveTarget(..) => Code::Internal,
+            Self::RemoveEphemeral { source, .. } => backend_code(source),
         }
     }
 }
@@ -554,6 +580,21 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
             })
     }
 
+    /// The inline ephemeral volume the CO calls `id` (an id this driver never hands out), if its LV
+    /// is on this node.
+    async fn ephemeral_volume(&self, id: &str) -> Result<Option<Volume>, RequestError> {
+        if crate::ids::is_volume_id(id) {
+            return Ok(None);
+        }
+        let lv = crate::ids::volume_lv_name(id);
+        Ok(self
+            .backend
+            .get(&lv)
+            .await
+            .map_err(|source| RequestError::Lookup { id: lv, source })?
+            .filter(|v| v.ephemeral.is_some()))
+    }
+
     /// Claims the volume for this operation (ABORTED when another one runs), then looks it up.
     async fn begin(&self, id: &str) -> Result<(Guard, Volume), RequestError> {
         let guard = self
@@ -743,6 +784,9 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
         request::volume_id(&req.volume_id)?;
         request::path("target_path", &req.target_path)?;
         let cap = request::capability(req.volume_capability.as_ref())?;
+        if ephemeral::is_ephemeral(&req.volume_context) {
+            return self.publish_ephemeral(req, &cap).await;
+        }
         if req.staging_target_path.is_empty() {
             return Err(PublishError::StagingRequired);
         }
@@ -800,18 +844,35 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
     ) -> Result<NodeUnpublishVolumeResponse, UnpublishError> {
         request::volume_id(&req.volume_id)?;
         request::path("target_path", &req.target_path)?;
-        request::our_volume_id(&req.volume_id)?;
+        if !crate::ids::is_volume_id(&req.volume_id) {
+            // Not an id this driver hands out: the CO's id of an inline ephemeral volume, or none.
+            return self.unpublish_ephemeral(req).await;
+        }
         let target = req.target_path.as_str();
         let (_guard, vol) = self.begin(&req.volume_id).await?;
-        let ids = device_ids(&vol.device)?;
+        self.unmount_target(target, &vol).await?;
+        tracing::info!("unpublished");
+        Ok(NodeUnpublishVolumeResponse {})
+    }
+
+    /// Unmounts what of `vol` is mounted at `target` (stacked mounts too), then removes the file or
+    /// directory publish created. `vol` `None`: the volume has no device, so nothing mounted is it.
+    async fn unmount_target(
+        &self,
+        target: &str,
+        vol: impl Into<Option<&Volume>>,
+    ) -> Result<(), UnpublishError> {
+        let ids = match vol.into() {
+            Some(vol) => device_ids(&vol.device)?,
+            None => None,
+        };
         for _ in 0..MAX_STACKED_MOUNTS {
             match table::decide_unmount(&self.mounts().await?, ids.as_ref(), target) {
                 Unmount::Nothing => {
                     remove_target(target)
                         .await
                         .map_err(|e| UnpublishError::RemoveTarget(target.to_owned(), e))?;
-                    tracing::info!("unpublished");
-                    return Ok(NodeUnpublishVolumeResponse {});
+                    return Ok(());
                 }
                 Unmount::Foreign(m) => return Err(UnpublishError::Foreign(m)),
                 Unmount::Unmount => self
@@ -824,6 +885,233 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
         Err(UnpublishError::StillMounted(target.to_owned()))
     }
 
+    /// The class of an inline ephemeral volume: the one its attributes name, else the default class,
+    /// else the only class.
+    fn ephemeral_class(&self, asked: Option<&str>) -> Result<ClassInfo, PublishError> {
+        let classes = self.backend.classes();
+        if classes.is_empty() {
+            return Err(PublishError::Ephemeral {
+                step: "choosing a device class for",
+                id: String::new(),
+                source: BackendError::Unavailable(format!(
+                    "no device class is ready on node {} yet",
+                    self.backend.node_id()
+                )),
+            });
+        }
+        let names = || {
+            classes
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let found = match asked {
+            Some(name) => classes.iter().find(|c| c.name == name).ok_or_else(|| {
+                format!(
+                    "volume attribute {}={name:?} names no device class of node {}: use one of {}",
+                    crate::params::DEVICE_CLASS,
+                    self.backend.node_id(),
+                    names()
+                )
+            }),
+            None => classes
+                .iter()
+                .find(|c| c.default)
+                .or_else(|| classes.first().filter(|_| classes.len() == 1))
+                .ok_or_else(|| {
+                    format!(
+                        "no volume attribute {} and no default device class: set it to one of {}",
+                        crate::params::DEVICE_CLASS,
+                        names()
+                    )
+                }),
+        }
+        .map_err(Invalid::Argument)?;
+        if found.shared.is_some() {
+            return Err(Invalid::Argument(format!(
+                "volume attribute {}: device class {} is shared, and inline ephemeral volumes live                  on one node's own disks: use a local class",
+                crate::params::DEVICE_CLASS,
+                found.name
+            ))
+            .into());
+        }
+        Ok(found.clone())
+    }
+
+    /// `NodePublishVolume` of an inline ephemeral volume ([`ephemeral`]): makes its LV (or finds the
+    /// one an earlier call made), formats it when blank and mounts it at the target. No staging.
+    async fn publish_ephemeral(
+        &self,
+        req: &NodePublishVolumeRequest,
+        cap: &request::Capability,
+    ) -> Result<NodePublishVolumeResponse, PublishError> {
+        let Access::Mount {
+            fstype: asked,
+            flags,
+        } = &cap.access
+        else {
+            return Err(Invalid::Argument(
+                "inline ephemeral volumes are filesystems: block access is not supported"
+                    .to_owned(),
+            )
+            .into());
+        };
+        let attrs = ephemeral::parse(&req.volume_context).map_err(Invalid::Argument)?;
+        let class = self.ephemeral_class(attrs.class.as_deref())?;
+        let target = req.target_path.as_str();
+        let readonly = req.readonly || cap.reader_only();
+        let _guard = self
+            .in_flight
+            .try_claim(&[&req.volume_id])
+            .map_err(RequestError::Busy)?;
+        let failed = |step: &'static str| {
+            let id = req.volume_id.clone();
+            move |source| PublishError::Ephemeral { step, id, source }
+        };
+        let vol = self
+            .backend
+            .create_volume(&NewVolume {
+                name: req.volume_id.clone(),
+                class: class.name.clone(),
+                size: attrs.size,
+                lv_type: attrs.layout,
+                volume_mode: None,
+                source: None,
+                ephemeral: Some(attrs.owner),
+            })
+            .await
+            .map_err(failed("creating"))?;
+        if vol.ephemeral.is_none() {
+            return Err(PublishError::Incompatible(format!(
+                "LV {} of volume {} exists and is not an inline ephemeral volume",
+                vol.id, req.volume_id
+            )));
+        }
+        let device = self
+            .backend
+            .activate(&vol.id)
+            .await
+            .map_err(failed("activating"))?;
+        let ids = device_ids(&device)?.ok_or_else(|| RequestError::Device {
+            device: device.clone(),
+            source: io::Error::new(io::ErrorKind::NotFound, "no such device after activation"),
+        })?;
+        let wanted = asked.or(attrs.fstype);
+        let mounts = self.mounts().await?;
+        match table::decide_stage(&mounts, &ids, target, wanted.map(fstype_name), readonly) {
+            Stage::Incompatible(m) => return Err(PublishError::Incompatible(m)),
+            Stage::AlreadyStaged => {
+                tracing::debug!(device, "ephemeral volume already published");
+                return Ok(NodePublishVolumeResponse {});
+            }
+            Stage::Mount => {}
+        }
+        let host = |step: &'static str| {
+            let device = device.clone();
+            move |source| PublishError::Host {
+                step,
+                device,
+                source,
+            }
+        };
+        let (fstype, blank) = match self.fs.detect_fs(&device).await.map_err(host("probing"))? {
+            None => (
+                wanted.unwrap_or_else(|| self.fstype_of_class(&class.name)),
+                true,
+            ),
+            Some(sig) => match (known_fstype(&sig), wanted) {
+                (Some(have), Some(want)) if have != want => {
+                    return Err(PublishError::Incompatible(format!(
+                        "inline ephemeral volume {} has a {sig} filesystem, not the {} asked for",
+                        req.volume_id,
+                        fstype_name(want)
+                    )));
+                }
+                (Some(have), _) => (have, false),
+                (None, _) => {
+                    return Err(PublishError::Incompatible(format!(
+                        "{device} has a {sig} signature, which is neither ext4 nor xfs"
+                    )));
+                }
+            },
+        };
+        if blank {
+            tracing::info!(device, fstype = fstype_name(fstype), "formatting");
+            self.fs
+                .mkfs(&device, fstype)
+                .await
+                .map_err(host("formatting"))?;
+        }
+        let created = prepare_target(target, false).await?;
+        if let Err(e) = self
+            .fs
+            .mount(&device, target, fstype, flags, readonly)
+            .await
+        {
+            if created && let Err(e) = remove_target(target).await {
+                tracing::warn!(error = %e, "could not remove the target after a failed mount");
+            }
+            return Err(host("mounting")(e));
+        }
+        tracing::info!(
+            device,
+            lv = %vol.id,
+            device_class = %class.name,
+            fstype = fstype_name(fstype),
+            readonly,
+            "inline ephemeral volume published"
+        );
+        Ok(NodePublishVolumeResponse {})
+    }
+
+    /// `NodeUnpublishVolume` of an id this driver never hands out: the CO's id of an inline
+    /// ephemeral volume. Unmounts it, removes the target, then removes the LV (in that order, so a
+    /// retry after a crash finds what is left). With no LV of that id, a target with nothing mounted
+    /// is removed and the call succeeds: the volume was unpublished before.
+    async fn unpublish_ephemeral(
+        &self,
+        req: &NodeUnpublishVolumeRequest,
+    ) -> Result<NodeUnpublishVolumeResponse, UnpublishError> {
+        let target = req.target_path.as_str();
+        let lv = crate::ids::volume_lv_name(&req.volume_id);
+        let _guard = self
+            .in_flight
+            .try_claim(&[&req.volume_id])
+            .map_err(RequestError::Busy)?;
+        let vol = self
+            .backend
+            .get(&lv)
+            .await
+            .map_err(|source| RequestError::Lookup {
+                id: lv.clone(),
+                source,
+            })?;
+        match vol {
+            Some(vol) if vol.ephemeral.is_none() => Err(RequestError::NotFound(format!(
+                "volume {:?} is not a volume of this driver",
+                req.volume_id
+            ))
+            .into()),
+            Some(vol) => {
+                self.unmount_target(target, &vol).await?;
+                self.backend.delete(&vol.id).await.map_err(|source| {
+                    UnpublishError::RemoveEphemeral {
+                        id: vol.id.clone(),
+                        source,
+                    }
+                })?;
+                tracing::info!(lv = %vol.id, "inline ephemeral volume unpublished and removed");
+                Ok(NodeUnpublishVolumeResponse {})
+            }
+            None => {
+                self.unmount_target(target, None).await?;
+                tracing::info!("unpublished (no LV of this id)");
+                Ok(NodeUnpublishVolumeResponse {})
+            }
+        }
+    }
+
     /// `NodeGetVolumeStats`: bytes and inodes of a mounted filesystem, or the size of a published block
     /// device, with the volume's condition from LVM.
     #[tracing::instrument(skip_all, fields(volume_id = %req.volume_id, path = %req.volume_path))]
@@ -834,9 +1122,14 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
         request::volume_id(&req.volume_id)?;
         request::volume_path("volume_path", &req.volume_path)?;
         request::optional_path("staging_target_path", &req.staging_target_path)?;
-        request::our_volume_id(&req.volume_id)?;
+        let vol = match self.ephemeral_volume(&req.volume_id).await? {
+            Some(vol) => vol,
+            None => {
+                request::our_volume_id(&req.volume_id)?;
+                self.lookup(&req.volume_id).await?
+            }
+        };
         let path = req.volume_path.as_str();
-        let vol = self.lookup(&req.volume_id).await?;
         let not_here = || {
             StatsError::NotMounted(format!(
                 "volume {} is not staged or published at {path}",

@@ -114,6 +114,7 @@ mod vm_local {
             lv_type: None,
             volume_mode: None,
             source: None,
+            ephemeral: None,
         }
     }
 

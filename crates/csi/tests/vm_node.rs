@@ -145,6 +145,8 @@ mod vm_node {
                 requested: None,
                 health: LvHealth::Ok,
                 device: format!("/dev/{}/{id}", self.vg),
+                ephemeral: None,
+                open: false,
             };
             self.backend.volumes.lock().unwrap().insert(id.clone(), vol);
             id

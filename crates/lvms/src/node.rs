@@ -53,7 +53,8 @@ pub struct NodeArgs {
     #[arg(long, env = "CSI_DRIVER_NAME", default_value = lvms_csi::DEFAULT_DRIVER_NAME)]
     driver_name: String,
     /// Remove LVs of ours that no LogicalVolume names after they have been orphans this many seconds
-    /// (unset: only report them, with an event on the Node).
+    /// (unset: only report them, with an event on the Node). Also the grace period of inline
+    /// ephemeral volumes that are not mounted and whose pod is gone (unset: 300 s).
     #[arg(long, env = "LVMS_GC_DELETE_AFTER", value_name = "SECONDS")]
     gc_delete_after: Option<u64>,
     /// Look for orphaned LVs every this many seconds.

@@ -12,6 +12,12 @@
 //!   `VolumeSnapshotContent`s) that no `PersistentVolume` refers to (a provisioner that gave up, a PV
 //!   deleted by hand with the Retain policy).
 //!
+//! - Inline ephemeral volumes (ADR 0021; `lvms.ephemeral` LVs, which no `LogicalVolume` names) are
+//!   judged apart ([`ephemeral_candidates`]): one is never removed while its LV is open (mounted), nor
+//!   while its pod (by namespace and name, compared by uid) exists; once neither holds it is removed
+//!   after a grace period ([`EPHEMERAL_GRACE`], or the safety window when one is configured). This is
+//!   what cleans up after a node restart between publish and unpublish that kubelet never finished.
+//!
 //! An orphan is reported every sweep with how long it has been one. It is deleted only when a safety
 //! window is configured (`None`: report only, the default) and it has been an orphan for that long in this
 //! process's memory, and never while a PersistentVolume refers to it. A volume that stops being an orphan
@@ -37,6 +43,33 @@ pub struct Sweep {
     pub orphans: Vec<Orphan>,
     /// The orphans to delete now.
     pub delete: Vec<String>,
+    /// Inline ephemeral volumes whose pod is gone and which nothing has open (with how long).
+    pub ephemeral_orphans: Vec<Orphan>,
+    /// The inline ephemeral volumes to delete now (their grace period has passed).
+    pub ephemeral_delete: Vec<String>,
+}
+
+/// How long an inline ephemeral volume whose pod is gone and which is not mounted is kept before the
+/// collector removes it, unless `--gc-delete-after` sets a window (which then applies).
+pub const EPHEMERAL_GRACE: Duration = Duration::from_secs(300);
+
+/// An inline ephemeral volume's LV as the collector judges it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EphemeralLv {
+    pub id: String,
+    /// Its device is open (mounted): never removed.
+    pub open: bool,
+    /// The uid of the pod it was made for (empty when unknown: never removed).
+    pub pod_uid: String,
+}
+
+/// The inline ephemeral volumes that may be removed once the grace period has passed: not open, made
+/// for a known pod, and that pod gone (`alive`: the uids of the pods that exist now).
+pub fn ephemeral_candidates(lvs: &[EphemeralLv], alive: &BTreeSet<String>) -> BTreeSet<String> {
+    lvs.iter()
+        .filter(|lv| !lv.open && !lv.pod_uid.is_empty() && !alive.contains(&lv.pod_uid))
+        .map(|lv| lv.id.clone())
+        .collect()
 }
 
 /// Remembers since when each orphan has been one.
@@ -167,6 +200,7 @@ pub struct NodeCollector<B> {
     backend: tokio::sync::watch::Receiver<Option<std::sync::Arc<B>>>,
     window: Option<Duration>,
     tracker: Tracker,
+    ephemeral: Tracker,
     started: tokio::time::Instant,
     recorder: kube::runtime::events::Recorder,
     metrics: std::sync::Arc<crate::metrics::GcMetrics>,
@@ -194,6 +228,7 @@ impl<B: lvms_csi::backend::Backend> NodeCollector<B> {
             backend,
             window,
             tracker: Tracker::default(),
+            ephemeral: Tracker::default(),
             started: tokio::time::Instant::now(),
             recorder,
             metrics: std::sync::Arc::new(crate::metrics::GcMetrics::new("orphaned_volumes")),
@@ -217,13 +252,13 @@ impl<B: lvms_csi::backend::Backend> NodeCollector<B> {
             return Ok(Sweep::default());
         };
         // Disk first: an LV made after this read has its object already.
-        let (on_disk, shared_on_disk) = by_kind(
-            backend
-                .list()
-                .await
-                .map_err(|e| format!("list volumes: {e}"))?,
-            &backend.classes(),
-        );
+        let (ephemeral, persistent): (Vec<_>, Vec<_>) = backend
+            .list()
+            .await
+            .map_err(|e| format!("list volumes: {e}"))?
+            .into_iter()
+            .partition(|v| v.ephemeral.is_some());
+        let (on_disk, shared_on_disk) = by_kind(persistent, &backend.classes());
         let api = kube::Api::<LogicalVolume>::all(self.client.clone());
         // A shared class's volumes are any node's: every object counts (one list, only when there
         // are such volumes); this node's own otherwise.
@@ -306,7 +341,62 @@ impl<B: lvms_csi::backend::Backend> NodeCollector<B> {
                 .map_err(|e| format!("remove orphaned {id}: {e}"))?;
             self.metrics.removed.inc();
         }
+        let (orphans, delete) = self.sweep_ephemeral(&*backend, ephemeral, now).await?;
+        sweep.ephemeral_orphans = orphans;
+        sweep.ephemeral_delete = delete;
         Ok(sweep)
+    }
+
+    /// The inline ephemeral volumes: which pods still exist, then [`ephemeral_candidates`] through
+    /// their own [`Tracker`] with the grace period; the due ones are removed.
+    async fn sweep_ephemeral(
+        &mut self,
+        backend: &B,
+        volumes: Vec<lvms_csi::backend::Volume>,
+        now: Duration,
+    ) -> Result<(Vec<Orphan>, Vec<String>), String> {
+        use k8s_openapi::api::core::v1::Pod;
+        let mut lvs = Vec::new();
+        let mut alive = BTreeSet::new();
+        for v in volumes {
+            let owner = v.ephemeral.unwrap_or_default();
+            if !v.open && !owner.pod_uid.is_empty() {
+                let api = kube::Api::<Pod>::namespaced(self.client.clone(), &owner.pod_namespace);
+                match api.get_opt(&owner.pod_name).await {
+                    Ok(Some(pod)) if pod.metadata.uid.as_deref() == Some(&owner.pod_uid) => {
+                        alive.insert(owner.pod_uid.clone());
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        // Unknown: kept, as if the pod were there.
+                        tracing::warn!(volume_id = %v.id, error = %e, "could not read the pod of an ephemeral volume");
+                        alive.insert(owner.pod_uid.clone());
+                    }
+                }
+            }
+            lvs.push(EphemeralLv {
+                id: v.id,
+                open: v.open,
+                pod_uid: owner.pod_uid,
+            });
+        }
+        let candidates = ephemeral_candidates(&lvs, &alive);
+        let grace = self.window.unwrap_or(EPHEMERAL_GRACE);
+        let s = self
+            .ephemeral
+            .sweep(now, &candidates, &BTreeSet::new(), Some(grace));
+        for o in &s.orphans {
+            tracing::info!(volume_id = %o.id, age_secs = o.age.as_secs(), grace_secs = grace.as_secs(), "inline ephemeral volume whose pod is gone");
+        }
+        for id in &s.delete {
+            tracing::warn!(volume_id = %id, "removing an inline ephemeral volume whose pod is gone");
+            backend
+                .delete(id)
+                .await
+                .map_err(|e| format!("remove ephemeral {id}: {e}"))?;
+            self.metrics.removed.inc();
+        }
+        Ok((s.orphans, s.delete))
     }
 
     /// Sweeps every `period` ([`PERIOD`] by default).
@@ -369,6 +459,42 @@ mod tests {
     }
 
     #[test]
+    fn an_ephemeral_volume_goes_only_unmounted_with_its_pod_gone_past_the_grace() {
+        let lv = |id: &str, open: bool, uid: &str| EphemeralLv {
+            id: id.into(),
+            open,
+            pod_uid: uid.into(),
+        };
+        let lvs = [
+            lv("csi-mounted", true, "gone-1"),
+            lv("csi-alive", false, "alive"),
+            lv("csi-gone", false, "gone-2"),
+            lv("csi-unknown-pod", false, ""),
+        ];
+        let alive = set(&["alive"]);
+        let candidates = ephemeral_candidates(&lvs, &alive);
+        assert_eq!(
+            candidates,
+            set(&["csi-gone"]),
+            "mounted: kept; pod alive: kept; no pod recorded: kept"
+        );
+        let mut t = Tracker::default();
+        let none = set(&[]);
+        let s = t.sweep(Duration::ZERO, &candidates, &none, Some(EPHEMERAL_GRACE));
+        assert!(s.delete.is_empty(), "pod gone, within the grace: kept");
+        let s = t.sweep(4 * MIN, &candidates, &none, Some(EPHEMERAL_GRACE));
+        assert!(s.delete.is_empty(), "pod gone, within the grace: kept");
+        let s = t.sweep(5 * MIN, &candidates, &none, Some(EPHEMERAL_GRACE));
+        assert_eq!(s.delete, ["csi-gone"], "pod gone past the grace: removed");
+        // Mounted again meanwhile (a pod with the same volume came back): the clock starts over.
+        let mut t = Tracker::default();
+        t.sweep(Duration::ZERO, &candidates, &none, Some(EPHEMERAL_GRACE));
+        t.sweep(MIN, &set(&[]), &none, Some(EPHEMERAL_GRACE));
+        let s = t.sweep(6 * MIN, &candidates, &none, Some(EPHEMERAL_GRACE));
+        assert!(s.delete.is_empty());
+    }
+
+    #[test]
     fn what_counts_as_an_orphan() {
         let on_disk = ["csi-a".to_owned(), "csi-b".to_owned(), "snap-c".to_owned()];
         assert_eq!(
@@ -412,6 +538,8 @@ mod tests {
             requested: None,
             health: lvms_core::lvattr::LvHealth::Ok,
             device: String::new(),
+            ephemeral: None,
+            open: false,
         };
         assert_eq!(
             by_kind(
@@ -449,6 +577,7 @@ mod tests {
                     lv_type: None,
                     volume_mode: None,
                     source: None,
+                    ephemeral: None,
                 })
                 .await
                 .unwrap()
@@ -547,6 +676,90 @@ mod tests {
                 note.contains(&orphan) && note.contains("shared class"),
                 "{note}"
             );
+        }
+
+        async fn ephemeral(backend: &FakeBackend, name: &str, pod: &str) -> String {
+            backend
+                .create_volume(&NewVolume {
+                    name: name.into(),
+                    class: "thin".into(),
+                    size: 1 << 30,
+                    lv_type: None,
+                    volume_mode: None,
+                    source: None,
+                    ephemeral: Some(ids::EphemeralOwner {
+                        pod_uid: format!("uid-{pod}"),
+                        pod_namespace: "default".into(),
+                        pod_name: pod.into(),
+                    }),
+                })
+                .await
+                .unwrap()
+                .id
+        }
+
+        #[tokio::test]
+        async fn ephemeral_volumes_are_no_orphans_and_go_only_when_unmounted_and_their_pod_is_gone()
+        {
+            let api = FakeApi::new();
+            let backend = Arc::new(FakeBackend::new());
+            let alive = ephemeral(&backend, "csi-1", "alive").await;
+            let gone = ephemeral(&backend, "csi-2", "gone").await;
+            let mounted = ephemeral(&backend, "csi-3", "gone-too").await;
+            let replaced = ephemeral(&backend, "csi-4", "replaced").await;
+            backend
+                .state
+                .lock()
+                .unwrap()
+                .volumes
+                .get_mut(&mounted)
+                .unwrap()
+                .open = true;
+            api.insert(
+                "/api/v1/namespaces/default/pods/alive",
+                json!({"metadata": {"name": "alive", "namespace": "default", "uid": "uid-alive"}}),
+            );
+            // A pod of the same name but another uid: the volume's pod is gone.
+            api.insert(
+                "/api/v1/namespaces/default/pods/replaced",
+                json!({"metadata": {"name": "replaced", "namespace": "default", "uid": "uid-new"}}),
+            );
+            let (_tx, rx) = tokio::sync::watch::channel(Some(backend.clone()));
+            let mut c = NodeCollector::new(api.client("default"), "node-a", "topolvm.io", rx, None);
+            let s = c.sweep_once().await.unwrap();
+            assert!(s.orphans.is_empty(), "no LogicalVolume orphans: {s:?}");
+            assert!(s.ephemeral_delete.is_empty(), "within the grace period");
+            let mut want = vec![gone.clone(), replaced.clone()];
+            want.sort();
+            assert_eq!(
+                s.ephemeral_orphans
+                    .iter()
+                    .map(|o| o.id.clone())
+                    .collect::<Vec<_>>(),
+                want
+            );
+            let (_tx, rx) = tokio::sync::watch::channel(Some(backend.clone()));
+            let mut c = NodeCollector::new(
+                api.client("default"),
+                "node-a",
+                "topolvm.io",
+                rx,
+                Some(Duration::ZERO),
+            );
+            let s = c.sweep_once().await.unwrap();
+            assert_eq!(s.ephemeral_delete, want);
+            let mut left: Vec<String> = backend
+                .state
+                .lock()
+                .unwrap()
+                .volumes
+                .keys()
+                .cloned()
+                .collect();
+            left.sort();
+            let mut kept = vec![alive, mounted];
+            kept.sort();
+            assert_eq!(left, kept);
         }
 
         #[tokio::test]

@@ -246,6 +246,7 @@ fn plan_create(lv: &LogicalVolume, observed: &Observed<'_>, status: &LogicalVolu
             lv_type,
             volume_mode: None,
             source: None,
+            ephemeral: None,
         });
     }
     if !matches!(lv.spec.access_type.as_str(), "ro" | "rw") {
@@ -302,6 +303,7 @@ fn plan_create(lv: &LogicalVolume, observed: &Observed<'_>, status: &LogicalVolu
         } else {
             Source::Volume(source_id)
         }),
+        ephemeral: None,
     })
 }
 

@@ -209,6 +209,7 @@ mod tests {
                 lv_type: None,
                 volume_mode: None,
                 source: None,
+                ephemeral: None,
             })
             .await
             .unwrap();

@@ -704,7 +704,9 @@ fn csi_driver(owner: &Owner<'_>, cfg: &RenderConfig) -> CSIDriver {
             pod_info_on_mount: Some(true),
             // CSIStorageCapacity objects steer the scheduler to nodes with room.
             storage_capacity: Some(true),
-            volume_lifecycle_modes: Some(vec!["Persistent".into()]),
+            // Ephemeral: CSI inline volumes in a pod spec, which csi-driver-lvm users rely on
+            // (ADR 0021); the node makes the LV at NodePublishVolume.
+            volume_lifecycle_modes: Some(vec!["Persistent".into(), "Ephemeral".into()]),
             // TopoLVM leaves the default, ReadWriteOnceWithFSType, under which kubelet applies a
             // pod's fsGroup only to ReadWriteOnce volumes, not ReadWriteOncePod ones. Our volumes
             // are node-local with one writer node, so applying it always is right.

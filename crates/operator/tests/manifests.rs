@@ -161,8 +161,10 @@ const NODE_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
         &["get", "list", "watch", "patch"],
         Scope::Cluster,
     ),
-    // The garbage collector: PersistentVolumes' handles; events about orphans (on the Node).
+    // The garbage collector: PersistentVolumes' handles; events about orphans (on the Node);
+    // the pod an inline ephemeral volume was made for.
     ("", "persistentvolumes", &["list"], Scope::Cluster),
+    ("", "pods", &["get"], Scope::Cluster),
     (
         "events.k8s.io",
         "events",

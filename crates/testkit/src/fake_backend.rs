@@ -159,6 +159,8 @@ impl FakeBackend {
             requested: None,
             health: LvHealth::Ok,
             device: format!("/dev/{class}/{id}"),
+            ephemeral: None,
+            open: false,
         }
     }
 
@@ -236,6 +238,7 @@ impl Backend for FakeBackend {
         let mut v = Self::volume(&req.name, id.clone(), &req.class, size, thin);
         v.source = req.source.clone();
         v.requested = req.source.as_ref().map(|_| req.size);
+        v.ephemeral = req.ephemeral.clone();
         s.volumes.insert(id, v.clone());
         Ok(v)
     }

@@ -942,6 +942,7 @@ mod tests {
             lv_type: None,
             volume_mode: Some(SharedVolumeMode::Thin),
             source: None,
+            ephemeral: None,
         }
     }
 

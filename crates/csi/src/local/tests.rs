@@ -232,6 +232,7 @@ fn new_volume(name: &str, class: &str, size: u64) -> NewVolume {
         lv_type: None,
         volume_mode: None,
         source: None,
+        ephemeral: None,
     }
 }
 
@@ -285,6 +286,8 @@ async fn create_thin_volume_runs_lvcreate_in_the_pool_with_owner_and_name_tags()
             requested: None,
             health: LvHealth::Ok,
             device: format!("/dev/thin/{lv_name}"),
+            ephemeral: None,
+            open: false,
         }
     );
 }

@@ -50,6 +50,8 @@ fn volume(id: &str) -> Volume {
         requested: None,
         health: LvHealth::Ok,
         device: DEV.to_owned(),
+        ephemeral: None,
+        open: false,
     }
 }
 
@@ -389,7 +391,15 @@ async fn malformed_requests_are_invalid_argument_and_foreign_or_unknown_ids_not_
     assert_eq!(code(unpublish(&id, "").await), Inv);
     assert_eq!(code(unpublish(&id, "/a/../b").await), Inv);
     assert_eq!(code(unpublish(&unknown, &target).await), Nf);
-    assert_eq!(code(unpublish("vol-1", &target).await), Nf);
+    // Any other id may be the CO's id of an inline ephemeral volume: with no LV of it and nothing
+    // mounted, it was unpublished before.
+    assert_eq!(
+        unpublish("vol-1", &target)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.code()),
+        Ok(())
+    );
 
     let unstage = |id: &str, staging: &str| {
         s.svc
@@ -1332,4 +1342,46 @@ async fn a_missing_field_is_invalid_argument_whatever_the_volume_id_and_a_path_w
     }
     assert!(s.fake.calls().is_empty(), "{:?}", s.fake.calls());
     let _ = stop.send(());
+}
+
+// ---- inline ephemeral volumes ----
+
+#[tokio::test]
+async fn ephemeral_publish_with_a_bad_attribute_is_invalid_argument_naming_it() {
+    let s = Setup::new(NodeOptions::default());
+    s.backend.classes.lock().unwrap().push(ClassInfo {
+        name: "vg1".into(),
+        thin_pool: None,
+        overprovision_ratio: 1,
+        default: true,
+        layout: crate::backend::Layout::Linear,
+        fstype: None,
+        shared: None,
+    });
+    let target = s.path("target");
+    for (key, value) in [
+        ("size", "huge"),
+        ("type", "raid7"),
+        ("csi.storage.k8s.io/fstype", "btrfs"),
+        ("topolvm.io/device-class", "nvme"),
+    ] {
+        let mut req = publish_req("csi-0123456789abcdef", "", &target, writer(), false);
+        req.volume_context = HashMap::from([
+            ("csi.storage.k8s.io/ephemeral".to_owned(), "true".to_owned()),
+            (key.to_owned(), value.to_owned()),
+        ]);
+        let err = s
+            .svc
+            .node_publish_volume(Request::new(req))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.code(),
+            Code::InvalidArgument,
+            "{key}: {}",
+            err.message()
+        );
+        assert!(err.message().contains(key), "{key}: {}", err.message());
+    }
+    assert!(s.fake.calls().is_empty(), "nothing ran");
 }

@@ -50,6 +50,8 @@ fn volume(lv: &LogicalVolume, size: u64) -> Volume {
         requested: None,
         health: LvHealth::Ok,
         device: format!("/dev/thin/{id}"),
+        ephemeral: None,
+        open: false,
     }
 }
 
@@ -104,6 +106,7 @@ fn a_new_object_creates_a_volume_named_from_the_csi_name() {
             lv_type: None,
             volume_mode: None,
             source: None,
+            ephemeral: None,
         })
     );
     assert_eq!(lv_name(&lv), ids::volume_lv_name("pvc-1"));

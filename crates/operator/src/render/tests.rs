@@ -368,6 +368,7 @@ metadata:
   fsGroupPolicy: File
   volumeLifecycleModes:
   - Persistent
+  - Ephemeral
 "#,
             owned = owned_by(4)
         ))
