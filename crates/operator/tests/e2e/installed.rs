@@ -82,6 +82,11 @@ fn pod(name: &str, image: &str, script: &str, volume: serde_json::Value, node: &
     });
     let volumes = match volume {
         serde_json::Value::Null => json!([]),
+        // An inline ephemeral volume: `{"csi": <the Pod volume's csi source>}`.
+        v if v.get("csi").is_some() => {
+            container["volumeMounts"] = json!([{"name": "data", "mountPath": "/data"}]);
+            json!([{"name": "data", "csi": v["csi"]}])
+        }
         v => {
             let claim = v["claim"].as_str().unwrap().to_owned();
             if v["block"] == true {
@@ -539,6 +544,47 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
         "the Pod's /dev/xvda"
     );
     delete_pod(&pods, "block").await;
+
+    // An inline ephemeral volume: kubelet's NodePublish makes an LV of the asked size for the Pod
+    // alone, tagged ephemeral, and its NodeUnpublish, when the Pod goes, removes it.
+    create_pod(
+        &pods,
+        &env,
+        "inline",
+        "df -kP /data | tail -1 | awk '{print \"size \" $2}'; echo kept > /data/f && \
+         echo \"wrote $(cat /data/f)\"; sleep 3600",
+        json!({"csi": {"driver": DRIVER, "volumeAttributes": {"size": "320Mi"}}}),
+    )
+    .await;
+    let wrote = wait_log(&pods, "inline", "the inline Pod wrote its file", |l| {
+        l.starts_with("wrote ").then(|| l.to_owned())
+    })
+    .await;
+    assert_eq!(wrote, "wrote kept");
+    let kib: u64 = wait_log(&pods, "inline", "the inline Pod printed its size", |l| {
+        l.strip_prefix("size ").and_then(|n| n.parse().ok())
+    })
+    .await;
+    assert!(
+        (250 * 1024..=320 * 1024).contains(&kib),
+        "a 320 MiB filesystem, less its own overhead: {kib} KiB"
+    );
+    let inline_lvs = env
+        .vm
+        .ok("lvm lvs --noheadings -o lv_name,lv_size,lv_tags --units m 2>/dev/null | grep lvms.ephemeral")
+        .await;
+    assert_eq!(inline_lvs.lines().count(), 1, "{inline_lvs}");
+    assert!(inline_lvs.contains("320.00m"), "{inline_lvs}");
+    assert!(inline_lvs.contains("lvms.pod-name=inline"), "{inline_lvs}");
+    delete_pod(&pods, "inline").await;
+    eventually("the inline volume's LV is removed", SLOW, || async {
+        let left = env
+            .vm
+            .ok("lvm lvs --noheadings -o lv_name,lv_tags 2>/dev/null | grep -c lvms.ephemeral || true")
+            .await;
+        (left.trim() == "0").then_some(()).ok_or(left)
+    })
+    .await;
 
     // The node DaemonSet rolls to a new image while a Pod writes: the writer keeps writing
     // through the roll, never restarts, and every line it wrote is in the file.
