@@ -584,6 +584,16 @@ mod tests {
                 .id
         }
 
+        /// Node `node-a`'s collector over `backend`, deleting after `window`.
+        fn collector(
+            api: &FakeApi,
+            backend: &Arc<FakeBackend>,
+            window: Option<Duration>,
+        ) -> NodeCollector<FakeBackend> {
+            let (_tx, rx) = tokio::sync::watch::channel(Some(backend.clone()));
+            NodeCollector::new(api.client("default"), "node-a", "topolvm.io", rx, window)
+        }
+
         async fn world() -> (FakeApi, Arc<FakeBackend>, [String; 3]) {
             let api = FakeApi::new();
             let backend = Arc::new(FakeBackend::new());
@@ -606,8 +616,7 @@ mod tests {
         #[tokio::test]
         async fn by_default_orphans_are_reported_once_with_an_event_and_kept() {
             let (api, backend, [_, orphan, claimed]) = world().await;
-            let (_tx, rx) = tokio::sync::watch::channel(Some(backend.clone()));
-            let mut c = NodeCollector::new(api.client("default"), "node-a", "topolvm.io", rx, None);
+            let mut c = collector(&api, &backend, None);
             let s = c.sweep_once().await.unwrap();
             let mut want = vec![orphan.clone(), claimed.clone()];
             want.sort();
@@ -647,14 +656,7 @@ mod tests {
                 json!({"metadata": {"name": elsewhere},
                        "spec": {"name": "elsewhere", "nodeName": "node-b", "size": "1Gi"}}),
             );
-            let (_tx, rx) = tokio::sync::watch::channel(Some(backend.clone()));
-            let mut c = NodeCollector::new(
-                api.client("default"),
-                "node-a",
-                "topolvm.io",
-                rx,
-                Some(Duration::ZERO),
-            );
+            let mut c = collector(&api, &backend, Some(Duration::ZERO));
             let s = c.sweep_once().await.unwrap();
             assert_eq!(
                 s.orphans.iter().map(|o| o.id.clone()).collect::<Vec<_>>(),
@@ -724,8 +726,7 @@ mod tests {
                 "/api/v1/namespaces/default/pods/replaced",
                 json!({"metadata": {"name": "replaced", "namespace": "default", "uid": "uid-new"}}),
             );
-            let (_tx, rx) = tokio::sync::watch::channel(Some(backend.clone()));
-            let mut c = NodeCollector::new(api.client("default"), "node-a", "topolvm.io", rx, None);
+            let mut c = collector(&api, &backend, None);
             let s = c.sweep_once().await.unwrap();
             assert!(s.orphans.is_empty(), "no LogicalVolume orphans: {s:?}");
             assert!(s.ephemeral_delete.is_empty(), "within the grace period");
@@ -738,14 +739,7 @@ mod tests {
                     .collect::<Vec<_>>(),
                 want
             );
-            let (_tx, rx) = tokio::sync::watch::channel(Some(backend.clone()));
-            let mut c = NodeCollector::new(
-                api.client("default"),
-                "node-a",
-                "topolvm.io",
-                rx,
-                Some(Duration::ZERO),
-            );
+            let mut c = collector(&api, &backend, Some(Duration::ZERO));
             let s = c.sweep_once().await.unwrap();
             assert_eq!(s.ephemeral_delete, want);
             let mut left: Vec<String> = backend
@@ -765,14 +759,7 @@ mod tests {
         #[tokio::test]
         async fn with_a_window_an_unreferenced_orphan_goes_and_a_claimed_one_stays() {
             let (api, backend, [owned, orphan, claimed]) = world().await;
-            let (_tx, rx) = tokio::sync::watch::channel(Some(backend.clone()));
-            let c = NodeCollector::new(
-                api.client("default"),
-                "node-a",
-                "topolvm.io",
-                rx,
-                Some(Duration::ZERO),
-            );
+            let c = collector(&api, &backend, Some(Duration::ZERO));
             let metrics = std::sync::Arc::new(crate::metrics::GcMetrics::new("orphaned_volumes"));
             let mut c = c.with_metrics(metrics.clone());
             let s = c.sweep_once().await.unwrap();
