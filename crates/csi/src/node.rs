@@ -930,7 +930,8 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
         .map_err(Invalid::Argument)?;
         if found.shared.is_some() {
             return Err(Invalid::Argument(format!(
-                "volume attribute {}: device class {} is shared, and inline ephemeral volumes live                  on one node's own disks: use a local class",
+                "volume attribute {}: device class {} is shared, and inline ephemeral volumes live \
+                 on one node's own disks: use a local class",
                 crate::params::DEVICE_CLASS,
                 found.name
             ))
