@@ -569,6 +569,15 @@ mod tests {
         use super::super::*;
 
         async fn volume(backend: &FakeBackend, name: &str) -> String {
+            made(backend, name, None).await
+        }
+
+        /// A 1 GiB thin volume named `name`, inline ephemeral when `ephemeral` names its owner.
+        async fn made(
+            backend: &FakeBackend,
+            name: &str,
+            ephemeral: Option<ids::EphemeralOwner>,
+        ) -> String {
             backend
                 .create_volume(&NewVolume {
                     name: name.into(),
@@ -577,7 +586,7 @@ mod tests {
                     lv_type: None,
                     volume_mode: None,
                     source: None,
-                    ephemeral: None,
+                    ephemeral,
                 })
                 .await
                 .unwrap()
@@ -681,23 +690,12 @@ mod tests {
         }
 
         async fn ephemeral(backend: &FakeBackend, name: &str, pod: &str) -> String {
-            backend
-                .create_volume(&NewVolume {
-                    name: name.into(),
-                    class: "thin".into(),
-                    size: 1 << 30,
-                    lv_type: None,
-                    volume_mode: None,
-                    source: None,
-                    ephemeral: Some(ids::EphemeralOwner {
-                        pod_uid: format!("uid-{pod}"),
-                        pod_namespace: "default".into(),
-                        pod_name: pod.into(),
-                    }),
-                })
-                .await
-                .unwrap()
-                .id
+            let owner = ids::EphemeralOwner {
+                pod_uid: format!("uid-{pod}"),
+                pod_namespace: "default".into(),
+                pod_name: pod.into(),
+            };
+            made(backend, name, Some(owner)).await
         }
 
         #[tokio::test]
