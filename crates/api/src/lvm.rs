@@ -121,6 +121,16 @@ pub struct Storage {
     pub device_classes: Vec<DeviceClass>,
 }
 
+impl Storage {
+    /// Every StorageClass rendered for the cluster's device classes, class by class
+    /// ([`DeviceClass::storage_class_names`]).
+    pub fn storage_class_names(&self) -> impl Iterator<Item = String> + '_ {
+        self.device_classes
+            .iter()
+            .flat_map(DeviceClass::storage_class_names)
+    }
+}
+
 /// A device class: which devices on which nodes form the volume group, and how volumes are carved.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]

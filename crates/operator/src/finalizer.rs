@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use lvms_api::{
-    DeviceClass, LVMCLUSTER_FINALIZER, LVMCluster, LVMVolumeGroup, NODE_CLEANUP_FINALIZER_PREFIX,
+    LVMCLUSTER_FINALIZER, LVMCluster, LVMVolumeGroup, NODE_CLEANUP_FINALIZER_PREFIX,
     node_cleanup_finalizer, node_of_cleanup_finalizer,
 };
 
@@ -84,13 +84,7 @@ pub fn cluster_deletion(
     let name = cluster.metadata.name.as_deref().unwrap_or_default();
     let mut remains = Vec::new();
     if pvcs_using_our_classes > 0 {
-        let classes: Vec<String> = cluster
-            .spec
-            .storage
-            .device_classes
-            .iter()
-            .flat_map(DeviceClass::storage_class_names)
-            .collect();
+        let classes: Vec<String> = cluster.spec.storage.storage_class_names().collect();
         remains.push(format!(
             "{} {} the {} {}: delete {} (and the pods using {}) first",
             plural(

@@ -41,7 +41,7 @@ use kube::{
     },
 };
 use lvms_api::{
-    DEFAULT_STORAGE_CLASS_ANNOTATION, DeviceClass, LABEL_OWNED_BY_NAME, LABEL_OWNED_BY_NAMESPACE,
+    DEFAULT_STORAGE_CLASS_ANNOTATION, LABEL_OWNED_BY_NAME, LABEL_OWNED_BY_NAMESPACE,
     LVMCLUSTER_FINALIZER, LVMCluster, LVMVolumeGroup, LVMVolumeGroupNodeStatus,
     NODE_CLEANUP_FINALIZER_PREFIX, OPERATOR_FIELD_MANAGER,
 };
@@ -582,14 +582,7 @@ impl Reconciler<'_> {
         if !self.finalizers().iter().any(|f| f == LVMCLUSTER_FINALIZER) {
             return Ok(Action::await_change());
         }
-        let ours: BTreeSet<String> = self
-            .cluster
-            .spec
-            .storage
-            .device_classes
-            .iter()
-            .flat_map(DeviceClass::storage_class_names)
-            .collect();
+        let ours: BTreeSet<String> = self.cluster.spec.storage.storage_class_names().collect();
         let pvcs = Api::<PersistentVolumeClaim>::all(self.client())
             .list(&ListParams::default())
             .await
@@ -712,9 +705,7 @@ impl Reconciler<'_> {
                 self.cluster
                     .spec
                     .storage
-                    .device_classes
-                    .iter()
-                    .flat_map(DeviceClass::storage_class_names)
+                    .storage_class_names()
                     .collect::<Vec<_>>(),
                 Vec::new(),
             ),

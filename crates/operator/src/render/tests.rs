@@ -1163,12 +1163,6 @@ fn turning_csi_driver_lvm_storage_classes_off_drops_them_from_what_is_rendered()
 fn device_class_storage_class_names_list_every_rendered_name() {
     let c = cluster(CSI_DRIVER_LVM);
     let r = ok(&c, &cfg());
-    let from_api: Vec<String> = c
-        .spec
-        .storage
-        .device_classes
-        .iter()
-        .flat_map(DeviceClass::storage_class_names)
-        .collect();
+    let from_api: Vec<String> = c.spec.storage.storage_class_names().collect();
     assert_eq!(from_api, storage_class_names(&r));
 }
