@@ -333,14 +333,13 @@ impl<B: lvms_csi::backend::Backend> NodeCollector<B> {
         self.metrics
             .orphans
             .set(i64::try_from(sweep.orphans.len()).unwrap_or(i64::MAX));
-        for id in &sweep.delete {
-            tracing::warn!(volume_id = %id, "removing an orphaned LV after the safety window");
-            backend
-                .delete(id)
-                .await
-                .map_err(|e| format!("remove orphaned {id}: {e}"))?;
-            self.metrics.removed.inc();
-        }
+        self.remove(
+            &*backend,
+            &sweep.delete,
+            "orphaned",
+            "removing an orphaned LV after the safety window",
+        )
+        .await?;
         let (orphans, delete) = self.sweep_ephemeral(&*backend, ephemeral, now).await?;
         sweep.ephemeral_orphans = orphans;
         sweep.ephemeral_delete = delete;
@@ -388,15 +387,33 @@ impl<B: lvms_csi::backend::Backend> NodeCollector<B> {
         for o in &s.orphans {
             tracing::info!(volume_id = %o.id, age_secs = o.age.as_secs(), grace_secs = grace.as_secs(), "inline ephemeral volume whose pod is gone");
         }
-        for id in &s.delete {
-            tracing::warn!(volume_id = %id, "removing an inline ephemeral volume whose pod is gone");
+        self.remove(
+            backend,
+            &s.delete,
+            "ephemeral",
+            "removing an inline ephemeral volume whose pod is gone",
+        )
+        .await?;
+        Ok((s.orphans, s.delete))
+    }
+
+    /// Removes the LVs `ids` (orphans past their window), each logged with `why` and counted.
+    async fn remove(
+        &self,
+        backend: &B,
+        ids: &[String],
+        what: &str,
+        why: &str,
+    ) -> Result<(), String> {
+        for id in ids {
+            tracing::warn!(volume_id = %id, "{why}");
             backend
                 .delete(id)
                 .await
-                .map_err(|e| format!("remove ephemeral {id}: {e}"))?;
+                .map_err(|e| format!("remove {what} {id}: {e}"))?;
             self.metrics.removed.inc();
         }
-        Ok((s.orphans, s.delete))
+        Ok(())
     }
 
     /// Sweeps every `period` ([`PERIOD`] by default).
