@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{DeviceClassConfig, VG_OWNER_TAG};
 
+pub mod fencing;
 pub mod leave;
 
 /// Smallest sanlock host id.
