@@ -11,6 +11,7 @@ pub mod engine;
 pub mod error;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
+pub mod fence;
 pub mod fs;
 pub mod lvm;
 pub mod runner;

@@ -72,6 +72,15 @@ enum Cmd {
         #[arg(long, value_enum, default_value_t = Output::Plain)]
         output: Output,
     },
+    /// The fence hook of shared classes: set `global { lvmlockctl_kill_command = "<path to lvms>
+    /// fence" }` in the host's lvm.conf. When sanlock cannot renew this host's lease of shared volume
+    /// group VG, lvmlockctl runs it: every device of VG gets the error target (its openers' I/O
+    /// fails) and unopened ones are removed; exit 0 only when nothing of VG can write, so lvmlockctl
+    /// drops VG's locks (otherwise the watchdog resets the host). Writes /run/lvms/fenced-VG.
+    Fence {
+        /// The volume group (lvmlockctl passes it).
+        vg: String,
+    },
     /// Report every block device on this node and whether a device class could use it, and why not.
     Devices {
         /// Treat the config's device classes' volume groups as ours.
@@ -166,6 +175,7 @@ fn main() -> Result<()> {
                 class,
                 output,
             } => cmd_leave(&config, &class, output).await,
+            Cmd::Fence { vg } => cmd_fence(&vg).await,
             Cmd::Devices { config, output } => cmd_devices(config.as_deref(), output).await,
             Cmd::Crd { split } => cmd_crd(split.as_deref()),
             Cmd::Operator(args) => cmd_operator(args).await,
@@ -398,6 +408,37 @@ async fn cmd_converge(config: &std::path::Path, output: Output) -> Result<()> {
         failed.is_empty(),
         "device classes not ready: {}",
         failed.join(", ")
+    );
+    Ok(())
+}
+
+async fn cmd_fence(vg: &str) -> Result<()> {
+    use lvms_host::fence;
+    let devices = fence::devices_of(std::path::Path::new("/sys"), vg)
+        .context("reading the device-mapper devices in /sys/block")?;
+    let report = fence::fence(&RealRunner, vg, &devices).await;
+    let record = serde_json::json!({
+        "fencedAtUnixSeconds": std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        "fenced": report.fenced(),
+        "report": &report,
+    });
+    let dir = std::path::Path::new(fence::RECORD_DIR);
+    let written = std::fs::create_dir_all(dir).and_then(|()| {
+        std::fs::write(
+            fence::record_path(dir, vg),
+            serde_json::to_string_pretty(&record).unwrap_or_default(),
+        )
+    });
+    if let Err(e) = written {
+        tracing::error!(error = %e, "cannot write the fence record");
+    }
+    eprintln!("{}", serde_json::to_string_pretty(&record)?);
+    anyhow::ensure!(
+        report.fenced(),
+        "volume group {vg} is not fenced: a device kept its table and stayed (the watchdog resets \
+         this host)"
     );
     Ok(())
 }
