@@ -275,18 +275,5 @@ pub fn declared_dead(node: &NodeFacts) -> bool {
     !node.exists || (!node.ready && node.out_of_service)
 }
 
-/// The reason a stage waits for a volume another host holds: how long at most, and why.
-pub fn stage_wait_message(volume: &str, timing: Timing) -> String {
-    format!(
-        "volume {volume} is active on another node; if that node is dead, sanlock frees its lock \
-         {} s after its last lease renewal ({}×{} s io timeout + {} s watchdog), so this stage is \
-         retried until then",
-        timing.host_dead_seconds(),
-        8,
-        timing.io_timeout,
-        WATCHDOG_FIRE_SECONDS
-    )
-}
-
 #[cfg(test)]
 mod tests;

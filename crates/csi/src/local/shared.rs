@@ -18,6 +18,7 @@ use std::sync::Arc;
 use lvms_core::{
     lvattr::LvAttr,
     model::LogicalVolume,
+    shared::fencing::Timing,
     size::{GIB, MIB, round_up_to_extent},
 };
 use lvms_host::{
@@ -338,6 +339,13 @@ impl<R: Runner> LocalBackend<R> {
         multi_node: bool,
     ) -> Result<String> {
         let (vg, id) = (lv.vg_name.as_str(), lv.name.as_str());
+        let timing = Timing::new(u32::from(
+            self.class(vg)?
+                .shared
+                .clone()
+                .unwrap_or_default()
+                .io_timeout_seconds,
+        ));
         let _queued = self.lock_vg(vg).await?;
         let device = format!("/dev/{vg}/{id}");
         let fresh = self
@@ -357,7 +365,7 @@ impl<R: Runner> LocalBackend<R> {
         if has_tag(&fresh, ids::UNWIPED_TAG) {
             self.mutate(self.lvm.lv_activate_shared(vg, id, Activation::Exclusive))
                 .await
-                .map_err(conflict(id))?;
+                .map_err(conflict(id, timing))?;
             self.zero_unwiped(&fresh, &device).await?;
             if multi_node {
                 self.mutate(self.lvm.lv_deactivate(vg, id))
@@ -374,7 +382,7 @@ impl<R: Runner> LocalBackend<R> {
         };
         self.mutate(self.lvm.lv_activate_shared(vg, id, how))
             .await
-            .map_err(conflict(id))?;
+            .map_err(conflict(id, timing))?;
         self.read_back_lv(vg, id, "activating").await;
         Ok(device)
     }
@@ -472,11 +480,17 @@ impl<R: Runner> LocalBackend<R> {
     }
 }
 
-/// An activation refused because another node holds the volume: FAILED_PRECONDITION at the node.
-fn conflict(id: &str) -> impl FnOnce(lvms_host::Error) -> BackendError + '_ {
+/// An activation refused because another node holds the volume: FAILED_PRECONDITION at the node,
+/// which kubelet retries (its event carries this text). If that node is dead, the retry succeeds
+/// once sanlock's host-dead time has passed.
+fn conflict(id: &str, timing: Timing) -> impl FnOnce(lvms_host::Error) -> BackendError + '_ {
     move |e| match e {
         lvms_host::Error::InUse(m) => BackendError::Conflict(format!(
-            "volume {id} is in use on another node ({m}): unstage it there first"
+            "volume {id} is in use on another node ({m}): unstage it there first; if that node is \
+             dead, sanlock frees its lock {} s after its last lease renewal ({} s io timeout), and \
+             a retry succeeds then",
+            timing.host_dead_seconds(),
+            timing.io_timeout
         )),
         other => host(other),
     }
@@ -805,8 +819,11 @@ mod tests {
             BackendError::InsufficientSpace(_)
         ));
         let held = lvms_host::Error::InUse("LV locked by other host: san/csi-a".into());
-        match conflict("csi-a")(held) {
-            BackendError::Conflict(m) => assert!(m.contains("unstage it there first"), "{m}"),
+        match conflict("csi-a", Timing::new(10))(held) {
+            BackendError::Conflict(m) => assert!(
+                m.contains("unstage it there first") && m.contains("140 s after its last lease"),
+                "{m}"
+            ),
             other => panic!("{other:?}"),
         }
     }

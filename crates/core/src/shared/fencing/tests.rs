@@ -212,9 +212,3 @@ fn a_node_is_dead_when_deleted_or_not_ready_and_out_of_service() {
         "a Ready node is not dead, taint or not"
     );
 }
-
-#[test]
-fn the_stage_wait_message_gives_the_budget() {
-    let m = stage_wait_message("v1", Timing::new(10));
-    assert!(m.contains("140 s") && m.contains("v1"), "{m}");
-}
