@@ -342,7 +342,6 @@ impl<R: Runner> LocalBackend<R> {
         let timing = Timing::new(u32::from(
             self.class(vg)?
                 .shared
-                .clone()
                 .unwrap_or_default()
                 .io_timeout_seconds,
         ));
