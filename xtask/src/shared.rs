@@ -42,9 +42,25 @@ fn build(repo: &Path) -> Result<PathBuf> {
         .context("cargo built no shared_vms executable")
 }
 
-pub fn run(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
-    let exe = build(repo)?;
-    let kernel = vm::prepare(repo)?;
+/// Tests that end a guest (power loss, a fenced node) start with their own fresh pair of VMs and
+/// LUN; their names start with this.
+const FENCING_PREFIX: &str = "fencing_";
+
+/// The `shared_vms` tests' names, `--ignored` as they all are.
+fn list(exe: &Path) -> Result<Vec<String>> {
+    let out = Command::new(exe)
+        .args(["--list", "--ignored", "--format", "terse"])
+        .output()
+        .context("listing the shared_vms tests")?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_suffix(": test"))
+        .map(str::to_owned)
+        .collect())
+}
+
+/// Boots two VMs on a fresh LUN, runs `exe` with `args` against them, powers them off.
+fn pair(repo: &Path, kernel: &vm::Kernel, exe: &Path, args: &[&str]) -> Result<bool> {
     let mut lun = crate::parse_disk(repo, LUN)?;
     lun.shared = true;
     let ports = [cluster::free_port()?, cluster::free_port()?];
@@ -54,30 +70,31 @@ pub fn run(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
         // One vCPU each: two guests under TCG on a two-core machine.
         vms.push(guest::start_served(
             repo,
-            &kernel,
+            kernel,
             &format!("node{}", i + 1),
             disks,
             1,
             ports[i],
         )?);
     }
-    let nodes = ports
-        .iter()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut test = Command::new(&exe);
-    test.args([
-        "--ignored",
-        "--test-threads=1",
-        "--nocapture",
-        "--color",
-        "never",
-    ])
-    .args(filter)
-    .env("LVMS_SHARED_NODES", nodes)
-    .current_dir(repo.join("crates/lvms"));
-    let status = test.status().context("running the shared_vms tests")?;
+    let join = |v: Vec<String>| v.join(",");
+    let nodes = join(ports.iter().map(|p| format!("127.0.0.1:{p}")).collect());
+    // The fencing tests end a guest by killing its qemu (power loss).
+    let pids = join(vms.iter().map(|vm| vm.pid().to_string()).collect());
+    let status = Command::new(exe)
+        .args([
+            "--ignored",
+            "--test-threads=1",
+            "--nocapture",
+            "--color",
+            "never",
+        ])
+        .args(args)
+        .env("LVMS_SHARED_NODES", nodes)
+        .env("LVMS_SHARED_PIDS", pids)
+        .current_dir(repo.join("crates/lvms"))
+        .status()
+        .context("running the shared_vms tests")?;
     for p in ports {
         guest::poweroff(p);
     }
@@ -88,7 +105,30 @@ pub fn run(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
             out.elapsed.as_secs_f64()
         );
     }
-    Ok(if status.success() {
+    Ok(status.success())
+}
+
+pub fn run(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
+    let exe = build(repo)?;
+    let kernel = vm::prepare(repo)?;
+    let selected: Vec<String> = list(&exe)?
+        .into_iter()
+        .filter(|t| filter.is_none_or(|f| t.contains(f)))
+        .collect();
+    let (fencing, rest): (Vec<String>, Vec<String>) = selected
+        .into_iter()
+        .partition(|t| t.starts_with(FENCING_PREFIX));
+    let mut ok = true;
+    if !rest.is_empty() {
+        let mut args = vec!["--skip", FENCING_PREFIX];
+        args.extend(filter);
+        ok &= pair(repo, &kernel, &exe, &args)?;
+    }
+    for test in &fencing {
+        println!("vm-shared: {test} on a fresh pair of VMs");
+        ok &= pair(repo, &kernel, &exe, &["--exact", test])?;
+    }
+    Ok(if ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

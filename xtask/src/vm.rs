@@ -435,6 +435,11 @@ pub fn start(repo: &Path, kernel: &Kernel, spec: VmSpec) -> Result<RunningVm> {
 }
 
 impl RunningVm {
+    /// qemu's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Whether qemu has exited (the guest powered off or died).
     pub fn exited(&mut self) -> Result<bool> {
         Ok(self.child.try_wait()?.is_some())
