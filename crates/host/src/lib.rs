@@ -15,6 +15,7 @@ pub mod fence;
 pub mod fs;
 pub mod lvm;
 pub mod runner;
+pub mod sanlock;
 pub mod shared;
 pub mod shell;
 pub mod validate;

@@ -1,0 +1,141 @@
+use super::*;
+use crate::fake::FakeRunner;
+
+/// Real output of sanlock 3.8.5 in the two-VM test (node 2, joined to `lvm_san`).
+const STATUS: &str = include_str!("status-D.txt");
+const HOST_STATUS: &str = include_str!("host-status-D.txt");
+
+#[test]
+fn status_gives_the_watchdog_and_each_lockspaces_renewals() {
+    let (watchdog, spaces) = parse_status(STATUS);
+    assert_eq!(watchdog, Some(true));
+    assert_eq!(
+        spaces.get("lvm_san"),
+        Some(&Renewals {
+            io_timeout: 10,
+            renew_fail: false,
+            last_failed: false,
+            last_attempt: 168,
+            last_success: 168,
+        })
+    );
+    assert_eq!(spaces.len(), 1);
+    let failing = STATUS
+        .replace("renewal_last_result=1", "renewal_last_result=-5")
+        .replace("renew_fail=0", "renew_fail=1")
+        .replace("use_watchdog=1", "use_watchdog=0");
+    let (watchdog, spaces) = parse_status(&failing);
+    assert_eq!(watchdog, Some(false));
+    let r = &spaces["lvm_san"];
+    assert!(r.last_failed && r.renew_fail);
+    assert_eq!(parse_status("").0, None);
+}
+
+#[test]
+fn host_status_lists_each_host_and_whether_it_still_renews() {
+    let hosts = parse_host_status(HOST_STATUS);
+    assert_eq!(
+        hosts
+            .iter()
+            .map(|h| (h.host_id, h.timestamp))
+            .collect::<Vec<_>>(),
+        vec![(1, 196), (2, 147)]
+    );
+    assert!(hosts.iter().all(HostLease::live));
+    let seen_long_ago = HostLease {
+        last_check: 500,
+        last_live: 360,
+        ..hosts[0].clone()
+    };
+    assert!(
+        !seen_long_ago.live(),
+        "140 s without a change at io timeout 10: dead"
+    );
+    let just_before = HostLease {
+        last_live: 361,
+        ..seen_long_ago.clone()
+    };
+    assert!(just_before.live());
+    let left = HostLease {
+        timestamp: 0,
+        ..hosts[0].clone()
+    };
+    assert!(!left.live(), "a host that left cleanly holds nothing");
+}
+
+#[test]
+fn the_kill_command_is_read_from_lvm_config() {
+    assert_eq!(
+        parse_kill_command("lvmlockctl_kill_command=\"/var/lib/lvms/bin/lvms fence\"\n"),
+        "/var/lib/lvms/bin/lvms fence"
+    );
+    assert_eq!(parse_kill_command("lvmlockctl_kill_command=\"\"\n"), "");
+    assert_eq!(parse_kill_command(""), "");
+}
+
+#[tokio::test]
+async fn observe_reads_files_and_both_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    for (path, body) in [
+        ("dev/watchdog", ""),
+        (
+            "sys/class/watchdog/watchdog0/identity",
+            "Software Watchdog\n",
+        ),
+        ("run/wdmd/wdmd.sock", ""),
+    ] {
+        std::fs::create_dir_all(root.join(path).parent().unwrap()).unwrap();
+        std::fs::write(root.join(path), body).unwrap();
+    }
+    let fake = FakeRunner::new();
+    fake.expect(&["sanlock", "client", "status", "-D"])
+        .stdout(STATUS);
+    fake.expect(&[
+        "lvm",
+        "config",
+        "--typeconfig",
+        "full",
+        "global/lvmlockctl_kill_command",
+    ])
+    .stdout("lvmlockctl_kill_command=\"/usr/bin/lvms fence\"\n");
+    let seen = observe(&fake, root).await;
+    fake.assert_done();
+    assert_eq!(
+        seen,
+        WatchdogSeen {
+            device: true,
+            identity: Some("Software Watchdog".into()),
+            wdmd: Daemon::Running,
+            sanlock_uses_watchdog: Some(true),
+            kill_command: "/usr/bin/lvms fence".into(),
+        }
+    );
+
+    // Nothing there: no device, no wdmd, sanlock and lvm not answering.
+    let empty = tempfile::tempdir().unwrap();
+    let fake = FakeRunner::new();
+    fake.expect(&["sanlock", "client", "status", "-D"])
+        .spawn_fails();
+    fake.expect(&[
+        "lvm",
+        "config",
+        "--typeconfig",
+        "full",
+        "global/lvmlockctl_kill_command",
+    ])
+    .fails(
+        5,
+        "Configuration node global/lvmlockctl_kill_command not found",
+    );
+    let seen = observe(&fake, empty.path()).await;
+    assert_eq!(
+        (
+            seen.device,
+            seen.wdmd,
+            seen.sanlock_uses_watchdog,
+            seen.kill_command.as_str()
+        ),
+        (false, Daemon::Missing, None, "")
+    );
+}
