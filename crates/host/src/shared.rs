@@ -542,6 +542,15 @@ impl<R: Runner> RealSharedHost<R> {
     pub fn lvm(&self) -> &SharedLvm<R> {
         &self.lvm
     }
+
+    /// `paths` with every symlink resolved (a path that does not resolve stays as it is).
+    async fn canonical(&self, paths: impl IntoIterator<Item = String>) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        for p in paths {
+            out.insert(self.devices.resolve_path(&p).await.unwrap_or(p));
+        }
+        out
+    }
 }
 
 impl<R: Runner> SharedHost for RealSharedHost<R> {
@@ -570,17 +579,29 @@ impl<R: Runner> SharedHost for RealSharedHost<R> {
         if daemons.sanlock != Daemon::Running || daemons.lvmlockd != Daemon::Running {
             return Ok(base);
         }
-        let devices_file = self.lvm.devices_file(&class.name).await?;
+        // LVM names a device-mapper device (a multipath map) /dev/mapper/<name>; the plan compares
+        // canonical paths.
+        let devices_file = self
+            .canonical(self.lvm.devices_file(&class.name).await?)
+            .await;
         let vg = if devices_file.is_empty() {
             None
         } else {
-            self.lvm.vg(&class.name).await?
+            match self.lvm.vg(&class.name).await? {
+                Some(vg) => Some(SharedVg {
+                    pvs: self.canonical(vg.pvs.clone()).await.into_iter().collect(),
+                    ..vg
+                }),
+                None => None,
+            }
         };
         let mut orphan_pvs = BTreeSet::new();
         let mut signatures = BTreeMap::new();
         if vg.is_none() {
             if !devices_file.is_empty() {
-                orphan_pvs = self.lvm.orphan_pvs(&class.name).await?;
+                orphan_pvs = self
+                    .canonical(self.lvm.orphan_pvs(&class.name).await?)
+                    .await;
             }
             for canonical in resolved.values().flatten() {
                 if let Some(sig) = self.devices.probe_signature(canonical).await? {
