@@ -23,7 +23,7 @@ use k8s_openapi::{
 use lvms_api::{
     CONDITION_RESOURCES_AVAILABLE, CONDITION_VOLUME_GROUPS_READY, DeviceClassStatus, LVMCluster,
     LVMClusterStatus, LVMStateType, LVMVolumeGroupNodeStatus, LockspaceState, NodeStatus,
-    RaidHealth, VGStatus, VGStatusType,
+    RaidHealth, SharedTiming, VGStatus, VGStatusType,
 };
 
 use crate::selector;
@@ -330,7 +330,7 @@ fn finish_condition(
 }
 
 /// Per device class in the spec (in spec order), every node's report of it, sorted by node, and
-/// for a shared class the nodes that joined its lockspace (sorted). Reports of classes no longer in
+/// for a shared class the nodes that joined its lockspace (sorted) and its timing. Reports of classes no longer in
 /// the spec are left out; a class nobody reported has no nodes.
 fn device_class_statuses(
     cluster: &LVMCluster,
@@ -379,6 +379,9 @@ fn device_class_statuses(
                 name: class.name.clone(),
                 node_status,
                 joined_nodes,
+                shared_timing: class
+                    .is_shared()
+                    .then(|| SharedTiming::of(&class.shared_config_or_default())),
             }
         })
         .collect()

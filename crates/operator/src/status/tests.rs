@@ -584,6 +584,7 @@ fn device_class_statuses_follow_spec_order_with_nodes_sorted() {
                     vg_status: vg("b", Some(VGStatusType::Ready), "")
                 }],
                 joined_nodes: vec![],
+                shared_timing: None,
             },
             DeviceClassStatus {
                 name: "a".into(),
@@ -598,11 +599,13 @@ fn device_class_statuses_follow_spec_order_with_nodes_sorted() {
                     },
                 ],
                 joined_nodes: vec![],
+                shared_timing: None,
             },
             DeviceClassStatus {
                 name: "quiet".into(),
                 node_status: vec![],
                 joined_nodes: vec![],
+                shared_timing: None,
             },
         ]
     );
@@ -671,6 +674,7 @@ fn joined_nodes_serialise_as_joined_nodes() {
         name: "san".into(),
         node_status: vec![],
         joined_nodes: vec!["n1".into()],
+        shared_timing: None,
     };
     assert_eq!(
         serde_json::to_value(&status).unwrap(),
