@@ -70,6 +70,9 @@ pub const DEFAULT_IO_TIMEOUT_SECONDS: i32 = 10;
 pub const MIN_IO_TIMEOUT_SECONDS: i32 = 5;
 /// Largest `sharedConfig.ioTimeoutSeconds`.
 pub const MAX_IO_TIMEOUT_SECONDS: i32 = 60;
+/// How long after sanlock stops petting the watchdog for a lockspace the watchdog resets the
+/// machine: wdmd's fire timeout (sanlock's `DEFAULT_WATCHDOG_FIRE_TIMEOUT`, `timeouts.h`).
+pub const SANLOCK_WATCHDOG_FIRE_SECONDS: i32 = 60;
 /// Condition type: the operator's own objects (StorageClasses, DaemonSet, ...) are reconciled.
 pub const CONDITION_RESOURCES_AVAILABLE: &str = "ResourcesAvailable";
 /// Condition type: every selected node reports every volume group ready.
@@ -315,6 +318,14 @@ pub struct SharedConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = MIN_IO_TIMEOUT_SECONDS, max = MAX_IO_TIMEOUT_SECONDS))]
     pub io_timeout_seconds: Option<i32>,
+    /// Fencing of a node that loses its leases: `Required` (default) means the class is Ready on
+    /// a node only when sanlock's watchdog (wdmd on `/dev/watchdog`) is armed there and
+    /// lvmlockd's kill hook (`lvmlockctl_kill_command`) runs lvms-rs's fence hook; `softdog`
+    /// counts as armed but is reported as a warning. `Disabled`: the admin opts out of fencing; a
+    /// node that loses its leases may then keep writing to volumes another node takes over, and
+    /// the status says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watchdog: Option<WatchdogPolicy>,
 }
 
 impl SharedConfig {
@@ -332,6 +343,26 @@ impl SharedConfig {
     pub fn io_timeout_seconds_or_default(&self) -> i32 {
         self.io_timeout_seconds
             .unwrap_or(DEFAULT_IO_TIMEOUT_SECONDS)
+    }
+
+    /// The effective fencing policy (`Required` when unset).
+    pub fn watchdog_or_default(&self) -> WatchdogPolicy {
+        self.watchdog.unwrap_or_default()
+    }
+
+    /// How long a node's lease renewals may fail before its sanlock gives the lockspace up (runs
+    /// the kill hook and stops petting the watchdog): 8 × the I/O timeout, sanlock's
+    /// `id_renewal_fail_seconds` (`timeouts.h`; renewals are tried every 2 × the I/O timeout).
+    pub fn renewal_fail_seconds(&self) -> i32 {
+        8 * self.io_timeout_seconds_or_default()
+    }
+
+    /// How long after a node's last lease renewal other nodes may take its leases (sanlock's
+    /// `host_dead_seconds`, `timeouts.h`): [`Self::renewal_fail_seconds`] plus the watchdog's
+    /// [`SANLOCK_WATCHDOG_FIRE_SECONDS`], by when the node has either let go or been reset.
+    /// 140 s at the default 10 s I/O timeout. The failover budget.
+    pub fn host_dead_seconds(&self) -> i32 {
+        self.renewal_fail_seconds() + SANLOCK_WATCHDOG_FIRE_SECONDS
     }
 }
 
@@ -513,6 +544,40 @@ string_enum! {
 }
 
 string_enum! {
+    /// Fencing policy of a shared class (`sharedConfig.watchdog`): `Required` (default) or
+    /// `Disabled`.
+    #[derive(Default)]
+    pub enum WatchdogPolicy {
+        /// Ready on a node only when sanlock's watchdog is armed and the kill hook configured there.
+        #[default]
+        Required = "Required",
+        /// The admin opted out of fencing: a node that loses its leases may keep writing.
+        Disabled = "Disabled",
+    }
+}
+
+string_enum! {
+    /// The watchdog that resets a node whose sanlock lost its leases, as the node sees it.
+    pub enum WatchdogState {
+        /// A hardware watchdog on `/dev/watchdog`, petted by wdmd for sanlock.
+        Armed = "Armed",
+        /// The kernel's `softdog`: armed, but a hung kernel may not fire it (a warning).
+        Softdog = "Softdog",
+        /// No working watchdog (no device, wdmd not running, or sanlock runs without it).
+        Missing = "Missing",
+        /// Not checked: the class's `sharedConfig.watchdog` is `Disabled`.
+        Disabled = "Disabled",
+    }
+}
+
+impl WatchdogState {
+    /// Whether the watchdog would reset the node (`Armed` or `Softdog`).
+    pub const fn is_armed(self) -> bool {
+        matches!(self, WatchdogState::Armed | WatchdogState::Softdog)
+    }
+}
+
+string_enum! {
     /// Whether a node takes part in a shared volume group's sanlock lockspace: `Joined`,
     /// `Joining` or `NotJoined`.
     #[derive(Default)]
@@ -671,6 +736,38 @@ pub struct DeviceClassStatus {
     /// sorted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub joined_nodes: Vec<String>,
+    /// For a shared class: its sanlock timing and fencing policy, from its `sharedConfig`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_timing: Option<SharedTiming>,
+}
+
+/// A shared class's sanlock timing (sanlock's `timeouts.h` arithmetic) and fencing policy.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SharedTiming {
+    /// The lockspace's sanlock I/O timeout, in seconds.
+    pub io_timeout_seconds: i32,
+    /// How long a node's lease renewals may fail before its sanlock gives the lockspace up and
+    /// fences the node (8 × the I/O timeout).
+    pub renewal_fail_seconds: i32,
+    /// The failover budget: how long after a node stops renewing its leases before another node
+    /// may activate its volumes (8 × the I/O timeout + 60 s for the watchdog).
+    pub host_dead_seconds: i32,
+    /// The class's fencing policy.
+    #[serde(default)]
+    pub watchdog: WatchdogPolicy,
+}
+
+impl SharedTiming {
+    /// The timing of a class with this `sharedConfig`.
+    pub fn of(config: &SharedConfig) -> Self {
+        Self {
+            io_timeout_seconds: config.io_timeout_seconds_or_default(),
+            renewal_fail_seconds: config.renewal_fail_seconds(),
+            host_dead_seconds: config.host_dead_seconds(),
+            watchdog: config.watchdog_or_default(),
+        }
+    }
 }
 
 /// Observed state of one device class's volume group on one node.
@@ -834,6 +931,31 @@ pub struct SharedVGStatus {
     /// Why the lockspace is not joined, in words, with the fix.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
+    /// Whether this node is fenced when it loses its leases (watchdog and kill hook).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing: Option<FencingStatus>,
+    /// Host ids this node's sanlock sees renewing their delta lease in the class's lockspace,
+    /// sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub live_host_ids: Vec<i32>,
+}
+
+/// One node's fencing of a shared class: what stops it writing once it has lost its leases.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FencingStatus {
+    /// The watchdog that resets the node if it keeps its leases' volumes active after losing them.
+    pub watchdog: WatchdogState,
+    /// Whether lvmlockd's `lvmlockctl_kill_command` runs lvms-rs's fence hook, which stops the
+    /// class's volumes on this node before the watchdog would have to reset it.
+    #[serde(default)]
+    pub kill_hook: bool,
+    /// sanlock's count of failed lease renewals this node has seen in the class's lockspace.
+    #[serde(default)]
+    pub lease_renewal_failures: i64,
+    /// Why fencing is not armed, with the fix, or a warning (softdog); empty when all is well.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 /// A device the selector matched but that was not used.
@@ -1028,12 +1150,86 @@ mod tests {
             host_id: Some(7),
             io_timeout_seconds: Some(10),
             reason: String::new(),
+            ..SharedVGStatus::default()
         };
         assert_eq!(
             serde_json::to_value(&joined).ok(),
             Some(
                 serde_json::json!({"devicesVisible": true, "lockspace": "Joined", "hostId": 7,
                 "ioTimeoutSeconds": 10})
+            )
+        );
+    }
+
+    #[test]
+    fn host_dead_seconds_follow_sanlock_timeouts() {
+        let config = |n| SharedConfig {
+            io_timeout_seconds: Some(n),
+            ..SharedConfig::default()
+        };
+        assert_eq!(SharedConfig::default().host_dead_seconds(), 140);
+        assert_eq!(SharedConfig::default().renewal_fail_seconds(), 80);
+        assert_eq!(config(10).host_dead_seconds(), 140);
+        assert_eq!(config(5).host_dead_seconds(), 100);
+        assert_eq!(config(5).renewal_fail_seconds(), 40);
+        assert_eq!(config(60).host_dead_seconds(), 540);
+        assert_eq!(config(60).renewal_fail_seconds(), 480);
+    }
+
+    #[test]
+    fn watchdog_policy_defaults_to_required() {
+        assert_eq!(
+            SharedConfig::default().watchdog_or_default(),
+            WatchdogPolicy::Required
+        );
+        let config: SharedConfig =
+            serde_json::from_value(serde_json::json!({"watchdog": "Disabled"})).unwrap_or_default();
+        assert_eq!(config.watchdog_or_default(), WatchdogPolicy::Disabled);
+        let values: Vec<&str> = WatchdogState::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(values, ["Armed", "Softdog", "Missing", "Disabled"]);
+        assert!(WatchdogState::Softdog.is_armed());
+        assert!(!WatchdogState::Missing.is_armed());
+    }
+
+    #[test]
+    fn shared_timing_of_a_class_reads_its_config() {
+        let config = SharedConfig {
+            io_timeout_seconds: Some(20),
+            watchdog: Some(WatchdogPolicy::Disabled),
+            ..SharedConfig::default()
+        };
+        assert_eq!(
+            serde_json::to_value(SharedTiming::of(&config)).ok(),
+            Some(
+                serde_json::json!({"ioTimeoutSeconds": 20, "renewalFailSeconds": 160,
+                "hostDeadSeconds": 220, "watchdog": "Disabled"})
+            )
+        );
+    }
+
+    #[test]
+    fn shared_node_status_without_fencing_still_reads() {
+        let old: SharedVGStatus =
+            serde_json::from_value(serde_json::json!({"lockspace": "Joined", "hostId": 2}))
+                .unwrap_or_default();
+        assert_eq!(old.fencing, None);
+        assert!(old.live_host_ids.is_empty());
+        let new = SharedVGStatus {
+            lockspace: LockspaceState::Joined,
+            fencing: Some(FencingStatus {
+                watchdog: WatchdogState::Softdog,
+                kill_hook: true,
+                lease_renewal_failures: 2,
+                message: String::new(),
+            }),
+            live_host_ids: vec![1, 2],
+            ..SharedVGStatus::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&new).ok(),
+            Some(
+                serde_json::json!({"lockspace": "Joined", "liveHostIds": [1, 2],
+                "fencing": {"watchdog": "Softdog", "killHook": true, "leaseRenewalFailures": 2}})
             )
         );
     }

@@ -431,6 +431,7 @@ pub fn shared_vg_status(
             host_id: report.host_id.map(i32::from),
             io_timeout_seconds: Some(i32::from(class.shared_or_default().io_timeout_seconds)),
             reason,
+            ..SharedVGStatus::default()
         })),
         ..VGStatus::default()
     }

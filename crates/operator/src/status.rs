@@ -8,6 +8,12 @@
 //! - else `Degraded` when a node reports a class `Degraded` (or its RAID degraded);
 //! - else `Progressing` (objects being applied, reports missing or `Progressing`).
 //!
+//! A shared class whose `sharedConfig.watchdog` is `Required` (or unset) is not ready on a node
+//! whose report says fencing is not armed there (watchdog `Missing`, or no kill hook): that node
+//! counts as `Degraded`, with the node's message. `Softdog` counts as ready with a warning; with
+//! `Disabled` the message says the admin disabled fencing. Warnings are appended to the
+//! `VolumeGroupsReady` message. A report without `fencing` (an older node agent) is not judged.
+//!
 //! Conditions keep their `lastTransitionTime` while their status stays the same, as
 //! `meta.SetStatusCondition` does; condition types other than ours are kept as they were.
 
@@ -21,9 +27,9 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
 };
 use lvms_api::{
-    CONDITION_RESOURCES_AVAILABLE, CONDITION_VOLUME_GROUPS_READY, DeviceClassStatus, LVMCluster,
-    LVMClusterStatus, LVMStateType, LVMVolumeGroupNodeStatus, LockspaceState, NodeStatus,
-    RaidHealth, VGStatus, VGStatusType,
+    CONDITION_RESOURCES_AVAILABLE, CONDITION_VOLUME_GROUPS_READY, DeviceClass, DeviceClassStatus,
+    LVMCluster, LVMClusterStatus, LVMStateType, LVMVolumeGroupNodeStatus, LockspaceState,
+    NodeStatus, RaidHealth, SharedTiming, VGStatus, VGStatusType, WatchdogPolicy, WatchdogState,
 };
 
 use crate::selector;
@@ -92,20 +98,79 @@ impl Health {
     }
 }
 
+/// What the status makes of one node's report of one class: its health, why fencing makes it not
+/// ready (if it does), and a warning that does not.
+struct Verdict {
+    health: Health,
+    not_fenced: Option<String>,
+    warning: Option<String>,
+}
+
+/// Judges one node's report of `class`: the reported state and RAID health ([`Health::of`]),
+/// and for a shared class whose fencing is `Required`, the node's fencing.
+fn judge(class: &DeviceClass, node: &str, vg: &VGStatus) -> Verdict {
+    let mut verdict = Verdict {
+        health: Health::of(vg),
+        not_fenced: None,
+        warning: None,
+    };
+    if !class.is_shared()
+        || class.shared_config_or_default().watchdog_or_default() == WatchdogPolicy::Disabled
+    {
+        return verdict;
+    }
+    let Some(fencing) = vg.shared.as_ref().and_then(|s| s.fencing.as_ref()) else {
+        return verdict;
+    };
+    let message = if fencing.message.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", fencing.message)
+    };
+    if !fencing.watchdog.is_armed() || !fencing.kill_hook {
+        let mut missing = Vec::new();
+        if !fencing.watchdog.is_armed() {
+            missing.push(format!("watchdog {}", fencing.watchdog));
+        }
+        if !fencing.kill_hook {
+            missing.push("lvmlockctl_kill_command is not the lvms fence hook".to_owned());
+        }
+        verdict.health = verdict.health.max(Health::Degraded);
+        verdict.not_fenced = Some(format!(
+            "fencing is not armed ({}){message}; or set sharedConfig.watchdog: Disabled to opt out",
+            missing.join(", ")
+        ));
+    } else if fencing.watchdog == WatchdogState::Softdog {
+        verdict.warning = Some(format!(
+            "device class {} on node {node}: the watchdog is softdog, which a hung kernel may not \
+             fire; use a hardware watchdog{message}",
+            class.name
+        ));
+    }
+    verdict
+}
+
 /// One thing that is not ready, for the condition message.
 struct Problem {
     health: Health,
     text: String,
 }
 
-fn describe(class: &str, node: &str, vg: &VGStatus) -> String {
+fn describe(class: &str, node: &str, vg: &VGStatus, not_fenced: Option<&str>) -> String {
     let mut text = format!("device class {class} on node {node}: ");
-    match vg.status {
-        Some(status) => text.push_str(status.as_str()),
-        None => text.push_str("no status yet"),
+    match (vg.status, not_fenced) {
+        (Some(VGStatusType::Ready), Some(_)) => {}
+        (Some(status), _) => text.push_str(status.as_str()),
+        (None, _) => text.push_str("no status yet"),
     }
     if !vg.reason.is_empty() {
         let _ = write!(text, " ({})", vg.reason);
+    }
+    if let Some(not_fenced) = not_fenced {
+        if vg.status != Some(VGStatusType::Ready) {
+            text.push_str("; ");
+        }
+        text.push_str(not_fenced);
     }
     if let Some(raid) = vg
         .raid_status
@@ -152,9 +217,20 @@ pub fn aggregate(
     }
 
     let mut problems = Vec::new();
+    let mut warnings = Vec::new();
     let mut ready_pairs = 0usize;
     let mut ready_nodes = BTreeSet::new();
     for class in classes {
+        if class.is_shared()
+            && class.shared_config_or_default().watchdog_or_default() == WatchdogPolicy::Disabled
+        {
+            warnings.push(format!(
+                "device class {}: fencing is disabled by the admin (sharedConfig.watchdog: \
+                 Disabled), so a node that loses its leases may keep writing to volumes another \
+                 node takes over",
+                class.name
+            ));
+        }
         let nodes: BTreeSet<&str> = expected_nodes
             .get(&class.name)
             .into_iter()
@@ -182,14 +258,15 @@ pub fn aggregate(
                     ),
                 }),
                 Some(vg) => {
-                    let health = Health::of(vg);
-                    if health == Health::Ready {
+                    let verdict = judge(class, node, vg);
+                    warnings.extend(verdict.warning);
+                    if verdict.health == Health::Ready {
                         ready_pairs += 1;
                         ready_nodes.insert(node);
                     } else {
                         problems.push(Problem {
-                            health,
-                            text: describe(&class.name, node, vg),
+                            health: verdict.health,
+                            text: describe(&class.name, node, vg, verdict.not_fenced.as_deref()),
                         });
                     }
                 }
@@ -202,7 +279,7 @@ pub fn aggregate(
         .map(|p| p.health)
         .max()
         .unwrap_or(Health::Ready);
-    let vg_condition = match vg_health {
+    let mut vg_condition = match vg_health {
         Health::Ready => condition(
             CONDITION_VOLUME_GROUPS_READY,
             true,
@@ -227,6 +304,7 @@ pub fn aggregate(
             )
         }
     };
+    append_warnings(&mut vg_condition.message, &warnings);
 
     let (resources_health, resources_condition) = match resources {
         ResourceSync::Applied => (
@@ -303,6 +381,20 @@ fn problem_message(mut problems: Vec<Problem>) -> String {
     message
 }
 
+/// Appends `warnings` to a condition message, at most [`MAX_LISTED_PROBLEMS`] of them.
+fn append_warnings(message: &mut String, warnings: &[String]) {
+    for warning in warnings.iter().take(MAX_LISTED_PROBLEMS) {
+        let _ = write!(message, "; warning: {warning}");
+    }
+    if warnings.len() > MAX_LISTED_PROBLEMS {
+        let _ = write!(
+            message,
+            "; and {} more warnings",
+            warnings.len() - MAX_LISTED_PROBLEMS
+        );
+    }
+}
+
 fn condition(type_: &str, status: bool, reason: &str, message: String) -> Condition {
     Condition {
         type_: type_.into(),
@@ -330,7 +422,7 @@ fn finish_condition(
 }
 
 /// Per device class in the spec (in spec order), every node's report of it, sorted by node, and
-/// for a shared class the nodes that joined its lockspace (sorted). Reports of classes no longer in
+/// for a shared class the nodes that joined its lockspace (sorted) and its timing. Reports of classes no longer in
 /// the spec are left out; a class nobody reported has no nodes.
 fn device_class_statuses(
     cluster: &LVMCluster,
@@ -379,6 +471,9 @@ fn device_class_statuses(
                 name: class.name.clone(),
                 node_status,
                 joined_nodes,
+                shared_timing: class
+                    .is_shared()
+                    .then(|| SharedTiming::of(&class.shared_config_or_default())),
             }
         })
         .collect()

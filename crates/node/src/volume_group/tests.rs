@@ -488,6 +488,7 @@ fn the_shared_status_follows_the_engines_state() {
             host_id: Some(3),
             io_timeout_seconds: Some(20),
             reason: String::new(),
+            ..SharedVGStatus::default()
         }
     );
 

@@ -584,6 +584,7 @@ fn device_class_statuses_follow_spec_order_with_nodes_sorted() {
                     vg_status: vg("b", Some(VGStatusType::Ready), "")
                 }],
                 joined_nodes: vec![],
+                shared_timing: None,
             },
             DeviceClassStatus {
                 name: "a".into(),
@@ -598,11 +599,13 @@ fn device_class_statuses_follow_spec_order_with_nodes_sorted() {
                     },
                 ],
                 joined_nodes: vec![],
+                shared_timing: None,
             },
             DeviceClassStatus {
                 name: "quiet".into(),
                 node_status: vec![],
                 joined_nodes: vec![],
+                shared_timing: None,
             },
         ]
     );
@@ -671,6 +674,7 @@ fn joined_nodes_serialise_as_joined_nodes() {
         name: "san".into(),
         node_status: vec![],
         joined_nodes: vec!["n1".into()],
+        shared_timing: None,
     };
     assert_eq!(
         serde_json::to_value(&status).unwrap(),
@@ -831,4 +835,247 @@ fn expected_nodes_leave_out_untolerated_taints_and_deleted_nodes() {
             ("ssd", &["cordoned", "storage", "w1"])
         ])
     );
+}
+
+fn shared_cluster(watchdog: Option<WatchdogPolicy>, io_timeout: Option<i32>) -> LVMCluster {
+    let mut c = cluster(&["san"]);
+    let class = &mut c.spec.storage.device_classes[0];
+    class.device_access_policy = Some(lvms_api::DeviceAccessPolicy::Shared);
+    class.shared_config = Some(lvms_api::SharedConfig {
+        watchdog,
+        io_timeout_seconds: io_timeout,
+        ..lvms_api::SharedConfig::default()
+    });
+    c
+}
+
+fn fenced_vg(watchdog: WatchdogState, kill_hook: bool, message: &str) -> VGStatus {
+    VGStatus {
+        shared: Some(Box::new(lvms_api::SharedVGStatus {
+            devices_visible: true,
+            lockspace: LockspaceState::Joined,
+            fencing: Some(lvms_api::FencingStatus {
+                watchdog,
+                kill_hook,
+                lease_renewal_failures: 0,
+                message: message.into(),
+            }),
+            ..lvms_api::SharedVGStatus::default()
+        })),
+        ..vg("san", Some(VGStatusType::Ready), "")
+    }
+}
+
+fn aggregate_san(c: &LVMCluster, reports: &[LVMVolumeGroupNodeStatus]) -> LVMClusterStatus {
+    let nodes: Vec<&str> = reports
+        .iter()
+        .filter_map(|r| r.metadata.name.as_deref())
+        .collect();
+    aggregate(
+        c,
+        reports,
+        &expect(&[("san", &nodes)]),
+        &ResourceSync::Applied,
+        &t(0),
+    )
+}
+
+fn vg_condition(s: &LVMClusterStatus) -> &Condition {
+    s.conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_VOLUME_GROUPS_READY)
+        .unwrap()
+}
+
+#[test]
+fn a_shared_class_reports_its_timing_and_fencing_policy() {
+    let s = aggregate_san(&shared_cluster(None, Some(20)), &[]);
+    assert_eq!(
+        s.device_class_statuses[0].shared_timing,
+        Some(SharedTiming {
+            io_timeout_seconds: 20,
+            renewal_fail_seconds: 160,
+            host_dead_seconds: 220,
+            watchdog: WatchdogPolicy::Required,
+        })
+    );
+    let s = aggregate_san(&shared_cluster(Some(WatchdogPolicy::Disabled), None), &[]);
+    assert_eq!(
+        s.device_class_statuses[0].shared_timing,
+        Some(SharedTiming {
+            io_timeout_seconds: 10,
+            renewal_fail_seconds: 80,
+            host_dead_seconds: 140,
+            watchdog: WatchdogPolicy::Disabled,
+        })
+    );
+}
+
+#[test]
+fn a_node_local_class_has_no_shared_timing() {
+    let c = cluster(&["a"]);
+    let s = aggregate(
+        &c,
+        &[ready("n1", &["a"])],
+        &expect(&[("a", &["n1"])]),
+        &ResourceSync::Applied,
+        &t(0),
+    );
+    assert_eq!(s.device_class_statuses[0].shared_timing, None);
+}
+
+#[test]
+fn required_fencing_armed_with_the_hook_is_ready_without_warnings() {
+    let s = aggregate_san(
+        &shared_cluster(None, None),
+        &[report(
+            "n1",
+            vec![fenced_vg(WatchdogState::Armed, true, "")],
+        )],
+    );
+    assert_eq!(s.state, Some(LVMStateType::Ready));
+    let c = vg_condition(&s);
+    assert_eq!(c.status, "True");
+    assert!(!c.message.contains("warning"), "{}", c.message);
+}
+
+#[test]
+fn required_fencing_with_the_watchdog_missing_is_not_ready_on_that_node() {
+    let s = aggregate_san(
+        &shared_cluster(Some(WatchdogPolicy::Required), None),
+        &[
+            report(
+                "n1",
+                vec![fenced_vg(
+                    WatchdogState::Missing,
+                    true,
+                    "there is no /dev/watchdog (modprobe softdog)",
+                )],
+            ),
+            report("n2", vec![fenced_vg(WatchdogState::Armed, true, "")]),
+        ],
+    );
+    assert!(!s.ready);
+    assert_eq!(s.state, Some(LVMStateType::Degraded));
+    let c = vg_condition(&s);
+    assert_eq!(c.status, "False");
+    assert_eq!(c.reason, REASON_VGS_DEGRADED);
+    assert_eq!(
+        c.message,
+        "device class san on node n1: fencing is not armed (watchdog Missing): there is no \
+         /dev/watchdog (modprobe softdog); or set sharedConfig.watchdog: Disabled to opt out"
+    );
+}
+
+#[test]
+fn required_fencing_without_the_kill_hook_is_not_ready_on_that_node() {
+    let s = aggregate_san(
+        &shared_cluster(None, None),
+        &[report(
+            "n1",
+            vec![fenced_vg(
+                WatchdogState::Armed,
+                false,
+                "set lvmlockctl_kill_command",
+            )],
+        )],
+    );
+    assert_eq!(s.state, Some(LVMStateType::Degraded));
+    let c = vg_condition(&s);
+    assert!(
+        c.message.starts_with(
+            "device class san on node n1: fencing is not armed (lvmlockctl_kill_command is not \
+             the lvms fence hook): set lvmlockctl_kill_command"
+        ),
+        "{}",
+        c.message
+    );
+}
+
+#[test]
+fn a_node_failing_for_another_reason_names_both_reasons() {
+    let mut failing = fenced_vg(WatchdogState::Missing, false, "");
+    failing.status = Some(VGStatusType::Failed);
+    failing.reason = "sanlock is not running".into();
+    let s = aggregate_san(&shared_cluster(None, None), &[report("n1", vec![failing])]);
+    assert_eq!(s.state, Some(LVMStateType::Failed));
+    assert_eq!(
+        vg_condition(&s).message,
+        "device class san on node n1: Failed (sanlock is not running); fencing is not armed \
+         (watchdog Missing, lvmlockctl_kill_command is not the lvms fence hook); or set \
+         sharedConfig.watchdog: Disabled to opt out"
+    );
+}
+
+#[test]
+fn softdog_counts_as_ready_with_a_warning() {
+    let s = aggregate_san(
+        &shared_cluster(None, None),
+        &[report(
+            "n1",
+            vec![fenced_vg(WatchdogState::Softdog, true, "")],
+        )],
+    );
+    assert_eq!(s.state, Some(LVMStateType::Ready));
+    let c = vg_condition(&s);
+    assert_eq!(c.status, "True");
+    assert_eq!(
+        c.message,
+        "all 1 volume groups are ready (1 device classes on 1 nodes); warning: device class san \
+         on node n1: the watchdog is softdog, which a hung kernel may not fire; use a hardware \
+         watchdog"
+    );
+}
+
+#[test]
+fn disabled_fencing_accepts_a_missing_watchdog_and_says_so() {
+    let s = aggregate_san(
+        &shared_cluster(Some(WatchdogPolicy::Disabled), None),
+        &[report(
+            "n1",
+            vec![fenced_vg(WatchdogState::Disabled, false, "")],
+        )],
+    );
+    assert_eq!(s.state, Some(LVMStateType::Ready));
+    let s2 = aggregate_san(
+        &shared_cluster(Some(WatchdogPolicy::Disabled), None),
+        &[report(
+            "n1",
+            vec![fenced_vg(WatchdogState::Missing, false, "")],
+        )],
+    );
+    assert_eq!(s2.state, Some(LVMStateType::Ready));
+    let c = vg_condition(&s2);
+    assert!(
+        c.message.ends_with(
+            "; warning: device class san: fencing is disabled by the admin \
+             (sharedConfig.watchdog: Disabled), so a node that loses its leases may keep writing \
+             to volumes another node takes over"
+        ),
+        "{}",
+        c.message
+    );
+}
+
+#[test]
+fn a_report_without_fencing_is_not_judged() {
+    let s = aggregate_san(
+        &shared_cluster(None, None),
+        &[report("n1", vec![shared_vg("san", LockspaceState::Joined)])],
+    );
+    assert_eq!(s.state, Some(LVMStateType::Ready));
+}
+
+#[test]
+fn fencing_of_a_node_local_class_is_not_judged() {
+    let mut c = cluster(&["san"]);
+    c.spec.storage.device_classes[0].shared_config = Some(lvms_api::SharedConfig::default());
+    let s = aggregate_san(
+        &c,
+        &[report(
+            "n1",
+            vec![fenced_vg(WatchdogState::Missing, false, "")],
+        )],
+    );
+    assert_eq!(s.state, Some(LVMStateType::Ready));
 }
