@@ -140,6 +140,9 @@ deviceClasses:
     deviceAccessPolicy: shared
     deviceSelector:
       paths: [/dev/disk/by-id/virtio-sanity-shared]
+    # sanlock runs without the watchdog here: csi-sanity does not test fencing.
+    sharedConfig:
+      watchdog: Disabled
 ";
 
 /// Pass, fail and skip counts of a ginkgo run.

@@ -197,6 +197,10 @@ pub struct SharedConfig {
     /// sanlock's I/O timeout for the class's lockspace, 5–60 s.
     #[serde(default = "default_io_timeout")]
     pub io_timeout_seconds: u16,
+    /// `Required` (default): the class is ready only where fencing is armed (watchdog and the
+    /// `lvms fence` kill hook); `Disabled`: the admin opted out.
+    #[serde(default)]
+    pub watchdog: crate::shared::fencing::Policy,
 }
 
 impl Default for SharedConfig {
@@ -205,6 +209,7 @@ impl Default for SharedConfig {
             volume_mode: SharedVolumeMode::default(),
             wipe_policy: WipePolicy::default(),
             io_timeout_seconds: DEFAULT_IO_TIMEOUT_SECONDS,
+            watchdog: crate::shared::fencing::Policy::default(),
         }
     }
 }

@@ -131,9 +131,19 @@ pub fn parse_kill_command(text: &str) -> String {
 /// Where wdmd listens.
 pub const WDMD_SOCKET: &str = "/run/wdmd/wdmd.sock";
 
-/// Looks at the watchdog, wdmd, sanlock and the kill hook on this machine (`root` is `/`, or a
-/// test's directory for the files).
-pub async fn observe<R: Runner>(runner: &R, root: &Path) -> WatchdogSeen {
+/// What [`observe_lockspace`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FencingSeen {
+    pub watchdog: WatchdogSeen,
+    /// This host's renewals in the lockspace (`None` when sanlock does not list it).
+    pub renewals: Option<Renewals>,
+    /// Every host's lease in the lockspace as this host sees them.
+    pub hosts: Vec<HostLease>,
+}
+
+/// Looks at the watchdog, wdmd, sanlock and the kill hook on this machine, and at volume group
+/// `vg`'s lockspace (`root` is `/`, or a test's directory for the files).
+pub async fn observe_lockspace<R: Runner>(runner: &R, root: &Path, vg: &str) -> FencingSeen {
     let file = |p: &str| root.join(p.trim_start_matches('/'));
     let identity = std::fs::read_to_string(file("/sys/class/watchdog/watchdog0/identity"))
         .ok()
@@ -145,37 +155,45 @@ pub async fn observe<R: Runner>(runner: &R, root: &Path) -> WatchdogSeen {
     } else {
         Daemon::Missing
     };
-    let status = runner
-        .run(&Command::new("sanlock", ["client", "status", "-D"]).timeout(DEFAULT_TIMEOUT))
-        .await;
-    let sanlock_uses_watchdog = match status {
-        Ok(out) if out.success() => parse_status(&out.stdout).0,
-        _ => None,
+    let run = |program: &str, args: &[&str]| {
+        let cmd = Command::new(program, args.iter().copied()).timeout(DEFAULT_TIMEOUT);
+        async move {
+            match runner.run(&cmd).await {
+                Ok(out) if out.success() => Some(out.stdout),
+                _ => None,
+            }
+        }
     };
-    let config = runner
-        .run(
-            &Command::new(
-                crate::lvm::LVM,
-                [
-                    "config",
-                    "--typeconfig",
-                    "full",
-                    "global/lvmlockctl_kill_command",
-                ],
-            )
-            .timeout(DEFAULT_TIMEOUT),
-        )
-        .await;
-    let kill_command = match config {
-        Ok(out) if out.success() => parse_kill_command(&out.stdout),
-        _ => String::new(),
-    };
-    WatchdogSeen {
-        device: file("/dev/watchdog").exists(),
-        identity,
-        wdmd,
-        sanlock_uses_watchdog,
-        kill_command,
+    let status = run("sanlock", &["client", "status", "-D"]).await;
+    let (sanlock_uses_watchdog, mut spaces) =
+        status.as_deref().map(parse_status).unwrap_or_default();
+    let space = lockspace(vg);
+    let hosts = run("sanlock", &["client", "host_status", "-s", &space, "-D"])
+        .await
+        .map(|t| parse_host_status(&t))
+        .unwrap_or_default();
+    let kill_command = run(
+        crate::lvm::LVM,
+        &[
+            "config",
+            "--typeconfig",
+            "full",
+            "global/lvmlockctl_kill_command",
+        ],
+    )
+    .await
+    .map(|t| parse_kill_command(&t))
+    .unwrap_or_default();
+    FencingSeen {
+        watchdog: WatchdogSeen {
+            device: file("/dev/watchdog").exists(),
+            identity,
+            wdmd,
+            sanlock_uses_watchdog,
+            kill_command,
+        },
+        renewals: spaces.remove(&space),
+        hosts,
     }
 }
 

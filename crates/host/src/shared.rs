@@ -21,6 +21,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    path::Path,
     time::Duration,
 };
 
@@ -28,6 +29,7 @@ use lvms_core::{
     config::{DeviceClassConfig, SharedNodeConfig},
     shared::{
         self, Action, Daemon, Daemons, Observed, Plan, SharedVg, State,
+        fencing::{self, Fencing},
         leave::{self, LeaveAction, LeaveObserved, LeavePlan, LeaveState, SharedLv},
     },
 };
@@ -38,6 +40,7 @@ use crate::{
     devices::Devices,
     lvm::{LVM, classify, split_tags},
     runner::{Command, DEFAULT_TIMEOUT, Output, Runner},
+    sanlock::{self, FencingSeen, Renewals},
     validate,
 };
 
@@ -154,6 +157,10 @@ impl<R: Runner> SharedLvm<R> {
     }
 
     /// The arguments that scope an LVM command to shared class `class` (see the module docs).
+    pub fn runner(&self) -> &R {
+        &self.runner
+    }
+
     pub fn scope_args(class: &str, host_id: Option<u16>) -> Vec<String> {
         let mut config = "global/use_lvmlockd=1".to_owned();
         if let Some(id) = host_id {
@@ -502,11 +509,30 @@ pub struct SharedReport {
     /// Failed lock-start attempts, with LVM's answer.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub lock_start_failures: Vec<String>,
+    /// Fencing on this node, once joined (ADR 0024).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fencing: Option<FencingReport>,
+}
+
+/// Fencing of a joined class on this node: the verdict and what sanlock says of the lockspace.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FencingReport {
+    pub verdict: Fencing,
+    /// This node's renewals of its lease in the class's lockspace.
+    pub renewals: Option<Renewals>,
+    /// Host ids whose leases sanlock on this node sees renewed (this node's included).
+    pub live_host_ids: Vec<u16>,
 }
 
 impl SharedReport {
     pub fn is_joined(&self) -> bool {
         self.plan.state == State::Joined
+    }
+
+    /// Joined, and fencing armed (or opted out of): the class may be served here.
+    pub fn is_ready(&self) -> bool {
+        self.is_joined() && self.fencing.as_ref().is_none_or(|f| f.verdict.ready)
     }
 }
 
@@ -520,6 +546,12 @@ pub trait SharedHost: Send + Sync {
     fn execute(&self, action: &Action) -> impl Future<Output = Result<()>> + Send;
     /// Waits before a retry (a real sleep; tests skip it).
     fn pause(&self, d: Duration) -> impl Future<Output = ()> + Send;
+    /// What the machine says of fencing and of the lockspace of volume group `vg`; `None` when it
+    /// cannot be looked at (test hosts), which leaves the class's readiness to the join alone.
+    fn observe_fencing(&self, vg: &str) -> impl Future<Output = Option<FencingSeen>> + Send {
+        let _ = vg;
+        async { None }
+    }
 }
 
 /// [`SharedHost`] on the real machine.
@@ -640,6 +672,10 @@ impl<R: Runner> SharedHost for RealSharedHost<R> {
     async fn pause(&self, d: Duration) {
         tokio::time::sleep(d).await;
     }
+
+    async fn observe_fencing(&self, vg: &str) -> Option<FencingSeen> {
+        Some(sanlock::observe_lockspace(self.lvm.runner(), Path::new("/"), vg).await)
+    }
 }
 
 /// Converges shared class `class` on this node: plan, execute, observe again, until the lockspace is
@@ -658,12 +694,18 @@ pub async fn converge<H: SharedHost>(
         let observed = host.observe(class, node).await?;
         let plan = shared::plan(class, &observed);
         if plan.actions.is_empty() {
+            let fencing = if plan.state == State::Joined {
+                fencing_report(host, class).await
+            } else {
+                None
+            };
             return Ok(SharedReport {
                 device_class: class.name.clone(),
                 host_id: observed.host_id,
                 executed,
                 plan,
                 lock_start_failures,
+                fencing,
             });
         }
         for action in &plan.actions {
@@ -693,6 +735,7 @@ pub async fn converge<H: SharedHost>(
                                     devices_visible: true,
                                 },
                                 lock_start_failures,
+                                fencing: None,
                             });
                         };
                         tracing::warn!(attempt, ?delay, error = %e, "lock-start failed, retrying");
@@ -707,6 +750,28 @@ pub async fn converge<H: SharedHost>(
     Err(Error::NotConverged {
         device_class: class.name.clone(),
         rounds: MAX_ROUNDS,
+    })
+}
+
+/// Judges fencing of joined class `class` on this node (see [`FencingReport`]).
+async fn fencing_report<H: SharedHost>(
+    host: &H,
+    class: &DeviceClassConfig,
+) -> Option<FencingReport> {
+    let seen = host.observe_fencing(&class.name).await?;
+    let verdict = fencing::judge(class.shared_or_default().watchdog, &seen.watchdog);
+    if !verdict.message.is_empty() {
+        tracing::warn!(device_class = %class.name, message = %verdict.message, "fencing");
+    }
+    Some(FencingReport {
+        verdict,
+        renewals: seen.renewals,
+        live_host_ids: seen
+            .hosts
+            .iter()
+            .filter(|h| h.live())
+            .map(|h| h.host_id)
+            .collect(),
     })
 }
 

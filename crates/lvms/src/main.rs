@@ -386,7 +386,7 @@ async fn cmd_converge(config: &std::path::Path, output: Output) -> Result<()> {
             } else {
                 print_shared_report(&r);
             }
-            r.is_joined()
+            r.is_ready()
         } else {
             let others = config.claims_of_others(&class.name);
             let r = converge_among(&host, class, &others).await?;
@@ -511,6 +511,19 @@ fn print_shared_report(r: &SharedReport) {
     );
     for f in &r.lock_start_failures {
         println!("  lock-start failed: {f}");
+    }
+    if let Some(f) = &r.fencing {
+        let v = &f.verdict;
+        println!(
+            "  fencing: watchdog {:?}, kill hook {}{}",
+            v.watchdog,
+            if v.kill_hook { "lvms fence" } else { "missing" },
+            if v.message.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", v.message)
+            }
+        );
     }
     print_actions(&r.executed, "none");
 }

@@ -118,10 +118,12 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
                 for class in &config.device_classes {
                     if class.is_shared() {
                         match shared::converge(&shared_host, class, config.shared.as_ref()).await {
-                            Ok(report) if report.is_joined() => {}
+                            Ok(report) if report.is_ready() => {}
                             Ok(report) => {
                                 ready = false;
-                                tracing::warn!(device_class = %class.name, state = ?report.plan.state, "shared device class not joined");
+                                let fencing =
+                                    report.fencing.as_ref().map(|f| f.verdict.message.as_str());
+                                tracing::warn!(device_class = %class.name, state = ?report.plan.state, ?fencing, "shared device class not ready");
                             }
                             Err(e) => {
                                 ready = false;

@@ -114,11 +114,14 @@ fn config(dir: &std::path::Path, name: &str, body: &str) -> PathBuf {
     path
 }
 
+/// The tests other than `fencing_*` run sanlock without the watchdog, so their class opts out.
+const UNFENCED: &str = "    sharedConfig:\n      watchdog: Disabled\n";
+
 fn shared_config(host_id: u16, create: bool, local: bool) -> String {
     let mut s = format!(
         "shared:\n  hostId: {host_id}\n  createVolumeGroups: {create}\n\
          deviceClasses:\n  - name: {CLASS}\n    deviceAccessPolicy: shared\n    \
-         deviceSelector:\n      paths: [{LUN}]\n"
+         deviceSelector:\n      paths: [{LUN}]\n{UNFENCED}"
     );
     if local {
         // A class without paths discovers the node's free disks: it must take the local disk and
@@ -828,9 +831,13 @@ fn qemu_pids() -> [u32; 2] {
 fn fenced_serving(node1_path: &str) -> [Node; 2] {
     let [n1, n2] = Node::all();
     let dir = scratch();
-    let paths = |p: &str| shared_config(1, true, false).replace(LUN, p);
-    let c1 = config(&dir, "node1", &paths(node1_path));
-    let c2 = config(&dir, "node2", &shared_config(2, false, false));
+    let fenced = |id, create, path: &str| {
+        shared_config(id, create, false)
+            .replace(UNFENCED, "")
+            .replace(LUN, path)
+    };
+    let c1 = config(&dir, "node1", &fenced(1, true, node1_path));
+    let c2 = config(&dir, "node2", &fenced(2, false, LUN));
     for (n, c) in [(&n1, &c1), (&n2, &c2)] {
         n.start_fenced_lock_daemons();
         let r = n.sh(&format!(
@@ -897,7 +904,11 @@ fn fencing_power_loss_frees_the_volumes_after_the_host_dead_time_with_their_data
     let before = locks(&n1);
     n1.stop_standalone();
     let dir = scratch();
-    n1.start_standalone(&config(&dir, "node1", &shared_config(1, true, false)));
+    n1.start_standalone(&config(
+        &dir,
+        "node1",
+        &shared_config(1, true, false).replace(UNFENCED, ""),
+    ));
     // Longer than a renewal interval, so a dropped lease would show.
     std::thread::sleep(Duration::from_secs(2 * IO_TIMEOUT + 5));
     // lvmlockd names LV locks by LV uuid: the linear volume's and the thin volume's pool's.
@@ -980,6 +991,9 @@ fn fencing_a_lost_lun_path_stops_node_1_writing_before_node_2_takes_the_volume()
     let [n1, n2] = fenced_serving(LUN_MAP);
     let id = n1.csi_ok("--output id create-volume --name fs --size 128Mi --class san");
     let st = format!("/run/st-{id}");
+    for n in [&n1, &n2] {
+        n.ok(&format!("mkdir -p {st}"));
+    }
     n1.csi_ok(&format!("stage {id} --staging-path {st} --fs ext4"));
     // A writer that counts the writes that reached the disk (fsync succeeded).
     n1.ok(&format!(

@@ -72,7 +72,8 @@ fn lvms_converge_exits_non_zero_and_explains_a_failed_class() {
     sh(&format!("mkfs.ext4 -q {}", s.disks[0]));
     let (_vg, config) = write_config(&mut s, |vg, disks| {
         format!(
-            "deviceClasses:\n  - name: {vg}\n    deviceSelector:\n      paths: [{}]\n",
+            "deviceClasses:\n  - name: {vg}\n    deviceSelector:\n      paths: [{}]\n    \
+             sharedConfig:\n      watchdog: Disabled\n",
             disks[0]
         )
     });

@@ -641,7 +641,7 @@ async fn reconcile_shared<R: Runner, B: Backend, H: SharedHost>(
     } else {
         warn!(reason = %status.reason, "shared device class not joined");
     }
-    let ready = report.is_joined().then(|| ClassInfo::from_config(config));
+    let ready = report.is_ready().then(|| ClassInfo::from_config(config));
     ctx.record(&class, Some(status), ready).await?;
     Ok(requeue)
 }
@@ -711,6 +711,10 @@ impl<H: SharedHost> SharedHost for CreatorHost<'_, H> {
 
     async fn pause(&self, d: Duration) {
         self.inner.pause(d).await;
+    }
+
+    async fn observe_fencing(&self, vg: &str) -> Option<lvms_host::sanlock::FencingSeen> {
+        self.inner.observe_fencing(vg).await
     }
 }
 

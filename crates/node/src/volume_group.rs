@@ -37,7 +37,7 @@ use lvms_core::{
     lvattr::{LvAttr, LvHealth},
     model::{LogicalVolume, PhysicalVolume},
     plan::{ClassPlan, ClassState, DeviceVerdict},
-    shared::{self, MAX_HOST_ID, MIN_HOST_ID},
+    shared::{self, MAX_HOST_ID, MIN_HOST_ID, fencing},
     size::ByteSize,
 };
 use lvms_host::shared::SharedReport;
@@ -216,6 +216,11 @@ pub fn device_class_config(vg: &LVMVolumeGroup) -> Result<DeviceClassConfig, Str
                 },
                 io_timeout_seconds: u16::try_from(c.io_timeout_seconds_or_default())
                     .unwrap_or(DEFAULT_IO_TIMEOUT_SECONDS),
+                watchdog: if c.watchdog_or_default() == lvms_api::WatchdogPolicy::Disabled {
+                    fencing::Policy::Disabled
+                } else {
+                    fencing::Policy::Required
+                },
             }
         }),
         adopt: spec.adopt.map(|a| match a {
@@ -399,7 +404,18 @@ pub fn shared_vg_status(
     no_host_id: Option<&str>,
     creator: Option<&str>,
 ) -> VGStatus {
+    let unarmed = report
+        .fencing
+        .as_ref()
+        .filter(|f| !f.verdict.ready)
+        .map(|f| f.verdict.message.clone());
     let (status, lockspace, reason) = match &report.plan.state {
+        // Joined, but without armed fencing the class is not served here (ADR 0024).
+        shared::State::Joined if unarmed.is_some() => (
+            VGStatusType::Failed,
+            LockspaceState::Joined,
+            unarmed.unwrap_or_default(),
+        ),
         shared::State::Joined => (VGStatusType::Ready, LockspaceState::Joined, String::new()),
         shared::State::Waiting { reason } => {
             let reason = match (report.host_id, no_host_id, creator) {
@@ -431,9 +447,33 @@ pub fn shared_vg_status(
             host_id: report.host_id.map(i32::from),
             io_timeout_seconds: Some(i32::from(class.shared_or_default().io_timeout_seconds)),
             reason,
-            ..SharedVGStatus::default()
+            fencing: report.fencing.as_ref().map(fencing_status),
+            live_host_ids: report
+                .fencing
+                .as_ref()
+                .map(|f| f.live_host_ids.iter().map(|id| i32::from(*id)).collect())
+                .unwrap_or_default(),
         })),
         ..VGStatus::default()
+    }
+}
+
+/// A node's fencing as its status shows it; `leaseRenewalFailures` is 1 while the last renewal
+/// attempt failed (or sanlock gave the lockspace up), else 0.
+fn fencing_status(f: &lvms_host::shared::FencingReport) -> lvms_api::FencingStatus {
+    lvms_api::FencingStatus {
+        watchdog: match f.verdict.watchdog {
+            fencing::Watchdog::Armed => lvms_api::WatchdogState::Armed,
+            fencing::Watchdog::Softdog => lvms_api::WatchdogState::Softdog,
+            fencing::Watchdog::Missing => lvms_api::WatchdogState::Missing,
+            fencing::Watchdog::Disabled => lvms_api::WatchdogState::Disabled,
+        },
+        kill_hook: f.verdict.kill_hook,
+        lease_renewal_failures: f
+            .renewals
+            .as_ref()
+            .map_or(0, |r| i64::from(r.last_failed || r.renew_fail)),
+        message: f.verdict.message.clone(),
     }
 }
 

@@ -74,7 +74,7 @@ fn the_kill_command_is_read_from_lvm_config() {
 }
 
 #[tokio::test]
-async fn observe_reads_files_and_both_commands() {
+async fn observe_lockspace_reads_files_and_the_commands() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     for (path, body) in [
@@ -91,6 +91,8 @@ async fn observe_reads_files_and_both_commands() {
     let fake = FakeRunner::new();
     fake.expect(&["sanlock", "client", "status", "-D"])
         .stdout(STATUS);
+    fake.expect(&["sanlock", "client", "host_status", "-s", "lvm_san", "-D"])
+        .stdout(HOST_STATUS);
     fake.expect(&[
         "lvm",
         "config",
@@ -99,10 +101,10 @@ async fn observe_reads_files_and_both_commands() {
         "global/lvmlockctl_kill_command",
     ])
     .stdout("lvmlockctl_kill_command=\"/usr/bin/lvms fence\"\n");
-    let seen = observe(&fake, root).await;
+    let seen = observe_lockspace(&fake, root, "san").await;
     fake.assert_done();
     assert_eq!(
-        seen,
+        seen.watchdog,
         WatchdogSeen {
             device: true,
             identity: Some("Software Watchdog".into()),
@@ -111,12 +113,16 @@ async fn observe_reads_files_and_both_commands() {
             kill_command: "/usr/bin/lvms fence".into(),
         }
     );
+    assert_eq!(seen.renewals.map(|r| r.last_success), Some(168));
+    assert_eq!(seen.hosts.len(), 2);
 
     // Nothing there: no device, no wdmd, sanlock and lvm not answering.
     let empty = tempfile::tempdir().unwrap();
     let fake = FakeRunner::new();
     fake.expect(&["sanlock", "client", "status", "-D"])
         .spawn_fails();
+    fake.expect(&["sanlock", "client", "host_status", "-s", "lvm_san", "-D"])
+        .fails(1, "");
     fake.expect(&[
         "lvm",
         "config",
@@ -128,14 +134,16 @@ async fn observe_reads_files_and_both_commands() {
         5,
         "Configuration node global/lvmlockctl_kill_command not found",
     );
-    let seen = observe(&fake, empty.path()).await;
+    let seen = observe_lockspace(&fake, empty.path(), "san").await;
+    let w = &seen.watchdog;
     assert_eq!(
         (
-            seen.device,
-            seen.wdmd,
-            seen.sanlock_uses_watchdog,
-            seen.kill_command.as_str()
+            w.device,
+            &w.wdmd,
+            w.sanlock_uses_watchdog,
+            w.kill_command.as_str()
         ),
-        (false, Daemon::Missing, None, "")
+        (false, &Daemon::Missing, None, "")
     );
+    assert_eq!((seen.renewals, seen.hosts.len()), (None, 0));
 }

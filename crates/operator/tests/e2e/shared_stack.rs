@@ -190,7 +190,8 @@ async fn stack_a_shared_class_is_joined_serves_a_claim_and_is_left_cleanly() {
         "spec": {"storage": {"deviceClasses": [{
             "name": CLASS, "deviceAccessPolicy": "shared",
             "deviceSelector": {"paths": [LUN]},
-            "sharedConfig": {"volumeMode": "Linear"},
+            // sanlock runs without the watchdog in this VM: fencing is tested by the two-VM tests.
+            "sharedConfig": {"volumeMode": "Linear", "watchdog": "Disabled"},
         }]}}
     }))
     .unwrap();
