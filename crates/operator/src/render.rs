@@ -771,6 +771,8 @@ fn host_volumes(cfg: &RenderConfig) -> Vec<HostVolume> {
         // sanlock makes its socket in the directory and leaves the directory when it stops (no
         // RuntimeDirectory= in its unit), so a daemon started or restarted later shows in the pod.
         v("run-sanlock", "/run/sanlock", Some("DirectoryOrCreate")),
+        // wdmd's socket: whether the watchdog daemon runs, for the fencing check (ADR 0024).
+        v("run-wdmd", "/run/wdmd", Some("DirectoryOrCreate")),
         // The host's LVM configuration (filters, devices file) and its metadata backups and
         // archives: lvm in the pod behaves as lvm on the host (ADR 0010). The shared classes'
         // devices files (`/etc/lvm/devices/lvms-<class>.devices`) are in it.
@@ -873,6 +875,7 @@ fn daemon_set(owner: &Owner<'_>, cfg: &RenderConfig, cluster: &LVMCluster) -> Da
             mount("run-lvm", "/run/lvm", None),
             mount("run-lock-lvm", "/run/lock/lvm", None),
             mount("run-sanlock", "/run/sanlock", None),
+            mount("run-wdmd", "/run/wdmd", None),
             mount("etc-lvm", "/etc/lvm", None),
             mount("run-udev", "/run/udev", Some("HostToContainer")),
             mount("sys", "/sys", Some("HostToContainer")),

@@ -465,7 +465,68 @@ fn report(state: shared::State, host_id: Option<u16>, failures: usize) -> Shared
             devices_visible: true,
         },
         lock_start_failures: vec!["lock-start failed".to_owned(); failures],
+        fencing: None,
     }
+}
+
+/// A joined report whose fencing `judge` decided from `seen`.
+fn fenced_report(policy: fencing::Policy, seen: &fencing::WatchdogSeen) -> SharedReport {
+    SharedReport {
+        fencing: Some(lvms_host::shared::FencingReport {
+            verdict: fencing::judge(policy, seen),
+            renewals: Some(lvms_host::sanlock::Renewals {
+                io_timeout: 20,
+                last_failed: true,
+                ..Default::default()
+            }),
+            live_host_ids: vec![1, 3],
+        }),
+        ..report(shared::State::Joined, Some(3), 0)
+    }
+}
+
+#[test]
+fn a_joined_class_without_armed_fencing_fails_with_the_fix_unless_disabled() {
+    let (v, class) = shared_class();
+    let seen = fencing::WatchdogSeen {
+        device: false,
+        identity: None,
+        wdmd: shared::Daemon::Missing,
+        sanlock_uses_watchdog: Some(false),
+        kill_command: String::new(),
+    };
+    let unarmed = shared_vg_status(
+        &v,
+        &class,
+        &fenced_report(fencing::Policy::Required, &seen),
+        None,
+        None,
+    );
+    assert_eq!(unarmed.status, Some(VGStatusType::Failed));
+    assert!(
+        unarmed.reason.contains("fencing is not armed"),
+        "{}",
+        unarmed.reason
+    );
+    let shared = unarmed.shared.unwrap();
+    assert_eq!(shared.lockspace, LockspaceState::Joined);
+    assert_eq!(shared.live_host_ids, vec![1, 3]);
+    let f = shared.fencing.unwrap();
+    assert_eq!(f.watchdog, lvms_api::WatchdogState::Missing);
+    assert!(!f.kill_hook);
+    assert_eq!(f.lease_renewal_failures, 1);
+
+    let opted_out = shared_vg_status(
+        &v,
+        &class,
+        &fenced_report(fencing::Policy::Disabled, &seen),
+        None,
+        None,
+    );
+    assert_eq!(opted_out.status, Some(VGStatusType::Ready));
+    let f = opted_out.shared.unwrap().fencing.unwrap();
+    assert_eq!(f.watchdog, lvms_api::WatchdogState::Disabled);
+    assert!(f.message.contains("fencing disabled"), "{}", f.message);
 }
 
 #[test]

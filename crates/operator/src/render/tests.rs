@@ -163,6 +163,8 @@ metadata:
           mountPath: /run/lock/lvm
         - name: run-sanlock
           mountPath: /run/sanlock
+        - name: run-wdmd
+          mountPath: /run/wdmd
         - name: etc-lvm
           mountPath: /etc/lvm
         - name: run-udev
@@ -230,6 +232,10 @@ metadata:
       - name: run-sanlock
         hostPath:
           path: /run/sanlock
+          type: DirectoryOrCreate
+      - name: run-wdmd
+        hostPath:
+          path: /run/wdmd
           type: DirectoryOrCreate
       - name: etc-lvm
         hostPath:
@@ -780,6 +786,7 @@ fn configuration_flows_into_driver_paths_and_images() {
             {"name": "run-lvm", "hostPath": {"path": "/run/lvm", "type": "DirectoryOrCreate"}},
             {"name": "run-lock-lvm", "hostPath": {"path": "/run/lock/lvm", "type": "DirectoryOrCreate"}},
             {"name": "run-sanlock", "hostPath": {"path": "/run/sanlock", "type": "DirectoryOrCreate"}},
+            {"name": "run-wdmd", "hostPath": {"path": "/run/wdmd", "type": "DirectoryOrCreate"}},
             {"name": "etc-lvm", "hostPath": {"path": "/etc/lvm", "type": "DirectoryOrCreate"}},
             {"name": "run-udev", "hostPath": {"path": "/run/udev"}},
             {"name": "sys", "hostPath": {"path": "/sys"}},
