@@ -254,26 +254,5 @@ pub fn fence_order(devices: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> 
     done
 }
 
-/// A Node as the failover decisions see it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct NodeFacts {
-    /// The Node object exists.
-    pub exists: bool,
-    /// Its `Ready` condition is `True`.
-    pub ready: bool,
-    /// It carries the `node.kubernetes.io/out-of-service` taint (the admin declared it down).
-    pub out_of_service: bool,
-}
-
-/// The taint an admin puts on a Node that is down for good (Kubernetes' non-graceful node shutdown).
-pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
-
-/// Whether Kubernetes treats the node as gone, so its volumes may move: deleted, or NotReady with
-/// the out-of-service taint. A NotReady node without the taint may only be partitioned; its
-/// volumes stay where they are (sanlock's leases still protect them either way).
-pub fn declared_dead(node: &NodeFacts) -> bool {
-    !node.exists || (!node.ready && node.out_of_service)
-}
-
 #[cfg(test)]
 mod tests;

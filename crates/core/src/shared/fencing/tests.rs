@@ -185,30 +185,3 @@ fn a_cycle_still_yields_every_device_once() {
         .collect();
     assert_eq!(fence_order(&devices), vec!["a".to_owned(), "b".to_owned()]);
 }
-
-#[test]
-fn a_node_is_dead_when_deleted_or_not_ready_and_out_of_service() {
-    let gone = NodeFacts::default();
-    assert!(declared_dead(&gone));
-    let tainted = NodeFacts {
-        exists: true,
-        ready: false,
-        out_of_service: true,
-    };
-    assert!(declared_dead(&tainted));
-    let partitioned = NodeFacts {
-        exists: true,
-        ready: false,
-        out_of_service: false,
-    };
-    assert!(!declared_dead(&partitioned));
-    let back = NodeFacts {
-        exists: true,
-        ready: true,
-        out_of_service: true,
-    };
-    assert!(
-        !declared_dead(&back),
-        "a Ready node is not dead, taint or not"
-    );
-}
