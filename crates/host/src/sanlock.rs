@@ -139,6 +139,8 @@ pub struct FencingSeen {
     pub renewals: Option<Renewals>,
     /// Every host's lease in the lockspace as this host sees them.
     pub hosts: Vec<HostLease>,
+    /// The fence hook left its record (`/run/lvms/fenced-<vg>`): this host was fenced.
+    pub fenced: bool,
 }
 
 /// Looks at the watchdog, wdmd, sanlock and the kill hook on this machine, and at volume group
@@ -194,6 +196,7 @@ pub async fn observe_lockspace<R: Runner>(runner: &R, root: &Path, vg: &str) -> 
         },
         renewals: spaces.remove(&space),
         hosts,
+        fenced: crate::fence::record_path(&file(crate::fence::RECORD_DIR), vg).exists(),
     }
 }
 

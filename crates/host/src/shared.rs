@@ -523,6 +523,8 @@ pub struct FencingReport {
     pub renewals: Option<Renewals>,
     /// Host ids whose leases sanlock on this node sees renewed (this node's included).
     pub live_host_ids: Vec<u16>,
+    /// The fence hook fenced this node (see [`fencing::fenced_message`]).
+    pub fenced: bool,
 }
 
 impl SharedReport {
@@ -690,12 +692,31 @@ pub async fn converge<H: SharedHost>(
 ) -> Result<SharedReport> {
     let mut executed = Vec::new();
     let mut lock_start_failures = Vec::new();
+    // A fenced node touches nothing of the class (its lockspace was given up under it) until the
+    // admin has cleaned up: LVM is not even asked.
+    let fencing = fencing_report(host, class).await;
+    if let Some(f) = fencing.as_ref().filter(|f| f.fenced) {
+        return Ok(SharedReport {
+            device_class: class.name.clone(),
+            host_id: node.map(|n| n.host_id),
+            executed,
+            plan: Plan {
+                actions: Vec::new(),
+                state: State::Failed {
+                    reason: f.verdict.message.clone(),
+                },
+                devices_visible: true,
+            },
+            lock_start_failures,
+            fencing,
+        });
+    }
     for _ in 0..MAX_ROUNDS {
         let observed = host.observe(class, node).await?;
         let plan = shared::plan(class, &observed);
         if plan.actions.is_empty() {
             let fencing = if plan.state == State::Joined {
-                fencing_report(host, class).await
+                fencing.clone()
             } else {
                 None
             };
@@ -759,12 +780,17 @@ async fn fencing_report<H: SharedHost>(
     class: &DeviceClassConfig,
 ) -> Option<FencingReport> {
     let seen = host.observe_fencing(&class.name).await?;
-    let verdict = fencing::judge(class.shared_or_default().watchdog, &seen.watchdog);
+    let mut verdict = fencing::judge(class.shared_or_default().watchdog, &seen.watchdog);
+    if seen.fenced {
+        verdict.ready = false;
+        verdict.message = fencing::fenced_message(&class.name);
+    }
     if !verdict.message.is_empty() {
         tracing::warn!(device_class = %class.name, message = %verdict.message, "fencing");
     }
     Some(FencingReport {
         verdict,
+        fenced: seen.fenced,
         renewals: seen.renewals,
         live_host_ids: seen
             .hosts

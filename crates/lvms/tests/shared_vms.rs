@@ -827,8 +827,8 @@ fn qemu_pids() -> [u32; 2] {
 }
 
 /// Both nodes joined with fencing armed and serving the class; node 1 reaches the LUN through
-/// `node1_path`.
-fn fenced_serving(node1_path: &str) -> [Node; 2] {
+/// `node1_path`. The nodes, and node 1's config.
+fn fenced_serving(node1_path: &str) -> ([Node; 2], PathBuf) {
     let [n1, n2] = Node::all();
     let dir = scratch();
     let fenced = |id, create, path: &str| {
@@ -859,7 +859,7 @@ fn fenced_serving(node1_path: &str) -> [Node; 2] {
     }
     n1.start_standalone(&c1);
     n2.start_standalone(&c2);
-    [n1, n2]
+    ([n1, n2], c1)
 }
 
 /// Node 2 tries to stage `id` every few seconds until it succeeds (at most `limit`); how long
@@ -887,7 +887,7 @@ fn stage_when_free(n2: &Node, id: &str, args: &str, since: Instant, limit: Durat
 #[test]
 #[ignore = "two VMs on one LUN: cargo xtask vm-shared (a fresh pair: node 1 is killed)"]
 fn fencing_power_loss_frees_the_volumes_after_the_host_dead_time_with_their_data() {
-    let [n1, n2] = fenced_serving(LUN);
+    let ([n1, n2], _) = fenced_serving(LUN);
     let thin = "--param lvms.topolvm.io/volume-mode=thin";
     let linear = n1.csi_ok("--output id create-volume --name lin --size 64Mi --class san --block");
     let thin = n1.csi_ok(&format!(
@@ -988,7 +988,7 @@ fn fencing_a_lost_lun_path_stops_node_1_writing_before_node_2_takes_the_volume()
     n1.ok(&format!(
         "dmsetup create lunpath --table \"0 $(blockdev --getsz {LUN}) linear $(readlink -f {LUN}) 0\""
     ));
-    let [n1, n2] = fenced_serving(LUN_MAP);
+    let ([n1, n2], c1) = fenced_serving(LUN_MAP);
     let id = n1.csi_ok("--output id create-volume --name fs --size 128Mi --class san");
     let st = format!("/run/st-{id}");
     for n in [&n1, &n2] {
@@ -1054,6 +1054,12 @@ fn fencing_a_lost_lun_path_stops_node_1_writing_before_node_2_takes_the_volume()
     if n1.alive() {
         let record = n1.ok("cat /run/lvms/fenced-san");
         assert!(record.contains("\"fenced\": true"), "{record}");
+        // The node reports that it was fenced and does not serve the class.
+        let (ok, reports, err) = n1.converge(&c1);
+        let message = reports[0]["fencing"]["verdict"]["message"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(!ok && message.contains("was fenced"), "{reports:?}\n{err}");
         // The path comes back: nothing of node 1's reaches the disk any more.
         n1.ok(&format!(
             "dmsetup suspend --noflush lunpath && \

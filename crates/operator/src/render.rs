@@ -773,6 +773,8 @@ fn host_volumes(cfg: &RenderConfig) -> Vec<HostVolume> {
         v("run-sanlock", "/run/sanlock", Some("DirectoryOrCreate")),
         // wdmd's socket: whether the watchdog daemon runs, for the fencing check (ADR 0024).
         v("run-wdmd", "/run/wdmd", Some("DirectoryOrCreate")),
+        // The fence hook's records (`fenced-<vg>`), which it writes on the host.
+        v("run-lvms", "/run/lvms", Some("DirectoryOrCreate")),
         // The host's LVM configuration (filters, devices file) and its metadata backups and
         // archives: lvm in the pod behaves as lvm on the host (ADR 0010). The shared classes'
         // devices files (`/etc/lvm/devices/lvms-<class>.devices`) are in it.
@@ -876,6 +878,7 @@ fn daemon_set(owner: &Owner<'_>, cfg: &RenderConfig, cluster: &LVMCluster) -> Da
             mount("run-lock-lvm", "/run/lock/lvm", None),
             mount("run-sanlock", "/run/sanlock", None),
             mount("run-wdmd", "/run/wdmd", None),
+            mount("run-lvms", "/run/lvms", None),
             mount("etc-lvm", "/etc/lvm", None),
             mount("run-udev", "/run/udev", Some("HostToContainer")),
             mount("sys", "/sys", Some("HostToContainer")),

@@ -202,6 +202,17 @@ pub fn judge(policy: Policy, seen: &WatchdogSeen) -> Fencing {
     }
 }
 
+/// Why a class is not served on a node its fence hook fenced (`/run/lvms/fenced-<vg>` exists), and
+/// what brings it back. Whatever the policy: the node's volumes of the class fail every I/O, and
+/// its lockspace was given up; it must not activate anything of the class until it joins again.
+pub fn fenced_message(vg: &str) -> String {
+    format!(
+        "this node lost its sanlock leases of {vg} and was fenced (its volumes of the class fail \
+         every I/O): unmount them, `dmsetup remove` the {vg}-* devices, run `vgchange --lock-stop \
+         {vg}` and delete /run/lvms/fenced-{vg}; the node then joins the lockspace again"
+    )
+}
+
 /// Splits a device-mapper name LVM made (`<vg>-<lv>`, each with `-` doubled) into volume group and
 /// logical volume; `None` for a name that is not LVM's.
 pub fn split_dm_name(name: &str) -> Option<(String, String)> {

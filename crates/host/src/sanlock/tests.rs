@@ -115,6 +115,7 @@ async fn observe_lockspace_reads_files_and_the_commands() {
     );
     assert_eq!(seen.renewals.map(|r| r.last_success), Some(168));
     assert_eq!(seen.hosts.len(), 2);
+    assert!(!seen.fenced);
 
     // Nothing there: no device, no wdmd, sanlock and lvm not answering.
     let empty = tempfile::tempdir().unwrap();
@@ -146,4 +147,22 @@ async fn observe_lockspace_reads_files_and_the_commands() {
         (false, &Daemon::Missing, None, "")
     );
     assert_eq!((seen.renewals, seen.hosts.len()), (None, 0));
+
+    // The fence hook's record.
+    std::fs::create_dir_all(root.join("run/lvms")).unwrap();
+    std::fs::write(root.join("run/lvms/fenced-san"), "{}").unwrap();
+    let fake = FakeRunner::new();
+    fake.expect(&["sanlock", "client", "status", "-D"])
+        .stdout(STATUS);
+    fake.expect(&["sanlock", "client", "host_status", "-s", "lvm_san", "-D"])
+        .stdout(HOST_STATUS);
+    fake.expect(&[
+        "lvm",
+        "config",
+        "--typeconfig",
+        "full",
+        "global/lvmlockctl_kill_command",
+    ])
+    .stdout("");
+    assert!(observe_lockspace(&fake, root, "san").await.fenced);
 }

@@ -147,6 +147,7 @@ struct Script {
     executed: Mutex<Vec<Action>>,
     lock_start_failures: Mutex<u32>,
     pauses: Mutex<Vec<Duration>>,
+    fencing: Option<crate::sanlock::FencingSeen>,
 }
 
 impl SharedHost for Script {
@@ -178,6 +179,9 @@ impl SharedHost for Script {
     }
     async fn pause(&self, d: Duration) {
         self.pauses.lock().unwrap().push(d);
+    }
+    async fn observe_fencing(&self, _: &str) -> Option<crate::sanlock::FencingSeen> {
+        self.fencing.clone()
     }
 }
 
@@ -231,6 +235,71 @@ fn script(failures: u32) -> Script {
         executed: Mutex::new(vec![]),
         lock_start_failures: Mutex::new(failures),
         pauses: Mutex::new(vec![]),
+        fencing: None,
+    }
+}
+
+/// What a node with softdog, wdmd, sanlock using it and the hook shows, `fenced` or not.
+fn armed(fenced: bool) -> crate::sanlock::FencingSeen {
+    crate::sanlock::FencingSeen {
+        watchdog: lvms_core::shared::fencing::WatchdogSeen {
+            device: true,
+            identity: Some("Software Watchdog".into()),
+            wdmd: Daemon::Running,
+            sanlock_uses_watchdog: Some(true),
+            kill_command: "/usr/bin/lvms fence".into(),
+        },
+        renewals: None,
+        hosts: vec![crate::sanlock::HostLease {
+            host_id: 2,
+            timestamp: 100,
+            last_check: 100,
+            last_live: 100,
+            io_timeout: 10,
+        }],
+        fenced,
+    }
+}
+
+#[tokio::test]
+async fn a_joined_class_with_armed_fencing_is_ready_and_one_without_is_not() {
+    let host = Script {
+        fencing: Some(armed(false)),
+        ..script(0)
+    };
+    let report = converge(&host, &class(), None).await.unwrap();
+    assert!(report.is_ready(), "{report:?}");
+    let f = report.fencing.as_ref().unwrap();
+    assert_eq!(f.live_host_ids, [2]);
+    assert!(f.verdict.message.contains("softdog"), "{f:?}");
+
+    let mut unarmed = armed(false);
+    unarmed.watchdog.kill_command = String::new();
+    let host = Script {
+        fencing: Some(unarmed),
+        ..script(0)
+    };
+    let report = converge(&host, &class(), None).await.unwrap();
+    assert!(report.is_joined() && !report.is_ready(), "{report:?}");
+}
+
+#[tokio::test]
+async fn a_fenced_node_touches_nothing_and_says_how_to_come_back() {
+    let host = Script {
+        fencing: Some(armed(true)),
+        ..script(0)
+    };
+    let report = converge(&host, &class(), None).await.unwrap();
+    assert!(host.executed.lock().unwrap().is_empty());
+    assert_eq!(
+        host.observations.lock().unwrap().len(),
+        2,
+        "LVM was not even looked at"
+    );
+    assert!(!report.is_ready());
+    match &report.plan.state {
+        State::Failed { reason } => assert!(reason.contains("was fenced"), "{reason}"),
+        other => panic!("{other:?}"),
     }
 }
 

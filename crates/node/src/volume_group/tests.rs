@@ -473,6 +473,7 @@ fn report(state: shared::State, host_id: Option<u16>, failures: usize) -> Shared
 fn fenced_report(policy: fencing::Policy, seen: &fencing::WatchdogSeen) -> SharedReport {
     SharedReport {
         fencing: Some(lvms_host::shared::FencingReport {
+            fenced: false,
             verdict: fencing::judge(policy, seen),
             renewals: Some(lvms_host::sanlock::Renewals {
                 io_timeout: 20,

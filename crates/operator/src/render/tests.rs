@@ -165,6 +165,8 @@ metadata:
           mountPath: /run/sanlock
         - name: run-wdmd
           mountPath: /run/wdmd
+        - name: run-lvms
+          mountPath: /run/lvms
         - name: etc-lvm
           mountPath: /etc/lvm
         - name: run-udev
@@ -236,6 +238,10 @@ metadata:
       - name: run-wdmd
         hostPath:
           path: /run/wdmd
+          type: DirectoryOrCreate
+      - name: run-lvms
+        hostPath:
+          path: /run/lvms
           type: DirectoryOrCreate
       - name: etc-lvm
         hostPath:
@@ -787,6 +793,7 @@ fn configuration_flows_into_driver_paths_and_images() {
             {"name": "run-lock-lvm", "hostPath": {"path": "/run/lock/lvm", "type": "DirectoryOrCreate"}},
             {"name": "run-sanlock", "hostPath": {"path": "/run/sanlock", "type": "DirectoryOrCreate"}},
             {"name": "run-wdmd", "hostPath": {"path": "/run/wdmd", "type": "DirectoryOrCreate"}},
+            {"name": "run-lvms", "hostPath": {"path": "/run/lvms", "type": "DirectoryOrCreate"}},
             {"name": "etc-lvm", "hostPath": {"path": "/etc/lvm", "type": "DirectoryOrCreate"}},
             {"name": "run-udev", "hostPath": {"path": "/run/udev"}},
             {"name": "sys", "hostPath": {"path": "/sys"}},

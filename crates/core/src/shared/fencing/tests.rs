@@ -133,6 +133,18 @@ fn disabled_is_ready_whatever_is_missing_and_says_so() {
 }
 
 #[test]
+fn the_fenced_message_names_the_group_and_each_step() {
+    let m = fenced_message("san");
+    for step in [
+        "dmsetup remove",
+        "vgchange --lock-stop san",
+        "/run/lvms/fenced-san",
+    ] {
+        assert!(m.contains(step), "{step}: {m}");
+    }
+}
+
+#[test]
 fn only_an_absolute_lvms_fence_command_is_the_hook() {
     assert!(is_fence_hook("/var/lib/lvms/bin/lvms fence"));
     assert!(is_fence_hook("/usr/bin/lvms   fence"));
