@@ -58,7 +58,7 @@ use tracing::{debug, info, instrument, warn};
 use crate::{
     finalizer::{DeletionPlan, cluster_deletion},
     host_ids,
-    metrics::{Metrics, Readiness},
+    metrics::{Metrics, Readiness, shared_series},
     render::{
         NODE_DAEMON_SET, RenderConfig, RenderError, Rendered, SNAPSHOT_CLASS_KIND, SNAPSHOT_GROUP,
         SNAPSHOT_VERSION, VolumeSnapshotClass, render,
@@ -620,6 +620,11 @@ impl Reconciler<'_> {
             &self.name,
             status.ready,
             status.state.map_or("Unknown", |s| s.as_str()),
+        );
+        self.ctx.metrics.shared_status(
+            &self.ns,
+            &self.name,
+            &shared_series(self.cluster, &node_statuses.items),
         );
         let patch = serde_json::json!({
             "apiVersion": LVMCluster::api_version(&()),
