@@ -198,6 +198,11 @@ pub fn shared_topology_key(class: &str) -> String {
 /// `<node>: "<id>"`. Host ids are unique among the nodes of the cluster and kept while the node's
 /// lease may still be alive.
 pub const SANLOCK_HOST_IDS_CONFIGMAP: &str = "lvms-sanlock-host-ids";
+/// Annotation on [`SANLOCK_HOST_IDS_CONFIGMAP`]: when each node whose Node object is gone, but
+/// whose host id is still kept, was first seen gone, as a JSON object `{"<node>": "<RFC 3339>"}`
+/// (one annotation rather than one per node: a key's name part holds at most 63 characters, a
+/// node name up to 253). The id is released once sanlock counts the host dead (ADR 0017).
+pub const SANLOCK_HOST_IDS_GONE_SINCE_ANNOTATION: &str = "lvms.topolvm.io/nodes-gone-since";
 /// Smallest sanlock host id.
 pub const MIN_SANLOCK_HOST_ID: i32 = 1;
 /// Largest sanlock host id (sanlock's limit; a 4k-sector LUN with `sanlock_align_size=2` allows

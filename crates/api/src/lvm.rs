@@ -950,7 +950,8 @@ pub struct FencingStatus {
     /// class's volumes on this node before the watchdog would have to reset it.
     #[serde(default)]
     pub kill_hook: bool,
-    /// sanlock's count of failed lease renewals this node has seen in the class's lockspace.
+    /// 1 while this node's last lease renewal in the class's lockspace failed (or sanlock gave the
+    /// lockspace up), else 0.
     #[serde(default)]
     pub lease_renewal_failures: i64,
     /// Why fencing is not armed, with the fix, or a warning (softdog); empty when all is well.

@@ -354,8 +354,16 @@ pub struct HostIds {
     pub ids: BTreeMap<String, u16>,
     /// Nodes given an id now.
     pub added: Vec<(String, u16)>,
-    /// Entries dropped because their node is gone.
+    /// Entries dropped because their node is gone and its host is dead (see [`Release`]).
     pub released: Vec<(String, u16)>,
+    /// Entries of nodes that are gone but whose ids are kept: gone too recently, or still live.
+    pub held: Vec<(String, u16)>,
+    /// When each node that is gone and still holds an id was first seen gone (Unix seconds): the
+    /// record to write back.
+    pub gone_since: BTreeMap<String, i64>,
+    /// The earliest time (Unix seconds) a held id may be released, when that is known: the caller
+    /// looks again then. Ids held because they are live have no time.
+    pub release_at: Option<i64>,
     /// Entries that were invalid (out of range, or an id another node already had) and were
     /// replaced, with the old value.
     pub replaced: Vec<(String, String)>,
@@ -364,17 +372,59 @@ pub struct HostIds {
 }
 
 impl HostIds {
-    /// Whether the record must be written back.
-    pub fn changed(&self) -> bool {
+    /// Whether the record must be written back, given the `gone_since` it was read with.
+    pub fn changed(&self, read_gone_since: &BTreeMap<String, i64>) -> bool {
         !(self.added.is_empty() && self.released.is_empty() && self.replaced.is_empty())
+            || self.gone_since != *read_gone_since
+    }
+}
+
+/// When the id of a node that is gone may be released: only once its host is dead as sanlock
+/// counts it, so that no other node joins a lockspace with an id a live host still renews.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Release {
+    /// Now, Unix seconds.
+    pub now: i64,
+    /// When each gone node was first seen gone (Unix seconds), as recorded.
+    pub gone_since: BTreeMap<String, i64>,
+    /// How long a node must have been gone: the largest `host_dead_seconds` over the shared
+    /// classes (sanlock's host-dead time, 8 × the I/O timeout + 60 s).
+    pub host_dead_seconds: i64,
+    /// The host ids some node's sanlock still sees renewing in a shared class's lockspace; `None`
+    /// when that could not be read, which releases nothing.
+    pub live: Option<BTreeSet<u16>>,
+}
+
+impl Release {
+    /// How long a gone node's id is kept at least, given the I/O timeouts (seconds) of the shared
+    /// classes: the longest sanlock host-dead time among them, `8 × timeout + 60` (sanlock's
+    /// `timeouts.h`; the 60 s are the watchdog's fire timeout). With no class, the default 10 s
+    /// timeout's 140 s.
+    pub fn host_dead_seconds_for(io_timeouts: impl IntoIterator<Item = i32>) -> i64 {
+        io_timeouts
+            .into_iter()
+            .map(|n| 8 * i64::from(n) + 60)
+            .max()
+            .unwrap_or(8 * 10 + 60)
+    }
+
+    /// Whether `id`, of a node gone since `since`, may be released now.
+    fn may_release(&self, since: i64, id: u16) -> bool {
+        self.now.saturating_sub(since) >= self.host_dead_seconds
+            && self.live.as_ref().is_some_and(|live| !live.contains(&id))
     }
 }
 
 /// Assigns sanlock host ids: `current` is the record as stored (node → id text), `needing` the
 /// nodes of shared classes, `present` every node that exists. An id stays with its node for as long
-/// as the node exists (whether or not it still needs one), is released only when the node is gone,
-/// and is never given to another node in the same step. New nodes get the lowest free ids, in name
-/// order. Ids are never derived from names or addresses: two nodes can never collide.
+/// as the node exists (whether or not it still needs one) and is never given to another node in the
+/// same step. New nodes get the lowest free ids, in name order. Ids are never derived from names or
+/// addresses: two nodes can never collide.
+///
+/// A node that is gone keeps its id (held, recorded in `gone_since` from the first step that sees
+/// it gone) until both: it has been gone for `release.host_dead_seconds`, and no node sees its id
+/// live (`release.live`; a machine whose Node object was deleted may still run sanlock). Then the
+/// id is released. A node that comes back before keeps its id, and its `gone_since` is dropped.
 ///
 /// Two writers that both read the same record and both add a node would pick the same id: the
 /// caller writes the result with the record's resourceVersion and starts over on a conflict.
@@ -382,6 +432,7 @@ pub fn assign_host_ids(
     current: &BTreeMap<String, String>,
     needing: &BTreeSet<String>,
     present: &BTreeSet<String>,
+    release: &Release,
 ) -> HostIds {
     let mut out = HostIds::default();
     let mut taken: BTreeSet<u16> = BTreeSet::new();
@@ -394,8 +445,20 @@ pub fn assign_host_ids(
             .filter(|id| (MIN_HOST_ID..=MAX_HOST_ID).contains(id));
         if !present.contains(node) {
             if let Some(id) = parsed {
-                taken.insert(id);
-                out.released.push((node.clone(), id));
+                let first = taken.insert(id);
+                let since = release.gone_since.get(node).copied().unwrap_or(release.now);
+                // A duplicate of an id kept for another node is dropped as well.
+                if release.may_release(since, id) || !first {
+                    out.released.push((node.clone(), id));
+                } else {
+                    out.ids.insert(node.clone(), id);
+                    out.held.push((node.clone(), id));
+                    out.gone_since.insert(node.clone(), since);
+                    let at = since.saturating_add(release.host_dead_seconds);
+                    if at > release.now {
+                        out.release_at = Some(out.release_at.map_or(at, |t| t.min(at)));
+                    }
+                }
             }
             continue;
         }

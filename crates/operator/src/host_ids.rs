@@ -9,6 +9,11 @@
 //! never force: two writers that both read the same record would otherwise give the same id to two
 //! nodes.
 //!
+//! The id of a node whose Node object is gone is kept until sanlock counts its host dead: the
+//! record's annotation [`SANLOCK_HOST_IDS_GONE_SINCE_ANNOTATION`] says since when each such node
+//! has been seen gone, and the id is released once that is [`wait_seconds`] ago and no node
+//! reports the id live in a shared class's lockspace ([`live_host_ids`]).
+//!
 //! The ConfigMap has no owner reference: it outlives the `LVMCluster`, since the nodes may still hold
 //! their leases on the LUNs after the cluster is deleted, and a re-created cluster must keep their
 //! ids.
@@ -18,14 +23,18 @@ use std::{
     fmt::Write as _,
 };
 
+use k8s_openapi::jiff::Timestamp;
 use k8s_openapi::{
     api::core::v1::{ConfigMap, Node},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use kube::{Api, api::PostParams};
-use lvms_api::{LVMCluster, SANLOCK_HOST_IDS_CONFIGMAP};
-use lvms_core::shared::{HostIds, MAX_HOST_ID, assign_host_ids};
-use tracing::debug;
+use lvms_api::{
+    LVMCluster, LVMVolumeGroupNodeStatus, SANLOCK_HOST_IDS_CONFIGMAP,
+    SANLOCK_HOST_IDS_GONE_SINCE_ANNOTATION,
+};
+use lvms_core::shared::{HostIds, MAX_HOST_ID, Release, assign_host_ids};
+use tracing::{debug, warn};
 
 use crate::{
     render::{APP_NAME, app_labels},
@@ -92,6 +101,83 @@ pub fn needing(cluster: &LVMCluster, nodes: &[Node]) -> BTreeSet<String> {
         .collect()
 }
 
+/// How long the id of a node that is gone is kept at least: the longest sanlock host-dead time
+/// (`8 × ioTimeoutSeconds + 60`) among the shared classes of `cluster`.
+pub fn wait_seconds(cluster: &LVMCluster) -> i64 {
+    Release::host_dead_seconds_for(
+        cluster
+            .spec
+            .storage
+            .device_classes
+            .iter()
+            .filter(|c| c.is_shared())
+            .map(|c| c.shared_config_or_default().io_timeout_seconds_or_default()),
+    )
+}
+
+/// The host ids some node reports live (`shared.liveHostIds`) in a shared class of `cluster`.
+pub fn live_host_ids(
+    cluster: &LVMCluster,
+    node_statuses: &[LVMVolumeGroupNodeStatus],
+) -> BTreeSet<u16> {
+    let shared: BTreeSet<&str> = cluster
+        .spec
+        .storage
+        .device_classes
+        .iter()
+        .filter(|c| c.is_shared())
+        .map(|c| c.name.as_str())
+        .collect();
+    node_statuses
+        .iter()
+        .flat_map(|s| &s.spec.lvm_vg_status)
+        .filter(|vg| shared.contains(vg.name.as_str()))
+        .filter_map(|vg| vg.shared.as_ref())
+        .flat_map(|s| &s.live_host_ids)
+        .filter_map(|id| u16::try_from(*id).ok())
+        .collect()
+}
+
+/// The record's [`SANLOCK_HOST_IDS_GONE_SINCE_ANNOTATION`], in Unix seconds. An entry that does
+/// not parse is left out (its node counts as gone from now: the wait starts again, never shorter).
+pub fn read_gone_since(cm: Option<&ConfigMap>) -> BTreeMap<String, i64> {
+    let Some(text) = cm
+        .and_then(|cm| cm.metadata.annotations.as_ref())
+        .and_then(|a| a.get(SANLOCK_HOST_IDS_GONE_SINCE_ANNOTATION))
+    else {
+        return BTreeMap::new();
+    };
+    let entries: BTreeMap<String, String> = match serde_json::from_str(text) {
+        Ok(entries) => entries,
+        Err(e) => {
+            warn!(error = %e, "unreadable gone-since annotation on the host-id record, ignored");
+            return BTreeMap::new();
+        }
+    };
+    entries
+        .into_iter()
+        .filter_map(|(node, time)| {
+            let ts = time.parse::<Timestamp>().ok()?;
+            Some((node, ts.as_second()))
+        })
+        .collect()
+}
+
+/// The annotation's value for `gone_since` (Unix seconds), or `None` when it is empty.
+fn write_gone_since(gone_since: &BTreeMap<String, i64>) -> Option<String> {
+    if gone_since.is_empty() {
+        return None;
+    }
+    let entries: BTreeMap<&str, String> = gone_since
+        .iter()
+        .map(|(node, secs)| {
+            let time = Timestamp::from_second(*secs).unwrap_or(Timestamp::UNIX_EPOCH);
+            (node.as_str(), time.to_string())
+        })
+        .collect();
+    serde_json::to_string(&entries).ok()
+}
+
 /// Every node that exists (also those being deleted: their ids are kept until they are gone).
 pub fn present(nodes: &[Node]) -> BTreeSet<String> {
     nodes
@@ -128,14 +214,16 @@ pub fn exhausted_message(nodes: &[String]) -> String {
     }
     format!(
         "no sanlock host id left for node(s) {names}: all {MAX_HOST_ID} ids belong to nodes that \
-         exist (ConfigMap {SANLOCK_HOST_IDS_CONFIGMAP}); an id is released only when its Node is \
-         deleted, so delete the Node objects of machines that are gone"
+         exist (ConfigMap {SANLOCK_HOST_IDS_CONFIGMAP}); an id is released only once its Node is \
+         deleted and sanlock counts its host dead, so delete the Node objects of machines that \
+         are gone"
     )
 }
 
 /// The record to write: `read` (when there is one, with its `resourceVersion`, which makes the
-/// update conditional) with `ids` as its data and the operator's labels.
-fn record(read: Option<ConfigMap>, namespace: &str, ids: &BTreeMap<String, u16>) -> ConfigMap {
+/// update conditional) with the outcome's ids as its data, its gone-since annotation and the
+/// operator's labels.
+fn record(read: Option<ConfigMap>, namespace: &str, out: &HostIds) -> ConfigMap {
     let mut cm = read.unwrap_or_else(|| ConfigMap {
         metadata: ObjectMeta {
             name: Some(SANLOCK_HOST_IDS_CONFIGMAP.to_owned()),
@@ -148,8 +236,18 @@ fn record(read: Option<ConfigMap>, namespace: &str, ids: &BTreeMap<String, u16>)
         .labels
         .get_or_insert_with(BTreeMap::new)
         .extend(app_labels(APP_NAME, COMPONENT_HOST_IDS));
+    let annotations = cm.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    match write_gone_since(&out.gone_since) {
+        Some(value) => {
+            annotations.insert(SANLOCK_HOST_IDS_GONE_SINCE_ANNOTATION.to_owned(), value);
+        }
+        None => {
+            annotations.remove(SANLOCK_HOST_IDS_GONE_SINCE_ANNOTATION);
+        }
+    }
     cm.data = Some(
-        ids.iter()
+        out.ids
+            .iter()
             .map(|(node, id)| (node.clone(), id.to_string()))
             .collect(),
     );
@@ -159,12 +257,14 @@ fn record(read: Option<ConfigMap>, namespace: &str, ids: &BTreeMap<String, u16>)
 /// Reads the record through `api` (the operator's namespace; absent means empty), assigns ids with
 /// [`assign_host_ids`] and, when something changed, writes the result back: an update with the
 /// read `resourceVersion`, or a create when there was none. A 409 means another writer won the race;
-/// the round starts over from a fresh read, at most [`ATTEMPTS`] times. Returns the outcome that
+/// the round starts over from a fresh read, at most [`ATTEMPTS`] times. `release` says when a gone
+/// node's id may go (its `gone_since` is taken from each read record). Returns the outcome that
 /// was written (or that needed no write); `exhausted` nodes got no id.
 pub async fn allocate(
     api: &Api<ConfigMap>,
     needing: &BTreeSet<String>,
     present: &BTreeSet<String>,
+    release: &Release,
 ) -> Result<HostIds, Error> {
     let namespace = api.namespace().unwrap_or_default().to_owned();
     for attempt in 1..=ATTEMPTS {
@@ -179,12 +279,16 @@ pub async fn allocate(
             .as_ref()
             .and_then(|cm| cm.data.clone())
             .unwrap_or_default();
-        let out = assign_host_ids(&current, needing, present);
-        if !out.changed() {
+        let release = Release {
+            gone_since: read_gone_since(read.as_ref()),
+            ..release.clone()
+        };
+        let out = assign_host_ids(&current, needing, present, &release);
+        if !out.changed(&release.gone_since) {
             return Ok(out);
         }
         let exists = read.is_some();
-        let cm = record(read, &namespace, &out.ids);
+        let cm = record(read, &namespace, &out);
         let pp = PostParams::default();
         let written = if exists {
             api.replace(SANLOCK_HOST_IDS_CONFIGMAP, &pp, &cm).await

@@ -14,11 +14,22 @@
 //!   `mutate`) and result (`allowed`, `denied`, `error`);
 //! - `node_cleanups_total`: nodes that no longer exist whose objects and finalizers were released;
 //! - `eviction_claim_deletions_total`: claims the eviction controller deleted.
+//!
+//! From the nodes' reports of shared classes (`LVMVolumeGroupNodeStatus`), prefixed `lvms_` like
+//! the node agents' metrics, one series per shared class and node that reports it:
+//! - `shared_lockspace_joined{device_class, node}`: 1 while the node reports the class's lockspace
+//!   `Joined`, else 0;
+//! - `shared_lease_renewal_failures{device_class, node}`: 1 while the node's last lease renewal failed,
+//!   else 0 (only when it reports fencing);
+//! - `shared_fencing_armed{device_class, node}`: 1 when the node's watchdog is armed (`Armed` or
+//!   `Softdog`) and the kill hook configured, else 0; not exported for a class whose
+//!   `sharedConfig.watchdog` is `Disabled`, nor for a node that does not report fencing.
 
 use std::{
+    collections::{BTreeMap, BTreeSet},
     future::Future,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
     time::Duration,
@@ -31,6 +42,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
+use lvms_api::{LVMCluster, LVMVolumeGroupNodeStatus, LockspaceState, WatchdogPolicy};
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
     metrics::{
@@ -75,6 +87,76 @@ struct WebhookLabels {
     result: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct SharedLabels {
+    device_class: String,
+    node: String,
+}
+
+/// One node's report of one shared class, as the `lvms_shared_*` gauges show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedSeries {
+    /// The shared class.
+    pub device_class: String,
+    /// The node that reports it.
+    pub node: String,
+    /// Its lockspace is `Joined`.
+    pub joined: bool,
+    /// 1 while the node's last renewal failed, when the node reports fencing.
+    pub lease_renewal_failures: Option<i64>,
+    /// Whether fencing is armed, when the node reports fencing and the class requires it.
+    pub fencing_armed: Option<bool>,
+}
+
+/// The `lvms_shared_*` series of `cluster`: every node's report of each of its shared classes,
+/// in class then node order.
+pub fn shared_series(
+    cluster: &LVMCluster,
+    node_statuses: &[LVMVolumeGroupNodeStatus],
+) -> Vec<SharedSeries> {
+    let mut series = Vec::new();
+    for class in cluster
+        .spec
+        .storage
+        .device_classes
+        .iter()
+        .filter(|c| c.is_shared())
+    {
+        let required =
+            class.shared_config_or_default().watchdog_or_default() == WatchdogPolicy::Required;
+        let mut nodes = BTreeMap::new();
+        for status in node_statuses {
+            let node = status.metadata.name.as_deref().unwrap_or_default();
+            let shared = status
+                .spec
+                .lvm_vg_status
+                .iter()
+                .find(|vg| vg.name == class.name)
+                .and_then(|vg| vg.shared.as_ref());
+            if node.is_empty() || nodes.contains_key(node) {
+                continue;
+            }
+            if let Some(shared) = shared {
+                let fencing = shared.fencing.as_ref();
+                nodes.insert(
+                    node.to_owned(),
+                    SharedSeries {
+                        device_class: class.name.clone(),
+                        node: node.to_owned(),
+                        joined: shared.lockspace == LockspaceState::Joined,
+                        lease_renewal_failures: fencing.map(|f| f.lease_renewal_failures),
+                        fencing_armed: fencing
+                            .filter(|_| required)
+                            .map(|f| f.watchdog.is_armed() && f.kill_hook),
+                    },
+                );
+            }
+        }
+        series.extend(nodes.into_values());
+    }
+    series
+}
+
 fn duration_histogram() -> Histogram {
     // 5 ms .. ~20 s.
     Histogram::new(exponential_buckets(0.005, 2.0, 13))
@@ -90,6 +172,12 @@ pub struct Metrics {
     webhook_requests: Family<WebhookLabels, Counter>,
     node_cleanups: Counter,
     eviction_claim_deletions: Counter,
+    shared_joined: Family<SharedLabels, Gauge>,
+    shared_renewal_failures: Family<SharedLabels, Gauge>,
+    shared_fencing_armed: Family<SharedLabels, Gauge>,
+    /// Per `LVMCluster` (namespace, name), the shared series last set, so that those of nodes and
+    /// classes no longer reported are removed.
+    shared_set: Mutex<BTreeMap<(String, String), BTreeSet<SharedLabels>>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -107,9 +195,10 @@ impl Default for Metrics {
 impl Metrics {
     /// A registry with every metric registered and nothing observed.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("lvms_operator");
+        let mut registry = Registry::default();
+        let operator = registry.sub_registry_with_prefix("lvms_operator");
         let reconciles = Family::<ReconcileLabels, Counter>::default();
-        registry.register(
+        operator.register(
             "reconciles",
             "Reconciles by controller and result",
             reconciles.clone(),
@@ -118,41 +207,60 @@ impl Metrics {
             Family::<ControllerLabels, Histogram, fn() -> Histogram>::new_with_constructor(
                 duration_histogram,
             );
-        registry.register(
+        operator.register(
             "reconcile_duration_seconds",
             "How long reconciles took",
             reconcile_duration.clone(),
         );
         let cluster_ready = Family::<ClusterLabels, Gauge>::default();
-        registry.register(
+        operator.register(
             "lvmcluster_ready",
             "1 while the LVMCluster's status says ready",
             cluster_ready.clone(),
         );
         let cluster_state = Family::<ClusterStateLabels, Gauge>::default();
-        registry.register(
+        operator.register(
             "lvmcluster_state",
             "1 for the LVMCluster's current state, 0 for the others",
             cluster_state.clone(),
         );
         let webhook_requests = Family::<WebhookLabels, Counter>::default();
-        registry.register(
+        operator.register(
             "webhook_requests",
             "Admission reviews by operation and result",
             webhook_requests.clone(),
         );
         let node_cleanups = Counter::default();
-        registry.register(
+        operator.register(
             "node_cleanups",
             "Nodes that no longer exist whose node status and cleanup finalizers were released",
             node_cleanups.clone(),
         );
         let eviction_claim_deletions = Counter::default();
-        registry.register(
+        operator.register(
             "eviction_claim_deletions",
             "StatefulSet claims the eviction controller deleted because their node was gone, out of \
              service or cordoned",
             eviction_claim_deletions.clone(),
+        );
+        let shared = registry.sub_registry_with_prefix("lvms");
+        let shared_joined = Family::<SharedLabels, Gauge>::default();
+        shared.register(
+            "shared_lockspace_joined",
+            "1 while the node reports the shared class's lockspace Joined",
+            shared_joined.clone(),
+        );
+        let shared_renewal_failures = Family::<SharedLabels, Gauge>::default();
+        shared.register(
+            "shared_lease_renewal_failures",
+            "1 while the node's last lease renewal in the shared class's lockspace failed, else 0",
+            shared_renewal_failures.clone(),
+        );
+        let shared_fencing_armed = Family::<SharedLabels, Gauge>::default();
+        shared.register(
+            "shared_fencing_armed",
+            "1 when the node's watchdog is armed and the kill hook configured for the shared class",
+            shared_fencing_armed.clone(),
         );
         Self {
             registry,
@@ -163,7 +271,61 @@ impl Metrics {
             webhook_requests,
             node_cleanups,
             eviction_claim_deletions,
+            shared_joined,
+            shared_renewal_failures,
+            shared_fencing_armed,
+            shared_set: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Sets the `lvms_shared_*` gauges of the `LVMCluster` `namespace/name` to `series` and
+    /// removes those it set before that `series` no longer has.
+    pub fn shared_status(&self, namespace: &str, name: &str, series: &[SharedSeries]) {
+        let mut now = BTreeSet::new();
+        for s in series {
+            let labels = SharedLabels {
+                device_class: s.device_class.clone(),
+                node: s.node.clone(),
+            };
+            self.shared_joined
+                .get_or_create(&labels)
+                .set(i64::from(s.joined));
+            match s.lease_renewal_failures {
+                Some(n) => {
+                    self.shared_renewal_failures.get_or_create(&labels).set(n);
+                }
+                None => {
+                    self.shared_renewal_failures.remove(&labels);
+                }
+            }
+            match s.fencing_armed {
+                Some(armed) => {
+                    self.shared_fencing_armed
+                        .get_or_create(&labels)
+                        .set(i64::from(armed));
+                }
+                None => {
+                    self.shared_fencing_armed.remove(&labels);
+                }
+            }
+            now.insert(labels);
+        }
+        let before = self
+            .shared_set
+            .lock()
+            .map(|mut set| set.insert((namespace.to_owned(), name.to_owned()), now.clone()))
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        for gone in before.difference(&now) {
+            self.remove_shared(gone);
+        }
+    }
+
+    fn remove_shared(&self, labels: &SharedLabels) {
+        self.shared_joined.remove(labels);
+        self.shared_renewal_failures.remove(labels);
+        self.shared_fencing_armed.remove(labels);
     }
 
     /// Counts one reconcile of `controller` that took `took`.
@@ -202,6 +364,16 @@ impl Metrics {
 
     /// Forgets a deleted `LVMCluster`'s series.
     pub fn cluster_deleted(&self, namespace: &str, name: &str) {
+        let shared = self
+            .shared_set
+            .lock()
+            .map(|mut set| set.remove(&(namespace.to_owned(), name.to_owned())))
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        for labels in &shared {
+            self.remove_shared(labels);
+        }
         self.cluster_ready.remove(&ClusterLabels {
             namespace: namespace.to_owned(),
             name: name.to_owned(),
@@ -416,5 +588,148 @@ mod tests {
         metrics.cluster_deleted("lvms-system", "my-lvmcluster");
         let body = metrics.encode();
         assert!(!body.contains("my-lvmcluster"), "{body}");
+    }
+
+    fn shared_cluster(watchdog: Option<WatchdogPolicy>) -> LVMCluster {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMCluster",
+            "metadata": {"name": "c", "namespace": "lvms"},
+            "spec": {"storage": {"deviceClasses": [
+                {"name": "san", "deviceAccessPolicy": "shared",
+                 "deviceSelector": {"paths": ["/dev/disk/by-id/wwn-0x1"]},
+                 "sharedConfig": {"watchdog": watchdog}},
+                {"name": "local", "deviceSelector": {"paths": ["/dev/sdb"]}}
+            ]}}
+        }))
+        .unwrap()
+    }
+
+    fn node_status(node: &str, vgs: serde_json::Value) -> LVMVolumeGroupNodeStatus {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroupNodeStatus",
+            "metadata": {"name": node, "namespace": "lvms"},
+            "spec": {"nodeStatus": vgs}
+        }))
+        .unwrap()
+    }
+
+    fn statuses() -> Vec<LVMVolumeGroupNodeStatus> {
+        let fencing = |watchdog: &str, hook: bool, failures: i64| {
+            serde_json::json!({"watchdog": watchdog, "killHook": hook,
+                               "leaseRenewalFailures": failures})
+        };
+        vec![
+            node_status(
+                "n2",
+                serde_json::json!([{"name": "san", "shared": {"lockspace": "Joining",
+                    "fencing": fencing("Missing", true, 0)}}]),
+            ),
+            node_status(
+                "n1",
+                serde_json::json!([
+                    {"name": "san", "shared": {"lockspace": "Joined",
+                     "fencing": fencing("Softdog", true, 3)}},
+                    {"name": "local", "shared": {"lockspace": "Joined"}}
+                ]),
+            ),
+            node_status(
+                "n3",
+                serde_json::json!([{"name": "san", "shared": {"lockspace": "Joined",
+                    "fencing": fencing("Armed", false, 0)}}]),
+            ),
+            // An older node agent: no fencing.
+            node_status(
+                "n4",
+                serde_json::json!([{"name": "san", "shared": {"lockspace": "Joined"}}]),
+            ),
+            // Reports the class without a shared sub-status: no series.
+            node_status("n5", serde_json::json!([{"name": "san"}])),
+        ]
+    }
+
+    fn series(
+        node: &str,
+        joined: bool,
+        failures: Option<i64>,
+        armed: Option<bool>,
+    ) -> SharedSeries {
+        SharedSeries {
+            device_class: "san".into(),
+            node: node.into(),
+            joined,
+            lease_renewal_failures: failures,
+            fencing_armed: armed,
+        }
+    }
+
+    #[test]
+    fn shared_series_are_every_nodes_report_of_each_shared_class_in_node_order() {
+        assert_eq!(
+            shared_series(&shared_cluster(None), &statuses()),
+            [
+                series("n1", true, Some(3), Some(true)),
+                series("n2", false, Some(0), Some(false)),
+                series("n3", true, Some(0), Some(false)),
+                series("n4", true, None, None),
+            ]
+        );
+    }
+
+    #[test]
+    fn fencing_armed_is_not_exported_when_the_admin_disabled_fencing() {
+        let all = shared_series(&shared_cluster(Some(WatchdogPolicy::Disabled)), &statuses());
+        assert!(all.iter().all(|s| s.fencing_armed.is_none()), "{all:?}");
+        assert_eq!(all[0].lease_renewal_failures, Some(3));
+    }
+
+    #[test]
+    fn shared_gauges_are_exported_and_those_no_longer_reported_removed() {
+        let metrics = Metrics::new();
+        let all = shared_series(&shared_cluster(None), &statuses());
+        metrics.shared_status("lvms", "c", &all);
+        let body = metrics.encode();
+        for line in [
+            r#"lvms_shared_lockspace_joined{device_class="san",node="n1"} 1"#,
+            r#"lvms_shared_lockspace_joined{device_class="san",node="n2"} 0"#,
+            r#"lvms_shared_lease_renewal_failures{device_class="san",node="n1"} 3"#,
+            r#"lvms_shared_fencing_armed{device_class="san",node="n1"} 1"#,
+            r#"lvms_shared_fencing_armed{device_class="san",node="n2"} 0"#,
+            r#"lvms_shared_fencing_armed{device_class="san",node="n3"} 0"#,
+            r#"lvms_shared_lockspace_joined{device_class="san",node="n4"} 1"#,
+        ] {
+            assert!(
+                body.lines().any(|l| l == line),
+                "missing {line:?} in\n{body}"
+            );
+        }
+        assert!(
+            !body.contains(r#"lvms_shared_fencing_armed{device_class="san",node="n4"}"#),
+            "{body}"
+        );
+        assert!(!body.contains(r#"node="n5""#), "{body}");
+        assert!(!body.contains(r#"device_class="local""#), "{body}");
+
+        // n2 is gone and n1 stops reporting fencing.
+        metrics.shared_status(
+            "lvms",
+            "c",
+            &[series("n1", true, None, None), all[2].clone()],
+        );
+        let body = metrics.encode();
+        assert!(!body.contains(r#"node="n2""#), "{body}");
+        assert!(
+            !body.contains(r#"lvms_shared_lease_renewal_failures{device_class="san",node="n1"}"#),
+            "{body}"
+        );
+        assert!(
+            body.contains(r#"lvms_shared_lockspace_joined{device_class="san",node="n3"} 1"#),
+            "{body}"
+        );
+
+        metrics.cluster_deleted("lvms", "c");
+        assert!(
+            !metrics.encode().contains("lvms_shared_"),
+            "the cluster's series go with it"
+        );
     }
 }

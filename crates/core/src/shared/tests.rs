@@ -230,6 +230,14 @@ fn set(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
 
+/// Releases the id of a gone node at once (no host-dead wait, nothing live).
+fn at_once() -> Release {
+    Release {
+        live: Some(BTreeSet::new()),
+        ..Release::default()
+    }
+}
+
 fn record(entries: &[(&str, &str)]) -> BTreeMap<String, String> {
     entries
         .iter()
@@ -243,21 +251,22 @@ fn new_nodes_get_the_lowest_free_ids_in_name_order() {
         &record(&[("b", "1"), ("d", "3")]),
         &set(&["a", "b", "c", "d"]),
         &set(&["a", "b", "c", "d"]),
+        &at_once(),
     );
     assert_eq!(out.added, [("a".into(), 2), ("c".into(), 4)]);
     assert_eq!(out.ids.get("b"), Some(&1));
-    assert!(out.changed());
+    assert!(out.changed(&BTreeMap::new()));
 }
 
 #[test]
 fn ids_survive_while_their_node_exists_and_are_released_when_it_is_gone() {
     let current = record(&[("a", "1"), ("b", "2")]);
     // "a" no longer needs one (its class was removed) but still exists: it keeps its id.
-    let out = assign_host_ids(&current, &set(&["b"]), &set(&["a", "b"]));
-    assert!(!out.changed());
+    let out = assign_host_ids(&current, &set(&["b"]), &set(&["a", "b"]), &at_once());
+    assert!(!out.changed(&BTreeMap::new()));
     assert_eq!(out.ids.len(), 2);
     // "a" is gone: released, and not handed to the newcomer in the same step.
-    let out = assign_host_ids(&current, &set(&["b", "c"]), &set(&["b", "c"]));
+    let out = assign_host_ids(&current, &set(&["b", "c"]), &set(&["b", "c"]), &at_once());
     assert_eq!(out.released, [("a".into(), 1)]);
     assert_eq!(out.added, [("c".into(), 3)]);
     assert!(!out.ids.contains_key("a"));
@@ -269,6 +278,7 @@ fn invalid_and_duplicate_entries_are_replaced() {
         &record(&[("a", "5"), ("b", "5"), ("c", "zero"), ("d", "2001")]),
         &set(&[]),
         &set(&["a", "b", "c", "d"]),
+        &at_once(),
     );
     assert_eq!(out.ids.get("a"), Some(&5));
     let mut all: Vec<u16> = out.ids.values().copied().collect();
@@ -287,7 +297,7 @@ fn invalid_and_duplicate_entries_are_replaced() {
 #[test]
 fn nodes_beyond_2000_are_reported_not_wrapped() {
     let nodes: BTreeSet<String> = (0..2002).map(|i| format!("n{i:04}")).collect();
-    let out = assign_host_ids(&BTreeMap::new(), &nodes, &nodes);
+    let out = assign_host_ids(&BTreeMap::new(), &nodes, &nodes, &at_once());
     assert_eq!(out.ids.len(), 2000);
     assert_eq!(out.exhausted, ["n2000", "n2001"]);
 }
@@ -308,7 +318,7 @@ mod properties {
         ) {
             let text: BTreeMap<String, String> =
                 current.iter().map(|(n, i)| (n.clone(), i.to_string())).collect();
-            let out = assign_host_ids(&text, &needing, &present);
+            let out = assign_host_ids(&text, &needing, &present, &at_once());
             let ids: BTreeSet<u16> = out.ids.values().copied().collect();
             prop_assert_eq!(ids.len(), out.ids.len());
             prop_assert!(ids.iter().all(|i| (MIN_HOST_ID..=MAX_HOST_ID).contains(i)));
@@ -326,6 +336,179 @@ mod properties {
             }
             for (_, id) in &out.added {
                 prop_assert!(!out.released.iter().any(|(_, r)| r == id));
+            }
+        }
+    }
+}
+
+// Releasing the id of a gone node only once its host is dead (issue 13).
+
+const NOW: i64 = 1_800_000_000;
+
+fn release(gone_since: &[(&str, i64)], live: &[u16]) -> Release {
+    Release {
+        now: NOW,
+        gone_since: gone_since
+            .iter()
+            .map(|(n, t)| (n.to_string(), *t))
+            .collect(),
+        host_dead_seconds: 140,
+        live: Some(live.iter().copied().collect()),
+    }
+}
+
+#[test]
+fn a_node_just_gone_keeps_its_id_and_is_recorded_gone_from_now() {
+    let current = record(&[("a", "1"), ("b", "2")]);
+    let rule = release(&[], &[]);
+    let out = assign_host_ids(&current, &set(&["b", "c"]), &set(&["b", "c"]), &rule);
+    assert!(out.released.is_empty());
+    assert_eq!(out.held, [("a".into(), 1)]);
+    assert_eq!(out.ids.get("a"), Some(&1), "still taken in the record");
+    assert_eq!(out.added, [("c".into(), 3)], "not given to the newcomer");
+    assert_eq!(out.gone_since, BTreeMap::from([("a".to_string(), NOW)]));
+    assert_eq!(out.release_at, Some(NOW + 140));
+    assert!(out.changed(&rule.gone_since));
+}
+
+#[test]
+fn a_node_gone_too_recently_keeps_its_id_until_the_host_dead_time() {
+    let current = record(&[("a", "1"), ("b", "2")]);
+    let rule = release(&[("a", NOW - 139)], &[]);
+    let out = assign_host_ids(&current, &set(&["b"]), &set(&["b"]), &rule);
+    assert!(out.released.is_empty());
+    assert_eq!(out.held, [("a".into(), 1)]);
+    assert_eq!(out.gone_since, rule.gone_since, "first seen gone is kept");
+    assert_eq!(out.release_at, Some(NOW + 1));
+    assert!(!out.changed(&rule.gone_since), "nothing to write meanwhile");
+}
+
+#[test]
+fn a_node_gone_long_enough_but_live_on_some_node_keeps_its_id() {
+    let current = record(&[("a", "1"), ("b", "2")]);
+    let rule = release(&[("a", NOW - 600)], &[1, 2]);
+    let out = assign_host_ids(&current, &set(&["b"]), &set(&["b"]), &rule);
+    assert!(out.released.is_empty());
+    assert_eq!(out.held, [("a".into(), 1)]);
+    assert_eq!(out.release_at, None, "no time is known while it is live");
+}
+
+#[test]
+fn without_knowing_what_is_live_nothing_is_released() {
+    let current = record(&[("a", "1")]);
+    let rule = Release {
+        live: None,
+        ..release(&[("a", NOW - 600)], &[])
+    };
+    let out = assign_host_ids(&current, &set(&[]), &set(&[]), &rule);
+    assert!(out.released.is_empty());
+    assert_eq!(out.held, [("a".into(), 1)]);
+}
+
+#[test]
+fn a_node_gone_for_the_host_dead_time_and_not_live_is_released() {
+    let current = record(&[("a", "1"), ("b", "2")]);
+    let rule = release(&[("a", NOW - 140)], &[2]);
+    let out = assign_host_ids(&current, &set(&["b", "c"]), &set(&["b", "c"]), &rule);
+    assert_eq!(out.released, [("a".into(), 1)]);
+    assert!(out.held.is_empty());
+    assert!(!out.ids.contains_key("a"));
+    assert!(out.gone_since.is_empty(), "its record goes with it");
+    assert_eq!(out.added, [("c".into(), 3)], "not reused in the same step");
+    assert!(out.changed(&rule.gone_since));
+}
+
+#[test]
+fn a_node_that_comes_back_keeps_its_id_and_loses_its_gone_since() {
+    let current = record(&[("a", "1"), ("b", "2")]);
+    let rule = release(&[("a", NOW - 100)], &[]);
+    let out = assign_host_ids(&current, &set(&["a", "b"]), &set(&["a", "b"]), &rule);
+    assert_eq!(out.ids.get("a"), Some(&1));
+    assert!(out.held.is_empty() && out.released.is_empty() && out.added.is_empty());
+    assert!(out.gone_since.is_empty());
+    assert_eq!(out.release_at, None);
+    assert!(
+        out.changed(&rule.gone_since),
+        "the gone-since record is removed"
+    );
+}
+
+#[test]
+fn a_stale_gone_since_without_an_entry_is_dropped() {
+    let current = record(&[("b", "2")]);
+    let rule = release(&[("x", NOW - 10)], &[]);
+    let out = assign_host_ids(&current, &set(&["b"]), &set(&["b"]), &rule);
+    assert!(out.gone_since.is_empty());
+    assert!(out.changed(&rule.gone_since));
+}
+
+#[test]
+fn the_wait_is_the_longest_host_dead_time_of_the_shared_classes() {
+    assert_eq!(Release::host_dead_seconds_for([10]), 140);
+    assert_eq!(Release::host_dead_seconds_for([5, 60, 10]), 540);
+    assert_eq!(Release::host_dead_seconds_for([5]), 100);
+    assert_eq!(Release::host_dead_seconds_for([]), 140);
+    // Gone 200 s: past a 10 s class's 140 s but not a 60 s class's 540 s.
+    let current = record(&[("a", "1")]);
+    let mut rule = release(&[("a", NOW - 200)], &[]);
+    rule.host_dead_seconds = Release::host_dead_seconds_for([10, 60]);
+    let out = assign_host_ids(&current, &set(&[]), &set(&[]), &rule);
+    assert_eq!(out.held, [("a".into(), 1)]);
+    assert_eq!(out.release_at, Some(NOW - 200 + 540));
+    rule.host_dead_seconds = Release::host_dead_seconds_for([10, 5]);
+    let out = assign_host_ids(&current, &set(&[]), &set(&[]), &rule);
+    assert_eq!(out.released, [("a".into(), 1)]);
+}
+
+#[test]
+fn two_held_nodes_requeue_at_the_earliest_release() {
+    let current = record(&[("a", "1"), ("b", "2")]);
+    let rule = release(&[("a", NOW - 100), ("b", NOW - 20)], &[]);
+    let out = assign_host_ids(&current, &set(&[]), &set(&[]), &rule);
+    assert_eq!(out.held.len(), 2);
+    assert_eq!(out.release_at, Some(NOW + 40));
+}
+
+mod release_properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Whatever is recorded gone and live: a held or released id is never given to a node in
+        /// the same step, ids stay unique, an id still live is never released, and an id is
+        /// released only after the wait.
+        #[test]
+        fn a_held_id_is_never_handed_out_and_a_live_one_never_released(
+            current in proptest::collection::btree_map("[a-h]", 1u16..12, 0..8),
+            present in proptest::collection::btree_set("[a-h]", 0..8),
+            gone_for in proptest::collection::btree_map("[a-h]", 0i64..300, 0..8),
+            live in proptest::collection::btree_set(1u16..12, 0..6),
+        ) {
+            let text: BTreeMap<String, String> =
+                current.iter().map(|(n, i)| (n.clone(), i.to_string())).collect();
+            let rule = Release {
+                now: NOW,
+                gone_since: gone_for.iter().map(|(n, s)| (n.clone(), NOW - s)).collect(),
+                host_dead_seconds: 140,
+                live: Some(live.clone()),
+            };
+            let out = assign_host_ids(&text, &present, &present, &rule);
+            let ids: BTreeSet<u16> = out.ids.values().copied().collect();
+            prop_assert_eq!(ids.len(), out.ids.len());
+            for (_, id) in &out.added {
+                prop_assert!(!out.released.iter().any(|(_, r)| r == id));
+                prop_assert!(!out.held.iter().any(|(_, h)| h == id));
+            }
+            for (node, id) in &out.released {
+                let unique = current.values().filter(|i| *i == id).count() == 1;
+                if unique {
+                    prop_assert!(!live.contains(id));
+                    prop_assert!(gone_for.get(node).is_some_and(|s| *s >= 140));
+                }
+            }
+            for node in out.gone_since.keys() {
+                prop_assert!(!present.contains(node));
             }
         }
     }

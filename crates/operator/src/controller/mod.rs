@@ -16,7 +16,13 @@
 //! Beside it: [`node_removal`] releases what deleted nodes leave behind, and [`eviction`] (off by
 //! default) deletes the claims of StatefulSet pods evicted from drained or gone nodes.
 
-use std::{collections::BTreeSet, fmt::Debug, future::Future, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Debug,
+    future::Future,
+    sync::Arc,
+    time::Duration,
+};
 
 use futures::StreamExt;
 use k8s_openapi::{
@@ -45,13 +51,14 @@ use lvms_api::{
     LVMCLUSTER_FINALIZER, LVMCluster, LVMVolumeGroup, LVMVolumeGroupNodeStatus,
     NODE_CLEANUP_FINALIZER_PREFIX, OPERATOR_FIELD_MANAGER,
 };
+use lvms_core::shared::Release;
 use serde::{Serialize, de::DeserializeOwned};
-use tracing::{info, instrument, warn};
+use tracing::{debug, info, instrument, warn};
 
 use crate::{
     finalizer::{DeletionPlan, cluster_deletion},
     host_ids,
-    metrics::{Metrics, Readiness},
+    metrics::{Metrics, Readiness, shared_series},
     render::{
         NODE_DAEMON_SET, RenderConfig, RenderError, Rendered, SNAPSHOT_CLASS_KIND, SNAPSHOT_GROUP,
         SNAPSHOT_VERSION, VolumeSnapshotClass, render,
@@ -61,6 +68,15 @@ use crate::{
 
 /// Requeue interval of a reconcile that succeeded.
 pub const REQUEUE: Duration = Duration::from_secs(60);
+/// What [`Reconciler::assign_host_ids`] has to say to the reconcile.
+#[derive(Debug, Default)]
+struct HostIdsOutcome {
+    /// What failed, in words.
+    failure: Option<String>,
+    /// When to look again because a held host id may then be released.
+    look_again: Option<Duration>,
+}
+
 /// Requeue interval after a failed reconcile.
 pub const ERROR_REQUEUE: Duration = Duration::from_secs(15);
 /// Requeue interval while a deletion waits for PVCs, PVs or node agents.
@@ -432,7 +448,8 @@ impl Reconciler<'_> {
             }
         }
 
-        if let Some(failure) = self.assign_host_ids().await {
+        let host_ids = self.assign_host_ids().await;
+        if let Some(failure) = host_ids.failure {
             failures.push(failure);
         }
 
@@ -452,35 +469,75 @@ impl Reconciler<'_> {
             .await;
             return Err(Error::Apply(message));
         }
-        Ok(Action::requeue(REQUEUE))
+        Ok(Action::requeue(
+            host_ids.look_again.map_or(REQUEUE, |d| d.min(REQUEUE)),
+        ))
     }
 
     /// When a device class is shared, gives every node it selects a sanlock host id
-    /// ([`host_ids::allocate`]); logs each id assigned, released or replaced and publishes one event
-    /// per kind of change. Returns what failed, in words (nodes left without an id included).
-    async fn assign_host_ids(&self) -> Option<String> {
+    /// ([`host_ids::allocate`]); logs each id assigned, released, held or replaced and publishes one
+    /// event per kind of change. Returns what failed, in words (nodes left without an id
+    /// included), and when a held id may be released.
+    async fn assign_host_ids(&self) -> HostIdsOutcome {
+        let mut outcome = HostIdsOutcome::default();
         if !host_ids::any_shared(self.cluster) {
-            return None;
+            return outcome;
         }
         let nodes = match Api::<Node>::all(self.client())
             .list(&ListParams::default())
             .await
         {
             Ok(list) => list.items,
-            Err(e) => return Some(format!("assigning sanlock host ids: listing Nodes: {e}")),
+            Err(e) => {
+                outcome.failure = Some(format!("assigning sanlock host ids: listing Nodes: {e}"));
+                return outcome;
+            }
+        };
+        // Ids some node still sees renewing are not released; unknown, none is.
+        let live = match Api::<LVMVolumeGroupNodeStatus>::namespaced(self.client(), &self.ns)
+            .list(&ListParams::default())
+            .await
+        {
+            Ok(list) => Some(host_ids::live_host_ids(self.cluster, &list.items)),
+            Err(e) => {
+                warn!(error = %e, "listing LVMVolumeGroupNodeStatuses failed: no sanlock host id is released");
+                None
+            }
+        };
+        let now = Timestamp::now().as_second();
+        let release = Release {
+            now,
+            gone_since: BTreeMap::new(),
+            host_dead_seconds: host_ids::wait_seconds(self.cluster),
+            live,
         };
         let api = Api::<ConfigMap>::namespaced(self.client(), &self.ctx.config.namespace);
         let needing = host_ids::needing(self.cluster, &nodes);
         let present = host_ids::present(&nodes);
-        let out = match host_ids::allocate(&api, &needing, &present).await {
+        let out = match host_ids::allocate(&api, &needing, &present, &release).await {
             Ok(out) => out,
-            Err(e) => return Some(format!("assigning sanlock host ids: {e}")),
+            Err(e) => {
+                outcome.failure = Some(format!("assigning sanlock host ids: {e}"));
+                return outcome;
+            }
         };
+        outcome.look_again = out.release_at.map(|at| {
+            Duration::from_secs(u64::try_from(at.saturating_sub(now)).unwrap_or(0).max(1))
+        });
+        for (node, host_id) in &out.held {
+            debug!(
+                node,
+                host_id, "sanlock host id kept: the node is gone but its host may not be dead yet"
+            );
+        }
         for (node, host_id) in &out.added {
             info!(node, host_id, "sanlock host id assigned");
         }
         for (node, host_id) in &out.released {
-            info!(node, host_id, "sanlock host id released: the node is gone");
+            info!(
+                node,
+                host_id, "sanlock host id released: the node is gone and its host dead"
+            );
         }
         for (node, value) in &out.replaced {
             warn!(node, value, "invalid sanlock host id entry replaced");
@@ -492,7 +549,7 @@ impl Reconciler<'_> {
         }
         if !out.released.is_empty() {
             let note = format!(
-                "sanlock host ids released (their nodes are gone): {}",
+                "sanlock host ids released (their nodes are gone and their hosts dead): {}",
                 host_ids::list(&out.released)
             );
             self.event(EventType::Normal, "HostIdsReleased", "AssignHostIds", note)
@@ -506,7 +563,9 @@ impl Reconciler<'_> {
             self.event(EventType::Warning, "HostIdsReplaced", "AssignHostIds", note)
                 .await;
         }
-        (!out.exhausted.is_empty()).then(|| host_ids::exhausted_message(&out.exhausted))
+        outcome.failure =
+            (!out.exhausted.is_empty()).then(|| host_ids::exhausted_message(&out.exhausted));
+        outcome
     }
 
     /// Applies every rendered object; returns what failed, in words.
@@ -561,6 +620,11 @@ impl Reconciler<'_> {
             &self.name,
             status.ready,
             status.state.map_or("Unknown", |s| s.as_str()),
+        );
+        self.ctx.metrics.shared_status(
+            &self.ns,
+            &self.name,
+            &shared_series(self.cluster, &node_statuses.items),
         );
         let patch = serde_json::json!({
             "apiVersion": LVMCluster::api_version(&()),

@@ -17,11 +17,24 @@ use lvms_api::{LVMCluster, SANLOCK_HOST_IDS_CONFIGMAP};
 use lvms_testkit::fake_api::FakeApi;
 use serde_json::{Value, json};
 
-use super::{ATTEMPTS, Error, allocate, any_shared, exhausted_message, needing, present};
+use lvms_core::shared::Release;
+
+use super::{
+    ATTEMPTS, Error, allocate, any_shared, exhausted_message, live_host_ids, needing, present,
+    read_gone_since, wait_seconds,
+};
 
 const NS: &str = "lvms";
 const CM_PATH: &str = "/api/v1/namespaces/lvms/configmaps/lvms-sanlock-host-ids";
 const CM_COLLECTION: &str = "/api/v1/namespaces/lvms/configmaps";
+
+/// Releases a gone node's id at once (nothing live, no wait): the rule before issue 13.
+fn at_once() -> Release {
+    Release {
+        live: Some(BTreeSet::new()),
+        ..Release::default()
+    }
+}
 
 fn names(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|n| (*n).to_owned()).collect()
@@ -95,7 +108,7 @@ fn racing_client(
 async fn first_assignment_creates_the_record_with_the_lowest_ids_and_the_operators_labels() {
     let fake = FakeApi::new();
     let nodes = names(&["node-a", "node-b", "node-c"]);
-    let out = allocate(&api(fake.client(NS)), &nodes, &nodes)
+    let out = allocate(&api(fake.client(NS)), &nodes, &nodes, &at_once())
         .await
         .unwrap();
     assert_eq!(
@@ -135,18 +148,18 @@ async fn ids_are_stable_across_reconciles_and_an_unchanged_record_is_not_written
     let fake = FakeApi::new();
     let api = api(fake.client(NS));
     let two = names(&["node-b", "node-c"]);
-    allocate(&api, &two, &two).await.unwrap();
+    allocate(&api, &two, &two, &at_once()).await.unwrap();
     fake.clear_requests();
 
-    let again = allocate(&api, &two, &two).await.unwrap();
-    assert!(!again.changed());
+    let again = allocate(&api, &two, &two, &at_once()).await.unwrap();
+    assert!(!again.changed(&BTreeMap::new()));
     assert_eq!(calls(&fake), [(Method::GET, 200)], "nothing to write");
 
     // A new node, first in name order, gets the next free id; the others keep theirs.
     let three = names(&["node-a", "node-b", "node-c"]);
     let rv = fake.get(CM_PATH).unwrap()["metadata"]["resourceVersion"].clone();
     fake.clear_requests();
-    let out = allocate(&api, &three, &three).await.unwrap();
+    let out = allocate(&api, &three, &three, &at_once()).await.unwrap();
     assert_eq!(out.added, [("node-a".to_owned(), 3)]);
     assert_eq!(
         data(&fake),
@@ -170,15 +183,20 @@ async fn a_deleted_node_releases_its_id_and_a_later_node_may_take_it() {
     let api = api(fake.client(NS));
 
     // node-a's Node is gone; node-b no longer needs an id but exists, so it keeps its id.
-    let out = allocate(&api, &names(&[]), &names(&["node-b"]))
+    let out = allocate(&api, &names(&[]), &names(&["node-b"]), &at_once())
         .await
         .unwrap();
     assert_eq!(out.released, [("node-a".to_owned(), 1)]);
     assert_eq!(data(&fake), ids(&[("node-b", "2")]));
 
-    let out = allocate(&api, &names(&["node-c"]), &names(&["node-b", "node-c"]))
-        .await
-        .unwrap();
+    let out = allocate(
+        &api,
+        &names(&["node-c"]),
+        &names(&["node-b", "node-c"]),
+        &at_once(),
+    )
+    .await
+    .unwrap();
     assert_eq!(out.added, [("node-c".to_owned(), 1)]);
     assert_eq!(data(&fake), ids(&[("node-b", "2"), ("node-c", "1")]));
 }
@@ -186,10 +204,15 @@ async fn a_deleted_node_releases_its_id_and_a_later_node_may_take_it() {
 #[tokio::test]
 async fn without_a_node_needing_an_id_no_record_is_created() {
     let fake = FakeApi::new();
-    let out = allocate(&api(fake.client(NS)), &names(&[]), &names(&["node-a"]))
-        .await
-        .unwrap();
-    assert!(!out.changed());
+    let out = allocate(
+        &api(fake.client(NS)),
+        &names(&[]),
+        &names(&["node-a"]),
+        &at_once(),
+    )
+    .await
+    .unwrap();
+    assert!(!out.changed(&BTreeMap::new()));
     assert!(fake.get(CM_PATH).is_none());
     assert_eq!(calls(&fake), [(Method::GET, 404)]);
 }
@@ -202,7 +225,7 @@ async fn a_create_that_loses_the_race_rereads_and_takes_the_next_free_id() {
         fake.insert(CM_PATH, record(&[("node-b", "1")]));
     });
     let present = names(&["node-a", "node-b"]);
-    let out = allocate(&api(client), &names(&["node-a"]), &present)
+    let out = allocate(&api(client), &names(&["node-a"]), &present, &at_once())
         .await
         .unwrap();
     assert_eq!(out.added, [("node-a".to_owned(), 2)]);
@@ -227,9 +250,14 @@ async fn an_update_that_loses_the_race_rereads_and_keeps_the_winners_ids() {
         fake.insert(CM_PATH, record(&[("node-a", "1"), ("node-c", "2")]));
     });
     let present = names(&["node-a", "node-b", "node-c"]);
-    let out = allocate(&api(client), &names(&["node-a", "node-b"]), &present)
-        .await
-        .unwrap();
+    let out = allocate(
+        &api(client),
+        &names(&["node-a", "node-b"]),
+        &present,
+        &at_once(),
+    )
+    .await
+    .unwrap();
     assert_eq!(out.added, [("node-b".to_owned(), 3)]);
     assert_eq!(
         data(&fake),
@@ -254,7 +282,9 @@ async fn a_record_that_changes_under_every_write_gives_up_after_the_bounded_atte
         fake.insert(CM_PATH, record(&[("node-a", "1")]));
     });
     let nodes = names(&["node-a", "node-b"]);
-    let err = allocate(&api(client), &nodes, &nodes).await.unwrap_err();
+    let err = allocate(&api(client), &nodes, &nodes, &at_once())
+        .await
+        .unwrap_err();
     assert!(
         matches!(err, Error::Contended { attempts } if attempts == ATTEMPTS),
         "{err:?}"
@@ -279,7 +309,7 @@ async fn a_failed_write_other_than_a_conflict_is_an_error_naming_the_step() {
     fake.insert(CM_PATH, record(&[("node-a", "1")]));
     fake.fail(Method::PUT, CM_PATH, StatusCode::INTERNAL_SERVER_ERROR, 1);
     let nodes = names(&["node-a", "node-b"]);
-    let err = allocate(&api(fake.client(NS)), &nodes, &nodes)
+    let err = allocate(&api(fake.client(NS)), &nodes, &nodes, &at_once())
         .await
         .unwrap_err();
     assert!(
@@ -301,9 +331,14 @@ async fn when_every_id_is_taken_the_nodes_left_without_one_are_named() {
     fake.insert(CM_PATH, cm);
     let mut present: BTreeSet<String> = taken.iter().map(|(n, _)| n.clone()).collect();
     present.insert("node-new".to_owned());
-    let out = allocate(&api(fake.client(NS)), &names(&["node-new"]), &present)
-        .await
-        .unwrap();
+    let out = allocate(
+        &api(fake.client(NS)),
+        &names(&["node-new"]),
+        &present,
+        &at_once(),
+    )
+    .await
+    .unwrap();
     assert_eq!(out.exhausted, ["node-new"]);
     let text = exhausted_message(&out.exhausted);
     assert!(
@@ -443,15 +478,31 @@ async fn a_reconcile_gives_the_shared_classes_nodes_ids_keeps_them_and_releases_
     );
     assert!(events(&fake).is_empty());
 
+    // a's Node is deleted: its id is kept (its host may still renew its lease), and when it went
+    // is recorded.
     fake.delete("/api/v1/nodes/a");
     fake.clear_requests();
     reconcile(&fake, &cluster).await.unwrap();
+    assert_eq!(data(&fake), ids(&[("a", "1"), ("b", "2")]));
+    assert!(
+        gone_since(&fake).contains_key("a"),
+        "{:?}",
+        gone_since(&fake)
+    );
+    assert!(events(&fake).is_empty());
+
+    // 140 s later (the default io timeout's host-dead time), nobody reporting it live: released.
+    set_gone_since(&fake, &[("a", "2020-01-01T00:00:00Z")]);
+    fake.clear_requests();
+    reconcile(&fake, &cluster).await.unwrap();
     assert_eq!(data(&fake), ids(&[("b", "2")]));
+    assert!(gone_since(&fake).is_empty());
     assert_eq!(
         events(&fake),
         [(
             "HostIdsReleased".to_owned(),
-            "sanlock host ids released (their nodes are gone): a: 1".to_owned()
+            "sanlock host ids released (their nodes are gone and their hosts dead): a: 1"
+                .to_owned()
         )]
     );
 }
@@ -504,4 +555,180 @@ async fn a_reconcile_with_no_id_left_fails_naming_the_node_in_the_error_and_the_
             .contains("no sanlock host id left for node(s) new"),
         "{resources}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Releasing only once the host is dead (issue 13)
+// ---------------------------------------------------------------------------------------------
+
+const GONE_SINCE: &str = "lvms.topolvm.io/nodes-gone-since";
+
+fn gone_since(fake: &FakeApi) -> BTreeMap<String, String> {
+    let cm = fake.get(CM_PATH).expect("the record exists");
+    cm["metadata"]["annotations"][GONE_SINCE]
+        .as_str()
+        .map(|text| serde_json::from_str(text).unwrap())
+        .unwrap_or_default()
+}
+
+fn set_gone_since(fake: &FakeApi, entries: &[(&str, &str)]) {
+    let mut cm = fake.get(CM_PATH).unwrap();
+    let map: BTreeMap<&str, &str> = entries.iter().copied().collect();
+    cm["metadata"]["annotations"][GONE_SINCE] = json!(serde_json::to_string(&map).unwrap());
+    fake.insert(CM_PATH, cm);
+}
+
+/// Now is 2026-01-01T00:00:00Z; a gone node's id waits 140 s; `live` ids are renewing somewhere.
+fn waiting(live: &[u16]) -> Release {
+    Release {
+        now: 1_767_225_600,
+        gone_since: BTreeMap::new(),
+        host_dead_seconds: 140,
+        live: Some(live.iter().copied().collect()),
+    }
+}
+
+#[tokio::test]
+async fn a_gone_nodes_id_is_kept_with_the_time_it_went_and_the_data_format_unchanged() {
+    let fake = FakeApi::new();
+    fake.insert(CM_PATH, record(&[("node-a", "1"), ("node-b", "2")]));
+    let api = api(fake.client(NS));
+    let present = names(&["node-b", "node-c"]);
+    let out = allocate(&api, &present, &present, &waiting(&[]))
+        .await
+        .unwrap();
+    assert_eq!(out.held, [("node-a".to_owned(), 1)]);
+    assert_eq!(out.added, [("node-c".to_owned(), 3)], "id 1 is not reused");
+    assert_eq!(out.release_at, Some(1_767_225_600 + 140));
+    assert_eq!(
+        data(&fake),
+        ids(&[("node-a", "1"), ("node-b", "2"), ("node-c", "3")])
+    );
+    assert_eq!(
+        gone_since(&fake),
+        BTreeMap::from([("node-a".to_owned(), "2026-01-01T00:00:00Z".to_owned())])
+    );
+
+    // A later round keeps the first time seen gone and writes nothing.
+    fake.clear_requests();
+    let later = Release {
+        now: 1_767_225_600 + 100,
+        ..waiting(&[])
+    };
+    let out = allocate(&api, &present, &present, &later).await.unwrap();
+    assert_eq!(out.release_at, Some(1_767_225_600 + 140));
+    assert_eq!(calls(&fake), [(Method::GET, 200)]);
+}
+
+#[tokio::test]
+async fn a_gone_nodes_id_still_live_somewhere_is_kept_past_the_wait() {
+    let fake = FakeApi::new();
+    fake.insert(CM_PATH, record(&[("node-a", "1")]));
+    set_gone_since(&fake, &[("node-a", "2025-12-31T23:00:00Z")]);
+    let out = allocate(
+        &api(fake.client(NS)),
+        &names(&[]),
+        &names(&[]),
+        &waiting(&[1]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.held, [("node-a".to_owned(), 1)]);
+    assert!(out.released.is_empty());
+    assert_eq!(data(&fake), ids(&[("node-a", "1")]));
+}
+
+#[tokio::test]
+async fn a_gone_nodes_id_is_released_after_the_wait_and_its_annotation_entry_removed() {
+    let fake = FakeApi::new();
+    fake.insert(CM_PATH, record(&[("node-a", "1"), ("node-b", "2")]));
+    set_gone_since(&fake, &[("node-a", "2025-12-31T23:57:40Z")]);
+    let present = names(&["node-b"]);
+    let out = allocate(&api(fake.client(NS)), &present, &present, &waiting(&[2]))
+        .await
+        .unwrap();
+    assert_eq!(out.released, [("node-a".to_owned(), 1)]);
+    assert_eq!(data(&fake), ids(&[("node-b", "2")]));
+    let cm = fake.get(CM_PATH).unwrap();
+    assert!(
+        cm["metadata"]["annotations"].get(GONE_SINCE).is_none(),
+        "{cm}"
+    );
+}
+
+#[tokio::test]
+async fn a_node_that_comes_back_within_the_wait_keeps_its_id() {
+    let fake = FakeApi::new();
+    fake.insert(CM_PATH, record(&[("node-a", "1")]));
+    set_gone_since(&fake, &[("node-a", "2025-12-31T23:59:00Z")]);
+    let present = names(&["node-a"]);
+    let out = allocate(&api(fake.client(NS)), &present, &present, &waiting(&[]))
+        .await
+        .unwrap();
+    assert!(out.released.is_empty() && out.added.is_empty());
+    assert_eq!(data(&fake), ids(&[("node-a", "1")]));
+    assert!(gone_since(&fake).is_empty());
+}
+
+#[test]
+fn gone_since_reads_rfc3339_and_skips_what_does_not_parse() {
+    let mut cm = ConfigMap::default();
+    assert!(read_gone_since(Some(&cm)).is_empty());
+    cm.metadata.annotations = Some(BTreeMap::from([(
+        GONE_SINCE.to_owned(),
+        r#"{"a": "2026-01-01T00:00:00Z", "b": "yesterday"}"#.to_owned(),
+    )]));
+    assert_eq!(
+        read_gone_since(Some(&cm)),
+        BTreeMap::from([("a".to_owned(), 1_767_225_600)])
+    );
+    cm.metadata.annotations = Some(BTreeMap::from([(GONE_SINCE.to_owned(), "{".to_owned())]));
+    assert!(read_gone_since(Some(&cm)).is_empty());
+    assert!(read_gone_since(None).is_empty());
+}
+
+#[test]
+fn the_wait_is_the_longest_host_dead_time_of_the_shared_classes() {
+    let mut slow = shared_class();
+    slow["name"] = json!("slow");
+    slow["sharedConfig"] = json!({"ioTimeoutSeconds": 60});
+    let local = json!({"name": "local", "deviceSelector": {"paths": ["/dev/sdb"]}});
+    assert_eq!(wait_seconds(&cluster(json!([shared_class()]))), 140);
+    assert_eq!(
+        wait_seconds(&cluster(json!([shared_class(), slow, local]))),
+        540
+    );
+}
+
+#[test]
+fn live_ids_are_those_any_node_reports_in_a_shared_class() {
+    let cluster = cluster(json!([
+        shared_class(),
+        {"name": "local", "deviceSelector": {"paths": ["/dev/sdb"]}}
+    ]));
+    let status = |node: &str, vgs: Value| -> lvms_api::LVMVolumeGroupNodeStatus {
+        serde_json::from_value(json!({
+            "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroupNodeStatus",
+            "metadata": {"name": node, "namespace": NS},
+            "spec": {"nodeStatus": vgs}
+        }))
+        .unwrap()
+    };
+    let statuses = [
+        status(
+            "a",
+            json!([{"name": "san", "shared": {"lockspace": "Joined", "liveHostIds": [1, 3]}}]),
+        ),
+        status(
+            "b",
+            json!([
+                {"name": "san", "shared": {"lockspace": "Joined", "liveHostIds": [1, 2]}},
+                {"name": "local", "shared": {"lockspace": "Joined", "liveHostIds": [9]}},
+                {"name": "removed", "shared": {"lockspace": "Joined", "liveHostIds": [8]}}
+            ]),
+        ),
+        status("c", json!([{"name": "san"}])),
+    ];
+    let live: Vec<u16> = live_host_ids(&cluster, &statuses).into_iter().collect();
+    assert_eq!(live, [1, 2, 3]);
 }
