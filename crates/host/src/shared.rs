@@ -554,6 +554,11 @@ pub trait SharedHost: Send + Sync {
         let _ = vg;
         async { None }
     }
+    /// Whether the fence hook fenced this node for `vg` (its record exists); false on test hosts.
+    fn is_fenced(&self, vg: &str) -> impl Future<Output = bool> + Send {
+        let _ = vg;
+        async { false }
+    }
 }
 
 /// [`SharedHost`] on the real machine.
@@ -678,6 +683,10 @@ impl<R: Runner> SharedHost for RealSharedHost<R> {
     async fn observe_fencing(&self, vg: &str) -> Option<FencingSeen> {
         Some(sanlock::observe_lockspace(self.lvm.runner(), Path::new("/"), vg).await)
     }
+
+    async fn is_fenced(&self, vg: &str) -> bool {
+        crate::fence::record_path(Path::new(crate::fence::RECORD_DIR), vg).exists()
+    }
 }
 
 /// Converges shared class `class` on this node: plan, execute, observe again, until the lockspace is
@@ -694,8 +703,8 @@ pub async fn converge<H: SharedHost>(
     let mut lock_start_failures = Vec::new();
     // A fenced node touches nothing of the class (its lockspace was given up under it) until the
     // admin has cleaned up: LVM is not even asked.
-    let fencing = fencing_report(host, class).await;
-    if let Some(f) = fencing.as_ref().filter(|f| f.fenced) {
+    if host.is_fenced(&class.name).await {
+        let fencing = fencing_report(host, class).await;
         return Ok(SharedReport {
             device_class: class.name.clone(),
             host_id: node.map(|n| n.host_id),
@@ -703,7 +712,7 @@ pub async fn converge<H: SharedHost>(
             plan: Plan {
                 actions: Vec::new(),
                 state: State::Failed {
-                    reason: f.verdict.message.clone(),
+                    reason: fencing::fenced_message(&class.name),
                 },
                 devices_visible: true,
             },
@@ -716,7 +725,7 @@ pub async fn converge<H: SharedHost>(
         let plan = shared::plan(class, &observed);
         if plan.actions.is_empty() {
             let fencing = if plan.state == State::Joined {
-                fencing.clone()
+                fencing_report(host, class).await
             } else {
                 None
             };

@@ -716,6 +716,10 @@ impl<H: SharedHost> SharedHost for CreatorHost<'_, H> {
     async fn observe_fencing(&self, vg: &str) -> Option<lvms_host::sanlock::FencingSeen> {
         self.inner.observe_fencing(vg).await
     }
+
+    async fn is_fenced(&self, vg: &str) -> bool {
+        self.inner.is_fenced(vg).await
+    }
 }
 
 /// Leaving: the remover is whoever holds the creator Lease, asked only once the group this node

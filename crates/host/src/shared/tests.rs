@@ -183,6 +183,9 @@ impl SharedHost for Script {
     async fn observe_fencing(&self, _: &str) -> Option<crate::sanlock::FencingSeen> {
         self.fencing.clone()
     }
+    async fn is_fenced(&self, _: &str) -> bool {
+        self.fencing.as_ref().is_some_and(|f| f.fenced)
+    }
 }
 
 fn class() -> DeviceClassConfig {
