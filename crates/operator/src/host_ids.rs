@@ -86,14 +86,7 @@ pub fn any_shared(cluster: &LVMCluster) -> bool {
 /// the `LVMCluster`'s status ([`expected_nodes`]: not being deleted, taints tolerated, the class's
 /// node selector).
 pub fn needing(cluster: &LVMCluster, nodes: &[Node]) -> BTreeSet<String> {
-    let shared: BTreeSet<&str> = cluster
-        .spec
-        .storage
-        .device_classes
-        .iter()
-        .filter(|c| c.is_shared())
-        .map(|c| c.name.as_str())
-        .collect();
+    let shared: BTreeSet<&str> = shared_classes(cluster).map(|c| c.name.as_str()).collect();
     expected_nodes(cluster, nodes)
         .into_iter()
         .filter(|(class, _)| shared.contains(class.as_str()))
@@ -105,14 +98,19 @@ pub fn needing(cluster: &LVMCluster, nodes: &[Node]) -> BTreeSet<String> {
 /// (`8 × ioTimeoutSeconds + 60`) among the shared classes of `cluster`.
 pub fn wait_seconds(cluster: &LVMCluster) -> i64 {
     Release::host_dead_seconds_for(
-        cluster
-            .spec
-            .storage
-            .device_classes
-            .iter()
-            .filter(|c| c.is_shared())
+        shared_classes(cluster)
             .map(|c| c.shared_config_or_default().io_timeout_seconds_or_default()),
     )
+}
+
+/// The shared device classes of `cluster`.
+fn shared_classes(cluster: &LVMCluster) -> impl Iterator<Item = &lvms_api::DeviceClass> {
+    cluster
+        .spec
+        .storage
+        .device_classes
+        .iter()
+        .filter(|c| c.is_shared())
 }
 
 /// The host ids some node reports live (`shared.liveHostIds`) in a shared class of `cluster`.
@@ -120,14 +118,7 @@ pub fn live_host_ids(
     cluster: &LVMCluster,
     node_statuses: &[LVMVolumeGroupNodeStatus],
 ) -> BTreeSet<u16> {
-    let shared: BTreeSet<&str> = cluster
-        .spec
-        .storage
-        .device_classes
-        .iter()
-        .filter(|c| c.is_shared())
-        .map(|c| c.name.as_str())
-        .collect();
+    let shared: BTreeSet<&str> = shared_classes(cluster).map(|c| c.name.as_str()).collect();
     node_statuses
         .iter()
         .flat_map(|s| &s.spec.lvm_vg_status)
