@@ -72,8 +72,7 @@ fn lvms_converge_exits_non_zero_and_explains_a_failed_class() {
     sh(&format!("mkfs.ext4 -q {}", s.disks[0]));
     let (_vg, config) = write_config(&mut s, |vg, disks| {
         format!(
-            "deviceClasses:\n  - name: {vg}\n    deviceSelector:\n      paths: [{}]\n    \
-             sharedConfig:\n      watchdog: Disabled\n",
+            "deviceClasses:\n  - name: {vg}\n    deviceSelector:\n      paths: [{}]\n",
             disks[0]
         )
     });
@@ -181,7 +180,8 @@ fn lvms_shared_stage_resumes_an_interrupted_zeroing_from_its_record() {
     let (vg, config) = write_config(&mut s, |vg, disks| {
         format!(
             "shared:\n  hostId: 1\n  createVolumeGroups: true\ndeviceClasses:\n  - name: {vg}\n    \
-             default: true\n    deviceAccessPolicy: shared\n    deviceSelector:\n      paths: [{}]\n",
+             default: true\n    deviceAccessPolicy: shared\n    deviceSelector:\n      paths: [{}]\n    \
+             sharedConfig:\n      watchdog: Disabled\n",
             disks[0]
         )
     });
