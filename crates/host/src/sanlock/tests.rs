@@ -73,6 +73,25 @@ fn the_kill_command_is_read_from_lvm_config() {
     assert_eq!(parse_kill_command(""), "");
 }
 
+const KILL_COMMAND: [&str; 5] = [
+    "lvm",
+    "config",
+    "--typeconfig",
+    "full",
+    "global/lvmlockctl_kill_command",
+];
+
+/// A runner whose sanlock answers `status` and `host_status` of `lvm_san`; the kill-hook read is
+/// left for the test to script.
+fn answering(status: &str, host_status: &str) -> FakeRunner {
+    let fake = FakeRunner::new();
+    fake.expect(&["sanlock", "client", "status", "-D"])
+        .stdout(status);
+    fake.expect(&["sanlock", "client", "host_status", "-s", "lvm_san", "-D"])
+        .stdout(host_status);
+    fake
+}
+
 #[tokio::test]
 async fn observe_lockspace_reads_files_and_the_commands() {
     let dir = tempfile::tempdir().unwrap();
@@ -88,19 +107,9 @@ async fn observe_lockspace_reads_files_and_the_commands() {
         std::fs::create_dir_all(root.join(path).parent().unwrap()).unwrap();
         std::fs::write(root.join(path), body).unwrap();
     }
-    let fake = FakeRunner::new();
-    fake.expect(&["sanlock", "client", "status", "-D"])
-        .stdout(STATUS);
-    fake.expect(&["sanlock", "client", "host_status", "-s", "lvm_san", "-D"])
-        .stdout(HOST_STATUS);
-    fake.expect(&[
-        "lvm",
-        "config",
-        "--typeconfig",
-        "full",
-        "global/lvmlockctl_kill_command",
-    ])
-    .stdout("lvmlockctl_kill_command=\"/usr/bin/lvms fence\"\n");
+    let fake = answering(STATUS, HOST_STATUS);
+    fake.expect(&KILL_COMMAND)
+        .stdout("lvmlockctl_kill_command=\"/usr/bin/lvms fence\"\n");
     let seen = observe_lockspace(&fake, root, "san").await;
     fake.assert_done();
     assert_eq!(
@@ -151,18 +160,7 @@ async fn observe_lockspace_reads_files_and_the_commands() {
     // The fence hook's record.
     std::fs::create_dir_all(root.join("run/lvms")).unwrap();
     std::fs::write(root.join("run/lvms/fenced-san"), "{}").unwrap();
-    let fake = FakeRunner::new();
-    fake.expect(&["sanlock", "client", "status", "-D"])
-        .stdout(STATUS);
-    fake.expect(&["sanlock", "client", "host_status", "-s", "lvm_san", "-D"])
-        .stdout(HOST_STATUS);
-    fake.expect(&[
-        "lvm",
-        "config",
-        "--typeconfig",
-        "full",
-        "global/lvmlockctl_kill_command",
-    ])
-    .stdout("");
+    let fake = answering(STATUS, HOST_STATUS);
+    fake.expect(&KILL_COMMAND).stdout("");
     assert!(observe_lockspace(&fake, root, "san").await.fenced);
 }
