@@ -98,6 +98,12 @@ use crate::{
 /// How long a report of the volume groups and logical volumes is used before it is taken again.
 pub const DEFAULT_CACHE_TTL: Duration = Duration::from_secs(60);
 
+/// How long a stage of a shared class's volume waits, by default, for a lock another node holds:
+/// 90 s, within kubelet's 2-minute NodeStage timeout. A dead node's lock is freed at sanlock's
+/// host-dead time (140 s after its last renewal at the default io timeout), so a stage started
+/// after about 50 s gets the volume in one call; an earlier one is refused and kubelet retries.
+pub const DEFAULT_SHARED_STAGE_WAIT: Duration = Duration::from_secs(90);
+
 /// A class that is not ready (volume group or pool missing) is looked at again after this long, so
 /// readiness follows the node engine quickly without an LVM call on every probe.
 const NOT_READY_RECHECK: Duration = Duration::from_secs(5);
@@ -269,6 +275,8 @@ pub struct LocalBackend<R> {
     cache: ReportCache,
     /// Seconds since the Unix epoch, for the creation tag of snapshots.
     clock: fn() -> u64,
+    /// How long a stage of a shared class's volume waits for another node's lock.
+    shared_stage_wait: Duration,
 }
 
 impl<R: Runner> LocalBackend<R> {
@@ -289,7 +297,17 @@ impl<R: Runner> LocalBackend<R> {
                 slot: Mutex::new(None),
             },
             clock: unix_now,
+            shared_stage_wait: DEFAULT_SHARED_STAGE_WAIT,
         }
+    }
+
+    /// How long a stage of a shared class's volume that another node holds waits for its lock,
+    /// trying again every few seconds ([`DEFAULT_SHARED_STAGE_WAIT`] unless set; zero refuses at
+    /// once). Keep it under the CO's NodeStage timeout (kubelet's is 2 minutes).
+    #[must_use]
+    pub fn with_shared_stage_wait(mut self, wait: Duration) -> Self {
+        self.shared_stage_wait = wait;
+        self
     }
 
     /// How long a report is used before it is taken again (default [`DEFAULT_CACHE_TTL`]).

@@ -66,6 +66,11 @@ pub struct NodeArgs {
     /// Filesystem made on a blank volume whose capability names none.
     #[arg(long, env = "LVMS_DEFAULT_FSTYPE", default_value = "xfs", value_parser = parse_fstype)]
     default_fstype: Fstype,
+    /// How long a stage of a shared class's volume that another node holds waits for its lock (a
+    /// dead node's is freed at sanlock's host-dead time), trying again every 5 s; 0 refuses at once.
+    /// At most 110: kubelet gives NodeStage 2 minutes.
+    #[arg(long, env = "LVMS_SHARED_STAGE_WAIT", value_name = "SECONDS", default_value_t = lvms_csi::local::DEFAULT_SHARED_STAGE_WAIT.as_secs(), value_parser = clap::value_parser!(u64).range(0..=110))]
+    shared_stage_wait: u64,
 }
 
 /// `xfs` or `ext4`, as the Node service reads a capability's `fs_type`.
@@ -80,6 +85,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
         .context("connecting to the Kubernetes API")?;
     let runner = Arc::new(RealRunner);
     let node = args.node_name.clone();
+    let stage_wait = std::time::Duration::from_secs(args.shared_stage_wait);
     let vg_ctx = Arc::new(vg_reconciler::Context::new(
         client.clone(),
         &args.node_name,
@@ -97,6 +103,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
                 classes,
                 Lvm::new(Arc::new(LvmShell::new())).with_shared(shared),
             )
+            .with_shared_stage_wait(stage_wait)
         }),
     ));
     let storage = StorageMetrics::default();

@@ -45,6 +45,11 @@ pub struct StandaloneArgs {
     /// The CSI driver name.
     #[arg(long, env = "CSI_DRIVER_NAME", default_value = lvms_csi::DEFAULT_DRIVER_NAME)]
     driver_name: String,
+    /// How long a stage of a shared class's volume that another node holds waits for its lock (a
+    /// dead node's is freed at sanlock's host-dead time), trying again every 5 s; 0 refuses at once.
+    /// At most 110: kubelet gives NodeStage 2 minutes.
+    #[arg(long, env = "LVMS_SHARED_STAGE_WAIT", value_name = "SECONDS", default_value_t = lvms_csi::local::DEFAULT_SHARED_STAGE_WAIT.as_secs(), value_parser = clap::value_parser!(u64).range(0..=110))]
+    shared_stage_wait: u64,
 }
 
 fn host_name() -> String {
@@ -81,17 +86,20 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
     let runner = Arc::new(RealRunner);
     // The driver's LVM commands go to one long-lived `lvm` shell process (see `lvms_host::shell`); the
     // node engine's device work and the filesystem tools run as processes.
-    let backend = Arc::new(LocalBackend::new(
-        node_id.clone(),
-        classes,
-        Lvm::new(Arc::new(LvmShell::new())).with_shared(
-            config
-                .device_classes
-                .iter()
-                .filter(|c| c.is_shared())
-                .map(|c| c.name.clone()),
-        ),
-    ));
+    let backend = Arc::new(
+        LocalBackend::new(
+            node_id.clone(),
+            classes,
+            Lvm::new(Arc::new(LvmShell::new())).with_shared(
+                config
+                    .device_classes
+                    .iter()
+                    .filter(|c| c.is_shared())
+                    .map(|c| c.name.clone()),
+            ),
+        )
+        .with_shared_stage_wait(std::time::Duration::from_secs(args.shared_stage_wait)),
+    );
     let converged = Converged::default();
     let socket = PathBuf::from(
         args.endpoint

@@ -279,11 +279,18 @@ impl Node {
         r.out.trim().to_owned()
     }
 
-    /// Starts `lvms standalone` in the background and waits until it probes ready.
+    /// Starts `lvms standalone` in the background and waits until it probes ready. A stage of a
+    /// volume the other node holds is refused at once.
     fn start_standalone(&self, config: &std::path::Path) {
+        self.start_standalone_waiting(config, 0);
+    }
+
+    /// [`Self::start_standalone`] whose stage of a volume the other node holds waits up to
+    /// `stage_wait` seconds for its lock.
+    fn start_standalone_waiting(&self, config: &std::path::Path, stage_wait: u64) {
         self.ok(&format!(
             "setsid {} standalone --config {} --endpoint {SOCKET} --node-id {} \
-             >/run/lvms-standalone.log 2>&1 </dev/null &",
+             --shared-stage-wait {stage_wait} >/run/lvms-standalone.log 2>&1 </dev/null &",
             env!("CARGO_BIN_EXE_lvms"),
             config.display(),
             self.name
@@ -827,8 +834,9 @@ fn qemu_pids() -> [u32; 2] {
 }
 
 /// Both nodes joined with fencing armed and serving the class; node 1 reaches the LUN through
-/// `node1_path`. The nodes, and node 1's config.
-fn fenced_serving(node1_path: &str) -> ([Node; 2], PathBuf) {
+/// `node1_path`; node 2's stage of a volume node 1 holds waits up to `node2_stage_wait` seconds.
+/// The nodes, and node 1's config.
+fn fenced_serving(node1_path: &str, node2_stage_wait: u64) -> ([Node; 2], PathBuf) {
     let [n1, n2] = Node::all();
     let dir = scratch();
     let fenced = |id, create, path: &str| {
@@ -858,17 +866,34 @@ fn fenced_serving(node1_path: &str) -> ([Node; 2], PathBuf) {
         );
     }
     n1.start_standalone(&c1);
-    n2.start_standalone(&c2);
+    n2.start_standalone_waiting(&c2, node2_stage_wait);
     ([n1, n2], c1)
 }
 
-/// Node 2 tries to stage `id` every few seconds until it succeeds (at most `limit`); how long
-/// after `since` it succeeded.
-fn stage_when_free(n2: &Node, id: &str, args: &str, since: Instant, limit: Duration) -> Duration {
+/// How node 2 got a volume node 1 held.
+struct Takeover {
+    /// After the event (`since`).
+    at: Duration,
+    /// NodeStage calls made, the last one succeeding.
+    calls: u32,
+    /// How long the last call took.
+    last_call: Duration,
+}
+
+/// Node 2 tries to stage `id` every few seconds until it succeeds (at most `limit`); when, after
+/// `since`.
+fn stage_when_free(n2: &Node, id: &str, args: &str, since: Instant, limit: Duration) -> Takeover {
+    let mut calls = 0;
     loop {
+        calls += 1;
+        let call = Instant::now();
         let r = n2.csi(&format!("stage {id} --staging-path /run/st-{id} {args}"));
         if r.code == 0 {
-            return since.elapsed();
+            return Takeover {
+                at: since.elapsed(),
+                calls,
+                last_call: call.elapsed(),
+            };
         }
         assert!(
             r.err.contains("FailedPrecondition") || r.err.contains("Unavailable"),
@@ -887,14 +912,15 @@ fn stage_when_free(n2: &Node, id: &str, args: &str, since: Instant, limit: Durat
 #[test]
 #[ignore = "two VMs on one LUN: cargo xtask vm-shared (a fresh pair: node 1 is killed)"]
 fn fencing_power_loss_frees_the_volumes_after_the_host_dead_time_with_their_data() {
-    let ([n1, n2], _) = fenced_serving(LUN);
+    let ([n1, n2], _) = fenced_serving(LUN, lvms_csi::local::DEFAULT_SHARED_STAGE_WAIT.as_secs());
     let thin = "--param lvms.topolvm.io/volume-mode=thin";
-    let linear = n1.csi_ok("--output id create-volume --name lin --size 64Mi --class san --block");
-    let thin = n1.csi_ok(&format!(
+    let linear_id =
+        n1.csi_ok("--output id create-volume --name lin --size 64Mi --class san --block");
+    let thin_id = n1.csi_ok(&format!(
         "--output id create-volume --name thin --size 64Mi --class san --block {thin}"
     ));
     let mut written = Vec::new();
-    for id in [&linear, &thin] {
+    for id in [&linear_id, &thin_id] {
         n1.csi_ok(&format!("stage {id} --staging-path /run/st-{id} --block"));
         written.push(write_random(&n1, &device(id), 4));
     }
@@ -925,19 +951,21 @@ fn fencing_power_loss_frees_the_volumes_after_the_host_dead_time_with_their_data
         exclusive(&before),
         "node 1 keeps both locks across the agent's restart:\n{after}"
     );
-    for id in [&linear, &thin] {
-        let refused = n2.csi(&format!("stage {id} --staging-path /run/st-{id} --block"));
-        assert!(
-            refused.code != 0 && refused.err.contains("FailedPrecondition"),
-            "{}",
-            refused.err
-        );
-    }
+    // Node 2's stage waits its 90 s and is refused: node 1 is alive and keeps the lock.
+    let id = &linear_id;
+    let refused = n2.csi(&format!("stage {id} --staging-path /run/st-{id} --block"));
+    assert!(
+        refused.code != 0
+            && refused.err.contains("FailedPrecondition")
+            && refused.err.contains("this stage waited"),
+        "{}",
+        refused.err
+    );
     assert!(
         n1.sh("test -e /run/lvms/fenced-san").code != 0,
         "the restart fenced node 1"
     );
-    assert_eq!(read_sum(&n1, &device(&linear), 4), written[0]);
+    assert_eq!(read_sum(&n1, &device(&linear_id), 4), written[0]);
 
     // What sanlock says of the lockspace on node 2 (for the node agent's parsers).
     println!(
@@ -955,26 +983,38 @@ fn fencing_power_loss_frees_the_volumes_after_the_host_dead_time_with_their_data
     assert!(status.success());
     assert!(!n1.alive(), "node 1's qemu is gone");
 
+    // Node 2's stages wait in the call (the default 90 s), so the host-dead time is reached in
+    // at most two calls, the last of which waits for the lock and then succeeds.
     let limit = Duration::from_secs(HOST_DEAD + 180);
-    let linear_at = stage_when_free(&n2, &linear, "--block", killed, limit);
-    let thin_at = stage_when_free(&n2, &thin, "--block", killed, limit);
+    let linear = stage_when_free(&n2, &linear_id, "--block", killed, limit);
+    let thin = stage_when_free(&n2, &thin_id, "--block", killed, limit);
     println!(
-        "vm-shared: failover after power loss: linear volume usable on node 2 {:.0} s after the kill, \
-         thin volume {:.0} s (budget: host dead {HOST_DEAD} s after the last renewal, so {EARLIEST_TAKEOVER}–{HOST_DEAD} s after the kill)",
-        linear_at.as_secs_f64(),
-        thin_at.as_secs_f64()
+        "vm-shared: failover after power loss: linear volume usable on node 2 {:.0} s after the kill \
+         ({} NodeStage calls, the last waiting {:.0} s), thin volume {:.0} s (budget: host dead \
+         {HOST_DEAD} s after the last renewal, so {EARLIEST_TAKEOVER}–{HOST_DEAD} s after the kill)",
+        linear.at.as_secs_f64(),
+        linear.calls,
+        linear.last_call.as_secs_f64(),
+        thin.at.as_secs_f64()
     );
     assert!(
-        linear_at >= Duration::from_secs(EARLIEST_TAKEOVER),
-        "node 2 activated node 1's volume {linear_at:?} after the kill, before sanlock's host-dead time"
+        linear.at >= Duration::from_secs(EARLIEST_TAKEOVER),
+        "node 2 activated node 1's volume {:?} after the kill, before sanlock's host-dead time",
+        linear.at
+    );
+    assert!(
+        linear.calls <= 2 && linear.last_call >= Duration::from_secs(10),
+        "node 2's stage did not wait for the lock: {} calls, the last {:?}",
+        linear.calls,
+        linear.last_call
     );
     assert_eq!(
-        read_sum(&n2, &device(&linear), 4),
+        read_sum(&n2, &device(&linear_id), 4),
         written[0],
         "linear data intact"
     );
     assert_eq!(
-        read_sum(&n2, &device(&thin), 4),
+        read_sum(&n2, &device(&thin_id), 4),
         written[1],
         "thin data intact"
     );
@@ -988,7 +1028,7 @@ fn fencing_a_lost_lun_path_stops_node_1_writing_before_node_2_takes_the_volume()
     n1.ok(&format!(
         "dmsetup create lunpath --table \"0 $(blockdev --getsz {LUN}) linear $(readlink -f {LUN}) 0\""
     ));
-    let ([n1, n2], c1) = fenced_serving(LUN_MAP);
+    let ([n1, n2], c1) = fenced_serving(LUN_MAP, 0);
     let id = n1.csi_ok("--output id create-volume --name fs --size 128Mi --class san");
     let st = format!("/run/st-{id}");
     for n in [&n1, &n2] {

@@ -44,6 +44,9 @@ const MIN_POOL_METADATA: u64 = 4 * 1024 * 1024;
 /// LVM's largest thin pool metadata (15.81 GiB), rounded down.
 const MAX_POOL_METADATA: u64 = 15 * 1024 * 1024 * 1024;
 
+/// How often a stage of a volume another node holds tries again ([`LocalBackend::activate_shared`]).
+pub const STAGE_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The smallest chunk a new volume is zeroed in.
 const MIN_ZERO_CHUNK: u64 = GIB;
 /// A volume larger than 32 GiB is zeroed in about this many chunks.
@@ -333,11 +336,51 @@ impl<R: Runner> LocalBackend<R> {
     /// carrying [`ids::UNWIPED_TAG`] is zeroed first, exclusively, then the tag removed (a crash in
     /// between resumes at the next stage from the last chunk recorded, [`Self::zero_unwiped`]). The
     /// LV is read afresh: another node may have changed it since the cached report.
+    ///
+    /// While another node holds the volume the stage waits, trying again every [`STAGE_RETRY`], for
+    /// at most the backend's shared stage wait ([`LocalBackend::with_shared_stage_wait`]), out of
+    /// this node's queue for the group between tries: a dead node's lock is freed by sanlock at its
+    /// host-dead time, and a stage that waits for it is not left to kubelet's backoff. After the
+    /// wait the refusal is FAILED_PRECONDITION, saying why, how long it waited and when the lock is
+    /// freed.
     pub(super) async fn activate_shared(
         &self,
         lv: &LogicalVolume,
         multi_node: bool,
     ) -> Result<String> {
+        let id = lv.name.as_str();
+        let started = tokio::time::Instant::now();
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            let waited = started.elapsed();
+            match self.try_activate_shared(lv, multi_node).await {
+                Err(BackendError::Conflict(m))
+                    if waited + STAGE_RETRY <= self.shared_stage_wait =>
+                {
+                    if tries == 1 {
+                        tracing::info!(
+                            volume_id = id,
+                            wait_s = self.shared_stage_wait.as_secs(),
+                            reason = %m,
+                            "another node holds the volume: the stage waits for its lock"
+                        );
+                    }
+                    tokio::time::sleep(STAGE_RETRY).await;
+                }
+                Err(BackendError::Conflict(m)) if tries > 1 => {
+                    return Err(BackendError::Conflict(format!(
+                        "{m} (this stage waited {} s, {tries} tries)",
+                        waited.as_secs()
+                    )));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// One try of [`Self::activate_shared`].
+    async fn try_activate_shared(&self, lv: &LogicalVolume, multi_node: bool) -> Result<String> {
         let (vg, id) = (lv.vg_name.as_str(), lv.name.as_str());
         let timing = Timing::new(u32::from(
             self.class(vg)?
@@ -759,6 +802,83 @@ mod tests {
         expect_lvchange(&fake, &lv, &["--deltag", &three]);
         expect_activated(&fake, &lv);
         b.activate_shared(&lv, false).await.unwrap();
+        fake.assert_done();
+    }
+
+    /// `lvchange -aey` of `lv` refused because another host holds its lock.
+    fn expect_held(fake: &FakeRunner, lv: &LogicalVolume) {
+        let target = format!("{SAN}/{}", lv.name);
+        let argv = lvm_san(
+            "lvchange",
+            &["--activate", "ey", "--ignoreactivationskip", &target],
+        );
+        expect(fake, &argv).fails(
+            5,
+            format!(
+                "  LV locked by other host: {target}\n  Failed to lock logical volume {target}.\n"
+            ),
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stage_waits_for_a_lock_held_elsewhere_trying_again_outside_the_queue() {
+        let (fake, b) = shared_backend();
+        let lv = linear(GIB, &[]);
+        for _ in 0..2 {
+            expect_lv(&fake, &lv);
+            expect_held(&fake, &lv);
+        }
+        expect_lv(&fake, &lv);
+        expect_activated(&fake, &lv);
+        let started = tokio::time::Instant::now();
+        // While the stage waits, the group's queue is free for other volumes' work.
+        let other_work = async {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            let queued = std::time::Duration::from_secs(1);
+            tokio::time::timeout(queued, b.lock_vg(SAN)).await.is_ok()
+        };
+        let (staged, queue_was_free) = tokio::join!(b.activate_shared(&lv, false), other_work);
+        staged.unwrap();
+        assert!(queue_was_free, "the waiting stage kept the group's queue");
+        assert_eq!(started.elapsed(), 2 * STAGE_RETRY);
+        fake.assert_done();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stage_that_waited_its_time_is_refused_saying_how_long_and_when_the_lock_is_freed() {
+        let (fake, b) = shared_backend();
+        let b = b.with_shared_stage_wait(std::time::Duration::from_secs(12));
+        let lv = linear(GIB, &[]);
+        for _ in 0..3 {
+            expect_lv(&fake, &lv);
+            expect_held(&fake, &lv);
+        }
+        match b.activate_shared(&lv, false).await {
+            Err(BackendError::Conflict(m)) => {
+                assert!(m.contains("140 s after its last lease renewal"), "{m}");
+                assert!(m.contains("this stage waited 10 s, 3 tries"), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+        fake.assert_done();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_stage_wait_a_lock_held_elsewhere_is_refused_at_once() {
+        let (fake, b) = shared_backend();
+        let b = b.with_shared_stage_wait(std::time::Duration::ZERO);
+        let lv = linear(GIB, &[]);
+        expect_lv(&fake, &lv);
+        expect_held(&fake, &lv);
+        let started = tokio::time::Instant::now();
+        match b.activate_shared(&lv, false).await {
+            Err(BackendError::Conflict(m)) => {
+                assert!(m.contains("unstage it there first"), "{m}");
+                assert!(!m.contains("waited"), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(started.elapsed(), std::time::Duration::ZERO);
         fake.assert_done();
     }
 
