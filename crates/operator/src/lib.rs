@@ -11,6 +11,7 @@
 //!   longer exist.
 //! - [`eviction`]: when a StatefulSet's claim on a drained or gone node may be deleted so the
 //!   StatefulSet makes it anew elsewhere (metal-stack csi-driver-lvm's eviction controller).
+//! - [`handover`]: which shared classes' volumes another node answers for when theirs is gone.
 //!
 //! The planning modules above have no client and no async. [`controller`] is the thin I/O half that
 //! executes their plans against the API server (the `LVMCluster` reconciler and its `run` loop);
@@ -22,6 +23,7 @@ pub mod certificate;
 pub mod controller;
 pub mod eviction;
 pub mod finalizer;
+pub mod handover;
 pub mod host_ids;
 pub mod metrics;
 pub mod render;

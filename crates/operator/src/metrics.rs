@@ -13,7 +13,8 @@
 //! - `webhook_requests_total{operation, result}`: admission reviews by operation (`validate`,
 //!   `mutate`) and result (`allowed`, `denied`, `error`);
 //! - `node_cleanups_total`: nodes that no longer exist whose objects and finalizers were released;
-//! - `eviction_claim_deletions_total`: claims the eviction controller deleted.
+//! - `eviction_claim_deletions_total`: claims the eviction controller deleted;
+//! - `shared_volume_handovers_total`: volumes of shared classes handed from a gone node to another.
 //!
 //! From the nodes' reports of shared classes (`LVMVolumeGroupNodeStatus`), prefixed `lvms_` like
 //! the node agents' metrics, one series per shared class and node that reports it:
@@ -172,6 +173,7 @@ pub struct Metrics {
     webhook_requests: Family<WebhookLabels, Counter>,
     node_cleanups: Counter,
     eviction_claim_deletions: Counter,
+    shared_volume_handovers: Counter,
     shared_joined: Family<SharedLabels, Gauge>,
     shared_renewal_failures: Family<SharedLabels, Gauge>,
     shared_fencing_armed: Family<SharedLabels, Gauge>,
@@ -236,6 +238,13 @@ impl Metrics {
             "Nodes that no longer exist whose node status and cleanup finalizers were released",
             node_cleanups.clone(),
         );
+        let shared_volume_handovers = Counter::default();
+        operator.register(
+            "shared_volume_handovers",
+            "LogicalVolumes of shared device classes handed from a node that is gone or out of \
+             service to another node of the class",
+            shared_volume_handovers.clone(),
+        );
         let eviction_claim_deletions = Counter::default();
         operator.register(
             "eviction_claim_deletions",
@@ -270,6 +279,7 @@ impl Metrics {
             cluster_state,
             webhook_requests,
             node_cleanups,
+            shared_volume_handovers,
             eviction_claim_deletions,
             shared_joined,
             shared_renewal_failures,
@@ -400,6 +410,11 @@ impl Metrics {
     /// Counts nodes whose leftovers were released.
     pub fn node_cleanups(&self, nodes: u64) {
         self.node_cleanups.inc_by(nodes);
+    }
+
+    /// Counts volumes handed to another node of their shared class.
+    pub fn shared_volume_handovers(&self, volumes: u64) {
+        self.shared_volume_handovers.inc_by(volumes);
     }
 
     /// Counts one claim the eviction controller deleted.
@@ -561,6 +576,7 @@ mod tests {
         metrics.cluster_status("lvms-system", "my-lvmcluster", false, "Degraded");
         metrics.webhook_request("validate", "denied");
         metrics.node_cleanups(2);
+        metrics.shared_volume_handovers(3);
         metrics.eviction_claim_deleted();
         let (code, body) = get(
             router(metrics.clone(), Readiness::without_webhook()),
@@ -577,6 +593,7 @@ mod tests {
             r#"lvms_operator_lvmcluster_state{namespace="lvms-system",name="my-lvmcluster",state="Ready"} 0"#,
             r#"lvms_operator_webhook_requests_total{operation="validate",result="denied"} 1"#,
             "lvms_operator_node_cleanups_total 2",
+            "lvms_operator_shared_volume_handovers_total 3",
             "lvms_operator_eviction_claim_deletions_total 1",
         ] {
             assert!(

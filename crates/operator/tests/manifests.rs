@@ -117,6 +117,13 @@ const OPERATOR_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
         Scope::Cluster,
     ),
     ("", "persistentvolumes", &["get", "list"], Scope::Cluster),
+    // Volumes of shared classes on gone nodes are handed to another node (src/handover.rs).
+    (
+        "topolvm.io",
+        "logicalvolumes",
+        &["list", "patch"],
+        Scope::Cluster,
+    ),
     // The eviction controller (src/controller/eviction.rs): every pod watched, the pod's
     // StatefulSet read, events on claims and StatefulSets in any namespace.
     ("", "pods", &["list", "watch"], Scope::Cluster),

@@ -9,6 +9,11 @@
 //! the next pass works from fresh data); the node status loses its
 //! `delete-protection.lvm.openshift.io` finalizer the same way and is then deleted. A pass runs at
 //! start, whenever a Node deletion is seen, and every [`NODE_REMOVAL_INTERVAL`].
+//!
+//! Each pass also hands the `LogicalVolume`s of shared classes whose node is deleted or out of
+//! service to another node of the class ([`hand_over_shared_volumes`], the decision is
+//! [`crate::handover::plan`]): a merge patch of `spec.nodeName` carrying the observed
+//! `resourceVersion`.
 
 use std::{collections::BTreeSet, future::Future, sync::Arc, time::Duration};
 
@@ -22,17 +27,23 @@ use kube::{
         watcher::{self, watcher},
     },
 };
-use lvms_api::{LVMVolumeGroup, LVMVolumeGroupNodeStatus, NODE_STATUS_FINALIZER};
+use lvms_api::{
+    LVMCluster, LVMVolumeGroup, LVMVolumeGroupNodeStatus, NODE_STATUS_FINALIZER,
+    topolvm::LogicalVolume,
+};
 use tracing::{info, warn};
 
 use super::{Result, delete, kube_err};
 use crate::{
     finalizer::{NodeCleanup, node_removal},
+    handover::{self, Plan},
     metrics::Metrics,
 };
 
 /// The `controller` label of this controller's metrics.
 pub const NODE_REMOVAL_CONTROLLER: &str = "node-removal";
+/// The `controller` label of the handover's metrics.
+pub const HANDOVER_CONTROLLER: &str = "shared-volume-handover";
 /// How often a pass runs without a Node deletion to trigger it.
 pub const NODE_REMOVAL_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -134,8 +145,61 @@ pub async fn release_gone_nodes(client: &Client, ns: &str) -> Result<Vec<NodeCle
     Ok(cleanups)
 }
 
-/// Runs passes of [`release_gone_nodes`] in `ns` until `shutdown` completes: at start, on every
-/// Node deletion, and every [`NODE_REMOVAL_INTERVAL`].
+/// One pass: the `LogicalVolume`s of the shared classes of the `LVMCluster`s in `ns` whose node is
+/// gone or out of service get another node of their class ([`handover::plan`]); returns the plan.
+/// Stops at the first failed call (the next pass retries; a volume changed since it was read is
+/// refused with 409 and planned again from fresh data).
+pub async fn hand_over_shared_volumes(client: &Client, ns: &str) -> Result<Plan> {
+    let clusters = Api::<LVMCluster>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .map_err(kube_err("listing LVMClusters"))?;
+    let (shared, default) = handover::shared_classes(&clusters.items);
+    if shared.is_empty() {
+        return Ok(Plan::default());
+    }
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(kube_err("listing Nodes"))?;
+    let api = Api::<LogicalVolume>::all(client.clone());
+    let volumes = api
+        .list(&ListParams::default())
+        .await
+        .map_err(kube_err("listing LogicalVolumes"))?;
+    let plan = handover::plan(&volumes.items, &shared, default.as_deref(), &nodes.items);
+    for m in &plan.moves {
+        let Some(volume) = volumes.items.iter().find(|v| v.name_any() == m.volume) else {
+            continue;
+        };
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": volume.resource_version()},
+            "spec": {"nodeName": m.to},
+        });
+        api.patch(&m.volume, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map_err(kube_err(format!(
+                "handing LogicalVolume {} of shared class {} from node {} to node {}",
+                m.volume, m.class, m.from, m.to
+            )))?;
+        info!(
+            logical_volume = %m.volume, class = %m.class, from = %m.from, to = %m.to,
+            why = %m.why,
+            "handed a shared volume to another node of its class: its node {}", m.why
+        );
+    }
+    for s in &plan.stuck {
+        warn!(
+            logical_volume = %s.volume, class = %s.class, node = %s.from,
+            "the node of a shared volume is gone and no Ready node of its class can take it; \
+             it waits for one"
+        );
+    }
+    Ok(plan)
+}
+
+/// Runs passes of [`release_gone_nodes`] and [`hand_over_shared_volumes`] in `ns` until
+/// `shutdown` completes: at start, on every Node deletion, and every [`NODE_REMOVAL_INTERVAL`].
 pub async fn run(
     client: Client,
     ns: String,
@@ -172,6 +236,16 @@ pub async fn run(
             }
             Ok(_) => {}
             Err(e) => warn!(error = %e, "releasing gone nodes failed; retrying on the next pass"),
+        }
+        let started = std::time::Instant::now();
+        let res = hand_over_shared_volumes(&client, &ns).await;
+        metrics.reconciled(HANDOVER_CONTROLLER, res.is_ok(), started.elapsed());
+        match res {
+            Ok(plan) => metrics.shared_volume_handovers(plan.moves.len() as u64),
+            Err(e) => warn!(
+                error = %e,
+                "handing shared volumes of gone nodes over failed; retrying on the next pass"
+            ),
         }
     }
 }

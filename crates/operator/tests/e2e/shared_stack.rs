@@ -347,6 +347,11 @@ async fn stack_a_shared_class_is_joined_serves_a_claim_and_is_left_cleanly() {
     let made: Vec<_> = after.iter().filter(|n| !before.contains(n)).collect();
     assert_eq!(made, vec![&handle], "the one new LV in the shared group");
 
+    // The volume's node goes out of service (not Ready, tainted node.kubernetes.io/out-of-service):
+    // the operator hands the volume to a Ready node of the class, here the VM's, whose agent then
+    // answers for it (the claim's deletion below needs it).
+    let handed = hand_over_from_a_node_out_of_service(&client, &handle).await;
+
     // Pod (at once: no kubelet confirms) and claim go; so does the LV.
     pods.delete("consumer", &DeleteParams::default().grace_period(0))
         .await
@@ -438,11 +443,12 @@ async fn stack_a_shared_class_is_joined_serves_a_claim_and_is_left_cleanly() {
 
     println!(
         "shared class: joined {:.1} s after the LVMCluster was created (NodeGetInfo asked while \
-         joining answered after {:.1} s), claim Bound in {:.1} s, left {:.1} s after the \
-         LVMCluster was deleted",
+         joining answered after {:.1} s), claim Bound in {:.1} s, volume handed over {:.1} s \
+         after its node went out of service, left {:.1} s after the LVMCluster was deleted",
         join_time.as_secs_f64(),
         answered.as_secs_f64(),
         bind_time.as_secs_f64(),
+        handed.as_secs_f64(),
         leave_time.as_secs_f64()
     );
 
@@ -450,4 +456,49 @@ async fn stack_a_shared_class_is_joined_serves_a_claim_and_is_left_cleanly() {
     if !found.is_empty() {
         scenarios::ready_cluster(&client, stack).await;
     }
+}
+
+/// Names a Node that is out of service (created here: not Ready, tainted
+/// `node.kubernetes.io/out-of-service`) in the `LogicalVolume` `handle`, waits until the operator
+/// names the VM's node instead, and deletes that Node; how long the handover took.
+async fn hand_over_from_a_node_out_of_service(
+    client: &Client,
+    handle: &str,
+) -> std::time::Duration {
+    let nodes = Api::<Node>::all(client.clone());
+    let down = format!("lvms-e2e-down-{}", support::suffix());
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": down},
+        "spec": {"taints": [{"key": "node.kubernetes.io/out-of-service",
+                             "value": "nodeshutdown", "effect": "NoExecute"}]},
+    }))
+    .unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    let lvs = Api::<LogicalVolume>::all(client.clone());
+    lvs.patch(
+        handle,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"spec": {"nodeName": down}})),
+    )
+    .await
+    .unwrap();
+    let moved = Instant::now();
+    eventually(
+        "the operator hands the volume of the node out of service to the VM's node",
+        SLOW,
+        || {
+            let lvs = lvs.clone();
+            async move {
+                let lv = lvs.get(handle).await.map_err(|e| e.to_string())?;
+                (lv.spec.node_name == NODE)
+                    .then_some(())
+                    .ok_or_else(|| format!("spec.nodeName {}", lv.spec.node_name))
+            }
+        },
+    )
+    .await;
+    let took = moved.elapsed();
+    nodes.delete(&down, &DeleteParams::default()).await.unwrap();
+    took
 }
