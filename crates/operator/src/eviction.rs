@@ -171,6 +171,16 @@ impl fmt::Display for NodeState {
     }
 }
 
+/// Whether `node`'s `Ready` condition is `True`.
+pub fn is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
 /// Whether the node a volume lives on (`None`: it does not exist) lets its claim go, or `None` when
 /// it exists and is schedulable. Gone and out of service win over cordoned.
 pub fn node_state(node: Option<&Node>) -> Option<NodeState> {
@@ -178,13 +188,7 @@ pub fn node_state(node: Option<&Node>) -> Option<NodeState> {
         return Some(NodeState::Gone);
     };
     let spec = node.spec.as_ref();
-    let ready = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_deref())
-        .unwrap_or_default()
-        .iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let ready = is_ready(node);
     let out_of_service = spec
         .and_then(|s| s.taints.as_deref())
         .unwrap_or_default()

@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use lvms_api::{LVMCluster, shared_topology_key, topolvm::LogicalVolume};
 
-use crate::eviction::{NodeState, node_state};
+use crate::eviction::{NodeState, OUT_OF_SERVICE_TAINT, is_ready, node_state};
 
 /// A volume to move: set `spec.nodeName` of `LogicalVolume` `volume` from `from` to `to`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,26 +76,20 @@ pub fn shared_classes(clusters: &[LVMCluster]) -> (BTreeSet<String>, Option<Stri
 }
 
 /// Whether `node` can take over volumes of `class`: it joined the class, is Ready, and is neither
-/// out of service nor being deleted.
+/// tainted out of service (even while Ready) nor being deleted.
 fn can_take(node: &Node, class: &str) -> bool {
     let joined = node
         .labels()
         .get(&shared_topology_key(class))
         .is_some_and(|v| v == "true");
-    let ready = node
-        .status
+    let out_of_service = node
+        .spec
         .as_ref()
-        .and_then(|s| s.conditions.as_deref())
+        .and_then(|s| s.taints.as_deref())
         .unwrap_or_default()
         .iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
-    joined
-        && ready
-        && node.metadata.deletion_timestamp.is_none()
-        && !matches!(
-            node_state(Some(node)),
-            Some(NodeState::Gone | NodeState::OutOfService)
-        )
+        .any(|t| t.key == OUT_OF_SERVICE_TAINT);
+    joined && is_ready(node) && !out_of_service && node.metadata.deletion_timestamp.is_none()
 }
 
 /// Plans the moves of the shared classes' volumes (`shared`, with `default` for an empty class)

@@ -158,6 +158,7 @@ fn the_new_node_joined_the_class_is_ready_and_in_service() {
         node("a-not-joined", false, "True", json!([])),
         node("b-not-ready", true, "False", json!([])),
         out_of_service("c-out", "False"),
+        out_of_service("c-out-but-ready", "True"),
     ];
     let p = plan_for(&[volume("csi-a", SAN, "gone")], &candidates);
     assert!(p.moves.is_empty());
