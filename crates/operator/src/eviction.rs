@@ -171,6 +171,16 @@ impl fmt::Display for NodeState {
     }
 }
 
+/// Whether `node` carries [`OUT_OF_SERVICE_TAINT`], whatever its effect.
+pub fn is_tainted_out_of_service(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .any(|t| t.key == OUT_OF_SERVICE_TAINT)
+}
+
 /// Whether `node`'s `Ready` condition is `True`.
 pub fn is_ready(node: &Node) -> bool {
     node.status
@@ -189,11 +199,7 @@ pub fn node_state(node: Option<&Node>) -> Option<NodeState> {
     };
     let spec = node.spec.as_ref();
     let ready = is_ready(node);
-    let out_of_service = spec
-        .and_then(|s| s.taints.as_deref())
-        .unwrap_or_default()
-        .iter()
-        .any(|t| t.key == OUT_OF_SERVICE_TAINT);
+    let out_of_service = is_tainted_out_of_service(node);
     if out_of_service && !ready {
         Some(NodeState::OutOfService)
     } else if spec.and_then(|s| s.unschedulable) == Some(true) {

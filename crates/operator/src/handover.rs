@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use lvms_api::{LVMCluster, shared_topology_key, topolvm::LogicalVolume};
 
-use crate::eviction::{NodeState, OUT_OF_SERVICE_TAINT, is_ready, node_state};
+use crate::eviction::{NodeState, is_ready, is_tainted_out_of_service, node_state};
 
 /// A volume to move: set `spec.nodeName` of `LogicalVolume` `volume` from `from` to `to`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,14 +82,10 @@ fn can_take(node: &Node, class: &str) -> bool {
         .labels()
         .get(&shared_topology_key(class))
         .is_some_and(|v| v == "true");
-    let out_of_service = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.taints.as_deref())
-        .unwrap_or_default()
-        .iter()
-        .any(|t| t.key == OUT_OF_SERVICE_TAINT);
-    joined && is_ready(node) && !out_of_service && node.metadata.deletion_timestamp.is_none()
+    joined
+        && is_ready(node)
+        && !is_tainted_out_of_service(node)
+        && node.metadata.deletion_timestamp.is_none()
 }
 
 /// Plans the moves of the shared classes' volumes (`shared`, with `default` for an empty class)
