@@ -93,7 +93,8 @@ fn unpack_shared(repo: &Path) -> Result<PathBuf> {
         if fresh {
             continue;
         }
-        let partial = out.join(format!("{name}.partial"));
+        // Per process: tasks started side by side may unpack at the same time.
+        let partial = out.join(format!("{name}.partial-{}", std::process::id()));
         let status = Command::new("xz")
             .arg("-dc")
             .arg(&path)
@@ -113,7 +114,13 @@ fn unpack_shared(repo: &Path) -> Result<PathBuf> {
         for entry in fs::read_dir(&crds)? {
             let path = entry?.path();
             if let Some(name) = path.file_name() {
-                fs::copy(&path, out.join("crds").join(name))?;
+                let partial = out.join("crds").join(format!(
+                    ".{}-{}",
+                    name.to_string_lossy(),
+                    std::process::id()
+                ));
+                fs::copy(&path, &partial)?;
+                fs::rename(&partial, out.join("crds").join(name))?;
             }
         }
     }

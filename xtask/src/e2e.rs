@@ -14,29 +14,16 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
+    artifacts::Artifacts,
     cluster::{self, ControlPlane},
-    guest, vm,
+    guest,
+    report::Counts,
+    vm,
 };
 
-/// Builds the tests and the lvms binary; returns the e2e test binary's path.
-pub fn build_suite(repo: &Path) -> Result<PathBuf> {
-    let out = Command::new(env!("CARGO"))
-        // The whole workspace, as the VM suite builds it: one feature set, no second build, and
-        // target/debug/lvms built beside (crates/lvms's tests use it).
-        .args(["test", "--workspace", "--no-run", "--message-format=json"])
-        .current_dir(repo)
-        .stderr(Stdio::inherit())
-        .output()
-        .context("cargo test --no-run")?;
-    if !out.status.success() {
-        bail!("building the e2e suite failed");
-    }
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "e2e")
-        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .context("cargo built no e2e executable")
+/// The e2e test binary (built with the lvms binary beside it).
+pub fn suite(repo: &Path) -> Result<PathBuf> {
+    Ok(Artifacts::get(repo)?.exe("e2e")?.exe.clone())
 }
 
 /// The binaries the suite runs beside the control plane, as the operator's pod would.
@@ -55,10 +42,7 @@ fn start_node_vm(repo: &Path, exec_port: u16) -> Result<vm::RunningVm> {
     let kernel = vm::prepare(repo)?;
     // e2e0 for the LVMCluster; e2e1 for the standalone driver the benchmark compares with; e2e2
     // the LUN of the shared device class (shared_stack).
-    let disks = E2E_DISKS
-        .iter()
-        .map(|d| crate::parse_disk(repo, d))
-        .collect::<Result<_>>()?;
+    let disks = vm::disks(repo, &E2E_DISKS)?;
     guest::start_served(repo, &kernel, "e2e", disks, 2, exec_port)
 }
 
@@ -114,7 +98,7 @@ fn run_passes(
     env: &[(&str, &str)],
 ) -> Result<ExitCode> {
     let started = Instant::now();
-    let suite = build_suite(repo)?;
+    let suite = suite(repo)?;
     let (assets, control_plane, exec_port, node_vm) = start_cluster(repo, "cluster")?;
     println!(
         "e2e: node VM up after {:.0} s",
@@ -135,7 +119,7 @@ fn run_passes(
             )
             .env("LVMS_E2E_AUDIT_LOG", &control_plane.audit_log)
             .envs(env.iter().copied());
-        match run_pass(repo, cmd)? {
+        match run_pass(repo, cmd, &repo.join("target/e2e/work"))? {
             (ok, Some(summary)) => {
                 failed_pass |= !ok;
                 summaries.push(summary);
@@ -146,15 +130,14 @@ fn run_passes(
             }
         }
     }
-    guest::poweroff(exec_port);
+    guest::at(exec_port).poweroff();
     let _ = node_vm.wait();
     drop(control_plane);
-    let (passed, failed, ignored) = crate::sum_summaries(&summaries);
     println!(
         "e2e: suite finished in {:.0} s",
         started.elapsed().as_secs_f64()
     );
-    println!("e2e: {passed} passed, {failed} failed, {ignored} skipped");
+    println!("e2e: {}", Counts::from_libtest(&summaries));
     Ok(if failed_pass || summaries.is_empty() {
         ExitCode::FAILURE
     } else {
@@ -164,11 +147,12 @@ fn run_passes(
 
 /// One run of the suite `cmd` (its arguments and the cluster's environment set); whether it exited
 /// 0, and its libtest summary line.
-pub fn run_pass(repo: &Path, mut cmd: Command) -> Result<(bool, Option<String>)> {
+/// `work` is the suite's scratch directory (`LVMS_E2E_WORK`), one per task.
+pub fn run_pass(repo: &Path, mut cmd: Command, work: &Path) -> Result<(bool, Option<String>)> {
     cmd.args(["--color", "never"])
         .current_dir(repo.join("crates/operator"))
         .env("LVMS_E2E", "1")
-        .env("LVMS_E2E_WORK", repo.join("target/e2e/work"))
+        .env("LVMS_E2E_WORK", work)
         .env("RUST_BACKTRACE", "1")
         .stdout(Stdio::piped())
         // Its own process group, so whatever it starts is killed with it.

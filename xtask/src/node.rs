@@ -23,6 +23,7 @@ use anyhow::{Context, Result, bail};
 use crate::{
     cluster::{self, ControlPlane, NODE_NAME},
     e2e, guest, images,
+    report::Counts,
     vm::{self, VmSpec},
 };
 
@@ -51,7 +52,7 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
     {
         bail!("kubectl is not on PATH: `cargo xtask installed` installs with `kubectl apply -k`");
     }
-    let suite = e2e::build_suite(repo)?;
+    let suite = e2e::suite(repo)?;
     let assets = cluster::assets(repo, &needed_assets())?;
     let built = Instant::now();
     let images = images::build_all(repo, &assets, &repo.join("target/debug/lvms"))?;
@@ -167,7 +168,7 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
     .env("LVMS_E2E_NODE", NODE_NAME)
     .env("LVMS_E2E_APPLIED_AT_MS", applied_at.to_string())
     .env("LVMS_E2E_VM", format!("127.0.0.1:{exec_port}"));
-    let (ok, summary) = e2e::run_pass(repo, cmd)?;
+    let (ok, summary) = e2e::run_pass(repo, cmd, &dir.join("work"))?;
     if !ok {
         diagnose(&kubeconfig, &node_dir);
     }
@@ -181,7 +182,7 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
             thread::sleep(Duration::from_secs(3600));
         }
     }
-    guest::poweroff(exec_port);
+    guest::at(exec_port).poweroff();
     let _ = node_vm.wait();
     drop(control_plane);
     println!(
@@ -191,6 +192,7 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
             .as_deref()
             .unwrap_or("the test printed no result (it crashed)")
     );
+    println!("installed: {}", Counts::from_libtest(summary.as_slice()));
     Ok(if ok && summary.is_some() {
         ExitCode::SUCCESS
     } else {
@@ -236,36 +238,25 @@ fn start_node(
     connect_port: u16,
 ) -> Result<vm::RunningVm> {
     let kernel = vm::prepare(repo)?;
-    let disks = ["node=8192".to_owned(), format!("{DEVICE_SERIAL}=4096")]
-        .iter()
-        .map(|d| crate::parse_disk(repo, d))
-        .collect::<Result<Vec<_>>>()?;
+    let disks = vm::disks(repo, &["node=8192", &format!("{DEVICE_SERIAL}=4096")])?;
     let xtask = std::env::current_exe().context("the xtask executable")?;
     let s = |v: &Path| v.display().to_string();
-    let spec = VmSpec {
-        name: "node".into(),
-        disks,
-        memory_mib: 3072,
-        cpus: 2,
-        net: true,
-        forwards: vec![
+    let spec = VmSpec::new("node", repo, "sh xtask/src/node.sh")
+        .disks(disks)
+        .memory_mib(3072)
+        .net(vec![
             (exec_port, EXEC_GUEST_PORT),
             (connect_port, CONNECT_GUEST_PORT),
-        ],
-        command: "sh xtask/src/node.sh".into(),
-        cwd: repo.to_path_buf(),
-        env: vec![
-            ("NODE_DIR".into(), s(node_dir)),
-            ("NODE_DISK".into(), "/dev/disk/by-id/virtio-node".into()),
-            ("NODE_NAME".into(), NODE_NAME.into()),
-            ("API_PORT".into(), api_port.to_string()),
-            ("KUBELET".into(), s(&assets.join("kubelet"))),
-            ("XTASK".into(), s(&xtask)),
-            ("EXEC_PORT".into(), EXEC_GUEST_PORT.to_string()),
-            ("CONNECT_PORT".into(), CONNECT_GUEST_PORT.to_string()),
-        ],
-        timeout: Duration::from_secs(90 * 60),
-    };
+        ])
+        .env("NODE_DIR", s(node_dir))
+        .env("NODE_DISK", "/dev/disk/by-id/virtio-node")
+        .env("NODE_NAME", NODE_NAME)
+        .env("API_PORT", api_port.to_string())
+        .env("KUBELET", s(&assets.join("kubelet")))
+        .env("XTASK", s(&xtask))
+        .env("EXEC_PORT", EXEC_GUEST_PORT.to_string())
+        .env("CONNECT_PORT", CONNECT_GUEST_PORT.to_string())
+        .timeout(Duration::from_secs(90 * 60));
     vm::start(repo, &kernel, spec)
 }
 

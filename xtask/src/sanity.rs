@@ -6,14 +6,18 @@
 //! against a second driver.
 //!
 //! csi-sanity comes from the Kubernetes assets directory ([`crate::cluster::assets`]). Each mode's whole output is kept in
-//! `target/sanity/<mode>.log`, the drivers' in `target/sanity/standalone.log` (local classes) and
-//! `target/sanity/shared.log` (the shared class, its own driver).
+//! `target/sanity/<local|shared|all>/<mode>.log`, the drivers' in `standalone.log` (local classes) and
+//! `shared.log` (the shared class, its own driver).
 
 use std::{fmt::Write as _, fs, path::Path, process::ExitCode, time::Duration};
 
 use anyhow::{Result, bail};
 
-use crate::vm::{self, VmSpec};
+use crate::{
+    artifacts::{self, Artifacts},
+    report::Counts,
+    vm::{self, VmSpec},
+};
 
 /// The CSI socket inside the VM.
 const SOCKET: &str = "/run/lvms/csi.sock";
@@ -145,14 +149,6 @@ deviceClasses:
       watchdog: Disabled
 ";
 
-/// Pass, fail and skip counts of a ginkgo run.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Counts {
-    pub passed: u64,
-    pub failed: u64,
-    pub skipped: u64,
-}
-
 /// The counts of ginkgo's summary line (`FAIL! -- 50 Passed | 2 Failed | 0 Pending | 42 Skipped`);
 /// pending specs count as skipped. `None` when the output has no such line (the run did not finish).
 pub fn parse_summary(output: &str) -> Option<Counts> {
@@ -276,9 +272,18 @@ pub fn run(repo: &Path, shared_thin: bool, only: &[String]) -> Result<ExitCode> 
     let sanity = crate::cluster::assets(repo, &["csi-sanity"])?.join("csi-sanity");
     // The workspace's tests build target/debug/lvms with the features the VM suite uses, so
     // `cargo xtask test` builds nothing twice.
-    crate::build_vm_tests(repo)?;
-    let lvms = repo.join("target/debug/lvms");
-    let out = repo.join("target/sanity");
+    Artifacts::get(repo)?;
+    let lvms = artifacts::lvms(repo);
+    // One directory per set of modes: `cargo xtask test` runs the local and the shared modes side
+    // by side.
+    let group = if modes.iter().all(|m| m.shared) {
+        "shared"
+    } else if modes.iter().all(|m| !m.shared) {
+        "local"
+    } else {
+        "all"
+    };
+    let out = repo.join("target/sanity").join(group);
     if out.exists() {
         fs::remove_dir_all(&out)?;
     }
@@ -293,26 +298,23 @@ pub fn run(repo: &Path, shared_thin: bool, only: &[String]) -> Result<ExitCode> 
     }
     let script = out.join("guest.sh");
     fs::write(&script, guest_script(&lvms, &sanity, &out, &modes))?;
-    let disks = vec![
-        crate::parse_disk(repo, "sanity-thin=4096")?,
-        crate::parse_disk(repo, "sanity-thick=4096")?,
-        crate::parse_disk(repo, "sanity-shared=8192")?,
-    ];
-    let spec = VmSpec {
-        name: "sanity".into(),
-        disks,
-        memory_mib: 2048,
-        cpus: 2,
-        net: false,
-        forwards: vec![],
-        command: format!("sh {}", vm::shell_quote(&script.to_string_lossy())),
-        cwd: repo.to_path_buf(),
-        // `LVMS_LOG=lvms_host=debug` logs every command with its duration in the drivers' logs.
-        env: std::env::var("LVMS_LOG")
-            .map(|v| vec![("LVMS_LOG".to_owned(), v)])
-            .unwrap_or_default(),
-        timeout: Duration::from_secs(90 * 60),
-    };
+    let disks = vm::disks(
+        repo,
+        &[
+            "sanity-thin=4096",
+            "sanity-thick=4096",
+            "sanity-shared=8192",
+        ],
+    )?;
+    // `LVMS_LOG=lvms_host=debug` logs every command with its duration in the drivers' logs.
+    let spec = VmSpec::new(
+        "sanity",
+        repo,
+        format!("sh {}", vm::shell_quote(&script.to_string_lossy())),
+    )
+    .disks(disks)
+    .env_from_host(&["LVMS_LOG"])
+    .timeout(Duration::from_secs(90 * 60));
     let outcome = vm::run_all(repo, vec![spec])?.remove(0);
 
     let mut total = Counts::default();
@@ -325,9 +327,7 @@ pub fn run(repo: &Path, shared_thin: bool, only: &[String]) -> Result<ExitCode> 
                     "csi-sanity {}: {} passed, {} failed, {} skipped",
                     mode.name, c.passed, c.failed, c.skipped
                 );
-                total.passed += c.passed;
-                total.failed += c.failed;
-                total.skipped += c.skipped;
+                total.add(c);
             }
             None => {
                 println!("csi-sanity {}: did not finish", mode.name);
@@ -335,10 +335,7 @@ pub fn run(repo: &Path, shared_thin: bool, only: &[String]) -> Result<ExitCode> 
             }
         }
     }
-    println!(
-        "csi-sanity: {} passed, {} failed, {} skipped",
-        total.passed, total.failed, total.skipped
-    );
+    println!("csi-sanity: {total}");
     if !unfinished.is_empty() {
         bail!(
             "csi-sanity did not finish in mode(s) {} (see target/sanity/)",

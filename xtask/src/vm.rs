@@ -72,6 +72,105 @@ pub struct VmSpec {
     pub timeout: Duration,
 }
 
+/// vCPUs a guest gets unless it asks for fewer: `LVMS_VM_CPUS` (`cargo xtask test` sets 1 while
+/// two phases run side by side: a TCG guest is mostly one busy vCPU), else 2.
+pub fn default_cpus() -> u32 {
+    std::env::var("LVMS_VM_CPUS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(2)
+}
+
+impl VmSpec {
+    /// A VM named `name` that runs `command` from the checkout `repo`: 2048 MiB, [`default_cpus`]
+    /// vCPUs, no disks, no network, a 60-minute timeout.
+    pub fn new(name: &str, repo: &Path, command: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            disks: Vec::new(),
+            memory_mib: 2048,
+            cpus: default_cpus(),
+            net: false,
+            forwards: Vec::new(),
+            command: command.into(),
+            cwd: repo.to_path_buf(),
+            env: Vec::new(),
+            timeout: Duration::from_secs(60 * 60),
+        }
+    }
+
+    pub fn disks(mut self, disks: Vec<Disk>) -> Self {
+        self.disks = disks;
+        self
+    }
+
+    pub fn memory_mib(mut self, mib: u32) -> Self {
+        self.memory_mib = mib;
+        self
+    }
+
+    /// At most `cpus` vCPUs (fewer when [`default_cpus`] is lower).
+    pub fn cpus(mut self, cpus: u32) -> Self {
+        self.cpus = cpus.min(default_cpus());
+        self
+    }
+
+    /// User-mode networking with these `(host, guest)` port forwards.
+    pub fn net(mut self, forwards: Vec<(u16, u16)>) -> Self {
+        self.net = true;
+        self.forwards = forwards;
+        self
+    }
+
+    pub fn env(mut self, key: &str, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// The host's value of each of `keys` that is set, passed into the guest.
+    pub fn env_from_host(mut self, keys: &[&str]) -> Self {
+        for key in keys {
+            if let Ok(v) = std::env::var(key) {
+                self.env.push(((*key).into(), v));
+            }
+        }
+        self
+    }
+
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+}
+
+/// A fresh sparse disk `SERIAL=SIZE_IN_MIB` of this process's run (`<target>/vm/disks-<pid>/`, so
+/// runs side by side never share or truncate each other's images).
+pub fn disk(repo: &Path, spec: &str) -> Result<Disk> {
+    let (serial, mib) = spec
+        .split_once('=')
+        .context("a disk is SERIAL=SIZE_IN_MIB, e.g. --disk data0=2048")?;
+    let size = mib.parse::<u64>().context("disk size in MiB")? * 1024 * 1024;
+    let image = disks_dir(repo).join(format!("{serial}.img"));
+    make_disk(&image, size)?;
+    Ok(Disk {
+        serial: serial.into(),
+        image,
+        shared: false,
+        readonly: false,
+    })
+}
+
+/// [`disk`] for each spec.
+pub fn disks(repo: &Path, specs: &[&str]) -> Result<Vec<Disk>> {
+    specs.iter().map(|s| disk(repo, s)).collect()
+}
+
+/// This process's disk images, removed when the task ends.
+pub fn disks_dir(repo: &Path) -> PathBuf {
+    vm_dir(repo).join(format!("disks-{}", std::process::id()))
+}
+
 /// Where VM artefacts live: `<target>/vm`.
 pub fn vm_dir(repo: &Path) -> PathBuf {
     repo.join("target").join("vm")
@@ -152,7 +251,11 @@ exec $B switch_root /newroot /bin/sh "$script"
 pub fn build_initramfs(repo: &Path, version: &str) -> Result<PathBuf> {
     let dir = vm_dir(repo);
     let out = dir.join(format!("initramfs-{version}.cpio"));
-    let stage = dir.join(format!("initramfs-{version}.d"));
+    // Phases that run side by side each prepare the kernel: build under names of this process's
+    // own and rename, so no VM boots a half-written archive.
+    let pid = std::process::id();
+    let stage = dir.join(format!("initramfs-{version}.{pid}.d"));
+    let partial = dir.join(format!("initramfs-{version}.cpio.{pid}"));
     if stage.exists() {
         fs::remove_dir_all(&stage)?;
     }
@@ -183,7 +286,7 @@ pub fn build_initramfs(repo: &Path, version: &str) -> Result<PathBuf> {
         .args(["-o", "-H", "newc", "--quiet"])
         .current_dir(&stage)
         .stdin(Stdio::piped())
-        .stdout(fs::File::create(&out)?)
+        .stdout(fs::File::create(&partial)?)
         .spawn()
         .context("running cpio: install cpio")?;
     cpio.stdin
@@ -193,6 +296,8 @@ pub fn build_initramfs(repo: &Path, version: &str) -> Result<PathBuf> {
     if !cpio.wait()?.success() {
         bail!("cpio failed building {}", out.display());
     }
+    fs::remove_dir_all(&stage)?;
+    fs::rename(&partial, &out)?;
     Ok(out)
 }
 

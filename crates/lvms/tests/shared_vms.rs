@@ -774,11 +774,24 @@ fn t6_leaving_the_class_stops_both_lockspaces_and_the_remover_removes_the_group_
 // and a fresh LUN from `cargo xtask vm-shared`. sanlock runs with the watchdog (softdog in the
 // guests, petted by wdmd) and lvmlockctl runs `lvms fence` when node 1 loses its leases.
 
-/// sanlock's io timeout in the tests (its default) and the host-dead time it gives.
+/// sanlock's io timeout in the power-loss test, which measures the failover budget (its default)
+/// and the host-dead time it gives.
 const IO_TIMEOUT: u64 = 10;
-const HOST_DEAD: u64 = 8 * IO_TIMEOUT + 60;
+const HOST_DEAD: u64 = host_dead(IO_TIMEOUT);
 /// The last renewal may precede a node's death by one renewal interval (2 × io timeout).
 const EARLIEST_TAKEOVER: u64 = HOST_DEAD - 2 * IO_TIMEOUT;
+/// The lost-path test checks the order of events (fenced, then taken over), not the budget: it
+/// runs lvmlockd with a shorter io timeout, so it waits 8 × 5 s less.
+const SHORT_IO_TIMEOUT: u64 = 5;
+/// How long node 2's stage waits in the power-loss test's restart check, which only needs the
+/// refusal after a wait (the failover itself uses the default wait).
+const REFUSAL_STAGE_WAIT: u64 = 10;
+
+/// sanlock's host-dead time for an io timeout: 8 io timeouts without a renewal, then the
+/// watchdog's 60 s.
+const fn host_dead(io_timeout: u64) -> u64 {
+    8 * io_timeout + 60
+}
 /// Node 1's path to the LUN in the lost-path test: a device-mapper map over it.
 const LUN_MAP: &str = "/dev/mapper/lunpath";
 
@@ -786,7 +799,7 @@ impl Node {
     /// Starts wdmd on softdog (q35's iTCO watchdog may not reset the guest), sanlock with the
     /// watchdog and lvmlockd (wdmd needs /dev/shm), and points
     /// `lvmlockctl_kill_command` at `lvms fence`.
-    fn start_fenced_lock_daemons(&self) {
+    fn start_fenced_lock_daemons(&self, io_timeout: u64) {
         self.ok(&format!(
             "mkdir -p /run/sanlock /run/lvm /run/wdmd; \
              modprobe softdog; test -e /dev/watchdog; \
@@ -801,7 +814,7 @@ impl Node {
                cat /sys/class/watchdog/*/identity; exit 1; }}; \
              sanlock daemon -U root -G root; \
              for i in $(seq 50); do sanlock client status >/dev/null 2>&1 && break; sleep 0.2; done; \
-             lvmlockd -g sanlock; \
+             lvmlockd -g sanlock -o {io_timeout}; \
              for i in $(seq 50); do lvmlockctl --info >/dev/null 2>&1 && break; sleep 0.2; done; \
              lvmlockctl --info >/dev/null",
             env!("CARGO_BIN_EXE_lvms")
@@ -833,10 +846,14 @@ fn qemu_pids() -> [u32; 2] {
     [it.next().unwrap(), it.next().unwrap()]
 }
 
-/// Both nodes joined with fencing armed and serving the class; node 1 reaches the LUN through
-/// `node1_path`; node 2's stage of a volume node 1 holds waits up to `node2_stage_wait` seconds.
-/// The nodes, and node 1's config.
-fn fenced_serving(node1_path: &str, node2_stage_wait: u64) -> ([Node; 2], PathBuf) {
+/// Both nodes joined with fencing armed (lvmlockd's sanlock io timeout `io_timeout`) and serving
+/// the class; node 1 reaches the LUN through `node1_path`; node 2's stage of a volume node 1 holds
+/// waits up to `node2_stage_wait` seconds. The nodes, and their configs.
+fn fenced_serving(
+    node1_path: &str,
+    node2_stage_wait: u64,
+    io_timeout: u64,
+) -> ([Node; 2], [PathBuf; 2]) {
     let [n1, n2] = Node::all();
     let dir = scratch();
     let fenced = |id, create, path: &str| {
@@ -847,7 +864,7 @@ fn fenced_serving(node1_path: &str, node2_stage_wait: u64) -> ([Node; 2], PathBu
     let c1 = config(&dir, "node1", &fenced(1, true, node1_path));
     let c2 = config(&dir, "node2", &fenced(2, false, LUN));
     for (n, c) in [(&n1, &c1), (&n2, &c2)] {
-        n.start_fenced_lock_daemons();
+        n.start_fenced_lock_daemons(io_timeout);
         let r = n.sh(&format!(
             "LVMS_LOG=info {} converge --config {} --output json",
             env!("CARGO_BIN_EXE_lvms"),
@@ -867,7 +884,7 @@ fn fenced_serving(node1_path: &str, node2_stage_wait: u64) -> ([Node; 2], PathBu
     }
     n1.start_standalone(&c1);
     n2.start_standalone_waiting(&c2, node2_stage_wait);
-    ([n1, n2], c1)
+    ([n1, n2], [c1, c2])
 }
 
 /// How node 2 got a volume node 1 held.
@@ -912,7 +929,7 @@ fn stage_when_free(n2: &Node, id: &str, args: &str, since: Instant, limit: Durat
 #[test]
 #[ignore = "two VMs on one LUN: cargo xtask vm-shared (a fresh pair: node 1 is killed)"]
 fn fencing_power_loss_frees_the_volumes_after_the_host_dead_time_with_their_data() {
-    let ([n1, n2], _) = fenced_serving(LUN, lvms_csi::local::DEFAULT_SHARED_STAGE_WAIT.as_secs());
+    let ([n1, n2], [_, c2]) = fenced_serving(LUN, REFUSAL_STAGE_WAIT, IO_TIMEOUT);
     let thin = "--param lvms.topolvm.io/volume-mode=thin";
     let linear_id =
         n1.csi_ok("--output id create-volume --name lin --size 64Mi --class san --block");
@@ -951,7 +968,7 @@ fn fencing_power_loss_frees_the_volumes_after_the_host_dead_time_with_their_data
         exclusive(&before),
         "node 1 keeps both locks across the agent's restart:\n{after}"
     );
-    // Node 2's stage waits its 90 s and is refused: node 1 is alive and keeps the lock.
+    // Node 2's stage waits and is refused: node 1 is alive and keeps the lock.
     let id = &linear_id;
     let refused = n2.csi(&format!("stage {id} --staging-path /run/st-{id} --block"));
     assert!(
@@ -966,6 +983,9 @@ fn fencing_power_loss_frees_the_volumes_after_the_host_dead_time_with_their_data
         "the restart fenced node 1"
     );
     assert_eq!(read_sum(&n1, &device(&linear_id), 4), written[0]);
+    // For the failover, node 2's stages wait as long as they do by default.
+    n2.stop_standalone();
+    n2.start_standalone_waiting(&c2, lvms_csi::local::DEFAULT_SHARED_STAGE_WAIT.as_secs());
 
     // What sanlock says of the lockspace on node 2 (for the node agent's parsers).
     println!(
@@ -1028,7 +1048,7 @@ fn fencing_a_lost_lun_path_stops_node_1_writing_before_node_2_takes_the_volume()
     n1.ok(&format!(
         "dmsetup create lunpath --table \"0 $(blockdev --getsz {LUN}) linear $(readlink -f {LUN}) 0\""
     ));
-    let ([n1, n2], c1) = fenced_serving(LUN_MAP, 0);
+    let ([n1, n2], [c1, _]) = fenced_serving(LUN_MAP, 0, SHORT_IO_TIMEOUT);
     let id = n1.csi_ok("--output id create-volume --name fs --size 128Mi --class san");
     let st = format!("/run/st-{id}");
     for n in [&n1, &n2] {
@@ -1058,7 +1078,8 @@ fn fencing_a_lost_lun_path_stops_node_1_writing_before_node_2_takes_the_volume()
          dmsetup resume lunpath"
     ));
     let lost = Instant::now();
-    let limit = Duration::from_secs(HOST_DEAD + 180);
+    let host_dead = host_dead(SHORT_IO_TIMEOUT);
+    let limit = Duration::from_secs(host_dead + 180);
     // Watch node 1 (fenced by the hook, or reset by the watchdog) while node 2 tries the volume.
     let mut fenced: Option<(Duration, &str)> = None;
     let mut last_count = count(&n1);
@@ -1086,7 +1107,7 @@ fn fencing_a_lost_lun_path_stops_node_1_writing_before_node_2_takes_the_volume()
     let (fenced_at, how) = fenced.expect("node 2 took the volume before node 1 was fenced");
     println!(
         "vm-shared: lost LUN path: {how} {:.0} s after the loss; node 2 staged the volume {:.0} s after \
-         it (host dead {HOST_DEAD} s)",
+         it (host dead {host_dead} s at lvmlockd's io timeout of {SHORT_IO_TIMEOUT} s)",
         fenced_at.as_secs_f64(),
         took.as_secs_f64()
     );

@@ -1,6 +1,7 @@
 //! Dev-only helpers for lvms-rs tests that run inside the test VM (`cargo xtask vm-test`): scratch disks on
 //! loop devices, scratch volume-group names, and a shell helper for setting up and checking the machine
-//! independently of the code under test.
+//! independently of the code under test; the test VM's command protocol ([`guest`]), which xtask uses
+//! too (without the default `full` feature, which brings the in-memory API server and the fakes).
 #![forbid(unsafe_code)]
 // Test scaffolding: a failed setup step should stop the test loudly.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -11,9 +12,13 @@ use std::{
     sync::atomic::{AtomicU32, Ordering},
 };
 
+#[cfg(feature = "full")]
 pub mod csi_requests;
+#[cfg(feature = "full")]
 pub mod fake_api;
+#[cfg(feature = "full")]
 pub mod fake_backend;
+pub mod guest;
 
 /// True inside the test VM (the guest script exports `LVMS_IN_VM=1`).
 pub fn in_vm() -> bool {

@@ -1,0 +1,543 @@
+//! `cargo xtask test`: every suite, as phases run side by side in lanes.
+//!
+//! First, in the foreground, `prepare`: the workspace's tests built once (`cargo test --workspace
+//! --no-run`), the Kubernetes assets unpacked and the VM's initramfs made, so no phase builds,
+//! unpacks or waits on cargo's lock. Then the phases, each one process of this program (or of
+//! cargo) with its whole output in `target/ci/<phase>.log`, run two at a time (`--lanes`),
+//! longest first by their measured time. A TCG guest is mostly one busy vCPU, so each guest gets
+//! one (`--vm-cpus`). A phase that fails has its log's tail printed at once. At the end: the table
+//! of every phase (lane, wall time, CPU time, counts), the total, a warning when the run passed
+//! the 45-minute budget, and the counts of every test added up.
+
+use std::{
+    collections::VecDeque,
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, ExitCode, Stdio},
+    sync::{Arc, Mutex},
+    thread,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{artifacts, deps, report::Counts};
+
+/// What the whole CI run (`.ci/run`) should take at most; past it the run warns.
+const BUDGET: Duration = Duration::from_secs(45 * 60);
+
+/// `.ci/run` exports the Unix time it started, so the table counts what came before this task
+/// (the packages, building xtask) in the total.
+const CI_START_ENV: &str = "LVMS_CI_START";
+
+/// How a phase's counts are read from its log.
+#[derive(Clone, Copy)]
+enum CountsFrom {
+    /// libtest's `test result:` lines, added up (cargo test).
+    Libtest,
+    /// The log's last `…: N passed, N failed, N skipped` line (every xtask task prints one).
+    ClosingLine,
+    /// No tests (lint).
+    None,
+}
+
+/// One phase: a process and what its time was last measured at.
+pub struct Phase {
+    pub name: &'static str,
+    /// `xtask` arguments, or cargo's when `cargo` is set.
+    args: Vec<String>,
+    cargo: bool,
+    env: Vec<(&'static str, String)>,
+    /// Seconds it took in a two-lane run (orders the queue: longest first).
+    secs: u64,
+    counts: CountsFrom,
+}
+
+fn xtask(name: &'static str, secs: u64, args: &[&str]) -> Phase {
+    Phase {
+        name,
+        args: args.iter().map(|a| (*a).to_owned()).collect(),
+        cargo: false,
+        env: Vec::new(),
+        secs,
+        counts: CountsFrom::ClosingLine,
+    }
+}
+
+/// Every phase of `cargo xtask test`; nothing that runs is left out of CI.
+pub fn phases(repo: &Path) -> Vec<Phase> {
+    vec![
+        Phase {
+            // fmt and clippy in a target directory of their own: the check build never waits on
+            // (or for) the test build's lock.
+            env: vec![(
+                "CARGO_TARGET_DIR",
+                repo.join("target/lint").display().to_string(),
+            )],
+            counts: CountsFrom::None,
+            ..xtask("lint (fmt, clippy)", 300, &["lint"])
+        },
+        Phase {
+            args: vec!["test".into(), "--workspace".into()],
+            cargo: true,
+            counts: CountsFrom::Libtest,
+            ..xtask("host tests", 200, &[])
+        },
+        xtask("VM suite 1/2", 550, &["vm-test", "--shard", "1/2"]),
+        xtask("VM suite 2/2", 550, &["vm-test", "--shard", "2/2"]),
+        xtask(
+            "two-node: shared classes",
+            600,
+            &["vm-shared", "--skip", crate::shared::FENCING_PREFIX],
+        ),
+        xtask(
+            "two-node: power loss",
+            420,
+            &["vm-shared", "fencing_power_loss"],
+        ),
+        xtask(
+            "two-node: lost LUN path",
+            320,
+            &["vm-shared", "fencing_a_lost_lun_path"],
+        ),
+        xtask(
+            "csi-sanity: local classes",
+            330,
+            &[
+                "sanity",
+                "--only",
+                "thin-mount",
+                "--only",
+                "thin-block",
+                "--only",
+                "thick",
+            ],
+        ),
+        xtask(
+            "csi-sanity: shared class",
+            200,
+            &[
+                "sanity",
+                "--only",
+                "shared-linear-mount",
+                "--only",
+                "shared-linear-block",
+            ],
+        ),
+        xtask("e2e on a real control plane", 450, &["e2e"]),
+        xtask("installed on a real node", 650, &["installed"]),
+    ]
+}
+
+/// What became of one phase.
+struct Done {
+    name: String,
+    lane: String,
+    wall: Duration,
+    cpu: Option<Duration>,
+    ok: bool,
+    counts: Option<Counts>,
+    log: PathBuf,
+}
+
+pub struct Options {
+    pub lanes: usize,
+    pub vm_cpus: u32,
+    /// Only the phases whose name contains one of these (all when empty).
+    pub only: Vec<String>,
+}
+
+pub fn run(repo: &Path, options: &Options) -> Result<ExitCode> {
+    let started = Instant::now();
+    deps::ensure()?;
+    let dir = repo.join("target/ci");
+    if dir.exists() {
+        fs::remove_dir_all(&dir)?;
+    }
+    fs::create_dir_all(&dir)?;
+    let list = dir.join("artifacts.json");
+    let exe = std::env::current_exe().context("the xtask executable")?;
+    let env: Vec<(&str, String)> = vec![
+        (deps::CHECKED_ENV, "1".into()),
+        (artifacts::ARTIFACTS_ENV, list.display().to_string()),
+        ("LVMS_VM_CPUS", options.vm_cpus.to_string()),
+    ];
+
+    let mut queue: Vec<Phase> = phases(repo)
+        .into_iter()
+        .filter(|p| options.only.is_empty() || options.only.iter().any(|o| p.name.contains(o)))
+        .collect();
+    if queue.is_empty() {
+        bail!("--only {:?} names no phase", options.only);
+    }
+    // Longest first, each to the lane that frees up first.
+    queue.sort_by_key(|p| std::cmp::Reverse(p.secs));
+
+    println!("test: building the tests, unpacking the assets, making the initramfs");
+    let prepare = Phase {
+        counts: CountsFrom::None,
+        ..xtask(
+            "prepare (build)",
+            0,
+            &["prepare", "--artifacts", &list.display().to_string()],
+        )
+    };
+    let built = run_phase(&exe, repo, &dir, &prepare, &env, "-");
+    report_done(&built);
+    if !built.ok {
+        bail!("building the tests failed; see {}", built.log.display());
+    }
+
+    let queue = Arc::new(Mutex::new(VecDeque::from(queue)));
+    let done = Arc::new(Mutex::new(Vec::new()));
+    let lanes: Vec<_> = (1..=options.lanes.max(1))
+        .map(|lane| {
+            let (queue, done) = (Arc::clone(&queue), Arc::clone(&done));
+            let (exe, repo, dir, env) = (exe.clone(), repo.to_path_buf(), dir.clone(), env.clone());
+            thread::spawn(move || {
+                loop {
+                    let next = queue.lock().ok().and_then(|mut q| q.pop_front());
+                    let Some(phase) = next else { break };
+                    println!(
+                        "test: [lane {lane}] {} (log {})",
+                        phase.name,
+                        log_path(&dir, phase.name).display()
+                    );
+                    let result = run_phase(&exe, &repo, &dir, &phase, &env, &lane.to_string());
+                    report_done(&result);
+                    if let Ok(mut d) = done.lock() {
+                        d.push(result);
+                    }
+                }
+            })
+        })
+        .collect();
+    for lane in lanes {
+        let _ = lane.join();
+    }
+    let mut results = vec![built];
+    results.extend(
+        done.lock()
+            .map(|mut d| std::mem::take(&mut *d))
+            .unwrap_or_default(),
+    );
+
+    let before = ci_started_before(started);
+    print!("{}", table(&results, before, started.elapsed() + before));
+    let total = started.elapsed() + before;
+    if total > BUDGET {
+        println!("{}", budget_warning(&results, total));
+    }
+    let mut counts = Counts::default();
+    for r in &results {
+        if let Some(c) = r.counts {
+            counts.add(c);
+        }
+    }
+    let failed: Vec<&str> = results
+        .iter()
+        .filter(|r| !r.ok)
+        .map(|r| r.name.as_str())
+        .collect();
+    if !failed.is_empty() {
+        println!("test: failed phases: {}", failed.join(", "));
+    }
+    // The plain closing line, over every phase.
+    println!("test: {counts}");
+    Ok(if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// How long `.ci/run` ran before this task started (0 outside CI).
+fn ci_started_before(started: Instant) -> Duration {
+    let Some(start) = std::env::var(CI_START_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    else {
+        return Duration::ZERO;
+    };
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .saturating_sub(started.elapsed());
+    now.saturating_sub(Duration::from_secs(start))
+}
+
+fn log_path(dir: &Path, name: &str) -> PathBuf {
+    let slug: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect::<String>()
+        .split('-')
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join("-");
+    dir.join(format!("{slug}.log"))
+}
+
+fn run_phase(
+    exe: &Path,
+    repo: &Path,
+    dir: &Path,
+    phase: &Phase,
+    env: &[(&str, String)],
+    lane: &str,
+) -> Done {
+    let log = log_path(dir, phase.name);
+    let started = Instant::now();
+    let outcome = (|| -> Result<(bool, Option<Duration>)> {
+        let file = fs::File::create(&log)?;
+        let mut cmd = if phase.cargo {
+            Command::new(env!("CARGO"))
+        } else {
+            Command::new(exe)
+        };
+        cmd.args(&phase.args)
+            .current_dir(repo)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .envs(phase.env.iter().map(|(k, v)| (*k, v.as_str())));
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", phase.name))?;
+        let cpu = cpu_at_exit(child.id());
+        let status = child.wait()?;
+        Ok((status.success(), cpu))
+    })();
+    let (ok, cpu) = match outcome {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = fs::write(&log, format!("xtask: {e:#}\n"));
+            (false, None)
+        }
+    };
+    let text = fs::read_to_string(&log).unwrap_or_default();
+    let counts = match phase.counts {
+        CountsFrom::None => None,
+        CountsFrom::Libtest => {
+            let lines: Vec<String> = text
+                .lines()
+                .filter(|l| l.starts_with("test result: "))
+                .map(str::to_owned)
+                .collect();
+            Some(Counts::from_libtest(&lines))
+        }
+        CountsFrom::ClosingLine => text.lines().rev().find_map(Counts::from_closing_line),
+    };
+    let failed_tests = counts.is_some_and(|c| c.failed > 0);
+    Done {
+        name: phase.name.to_owned(),
+        lane: lane.to_owned(),
+        wall: started.elapsed(),
+        cpu,
+        ok: ok && !failed_tests,
+        counts,
+        log,
+    }
+}
+
+/// Blocks until the child `pid` has exited, leaving it to be reaped, and reads the CPU time it
+/// and the children it waited for used (`/proc/<pid>/stat` of the zombie).
+fn cpu_at_exit(pid: u32) -> Option<Duration> {
+    use rustix::process::{Pid, WaitId, WaitIdOptions, waitid};
+    let pid = Pid::from_raw(i32::try_from(pid).ok()?)?;
+    loop {
+        match waitid(
+            WaitId::Pid(pid),
+            WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
+        ) {
+            Ok(_) => break,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return None,
+        }
+    }
+    let stat = fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero())).ok()?;
+    cpu_from_stat(&stat, rustix::param::clock_ticks_per_second())
+}
+
+/// utime + stime + cutime + cstime of a `/proc/<pid>/stat` line, in `ticks` per second.
+fn cpu_from_stat(stat: &str, ticks: u64) -> Option<Duration> {
+    // The command name (field 2) may hold spaces: count from the closing parenthesis.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // rest[0] is field 3 (state): fields 14..=17 are rest[11..=14].
+    let sum: u64 = fields
+        .get(11..=14)?
+        .iter()
+        .map(|f| f.parse::<u64>().ok())
+        .sum::<Option<u64>>()?;
+    Some(Duration::from_millis(sum * 1000 / ticks.max(1)))
+}
+
+fn report_done(d: &Done) {
+    println!(
+        "test: [lane {}] {}: {} in {:.0} s{}{}",
+        d.lane,
+        d.name,
+        if d.ok { "ok" } else { "FAILED" },
+        d.wall.as_secs_f64(),
+        d.cpu
+            .map(|c| format!(", cpu {:.0} s", c.as_secs_f64()))
+            .unwrap_or_default(),
+        d.counts.map(|c| format!(": {c}")).unwrap_or_default(),
+    );
+    if !d.ok {
+        let text = fs::read_to_string(&d.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(200)..];
+        println!(
+            "test: ---- the last {} lines of {} ----",
+            tail.len(),
+            d.log.display()
+        );
+        for l in tail {
+            println!("{}: {l}", d.name);
+        }
+        println!("test: ---- end of {} ----", d.name);
+    }
+}
+
+fn table(results: &[Done], before: Duration, total: Duration) -> String {
+    let mut s = String::from("\nphase                              lane    wall     cpu  result\n");
+    if !before.is_zero() {
+        let _ = writeln!(
+            s,
+            "{:<34} {:>4} {:>6.0} s {:>7}  packages, building xtask",
+            "before `cargo xtask test`",
+            "-",
+            before.as_secs_f64(),
+            ""
+        );
+    }
+    for r in results {
+        let _ = writeln!(
+            s,
+            "{:<34} {:>4} {:>6.0} s {:>7}  {}{}",
+            r.name,
+            r.lane,
+            r.wall.as_secs_f64(),
+            r.cpu
+                .map(|c| format!("{:.0} s", c.as_secs_f64()))
+                .unwrap_or_else(|| "-".into()),
+            if r.ok { "ok" } else { "FAILED" },
+            r.counts.map(|c| format!(": {c}")).unwrap_or_default(),
+        );
+    }
+    let _ = writeln!(
+        s,
+        "{:<34} {:>4} {:>6.0} s ({:.1} min; budget {} min)",
+        "total",
+        "",
+        total.as_secs_f64(),
+        total.as_secs_f64() / 60.0,
+        BUDGET.as_secs() / 60
+    );
+    s
+}
+
+fn budget_warning(results: &[Done], total: Duration) -> String {
+    let mut slowest: Vec<&Done> = results.iter().collect();
+    slowest.sort_by_key(|d| std::cmp::Reverse(d.wall));
+    format!(
+        "test: WARNING: the run took {:.1} min, over the {}-minute budget; the slowest phases: {}",
+        total.as_secs_f64() / 60.0,
+        BUDGET.as_secs() / 60,
+        slowest
+            .iter()
+            .take(3)
+            .map(|d| format!(
+                "{} ({:.0} s, lane {})",
+                d.name,
+                d.wall.as_secs_f64(),
+                d.lane
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn done(name: &str, secs: u64) -> Done {
+        Done {
+            name: name.into(),
+            lane: "1".into(),
+            wall: Duration::from_secs(secs),
+            cpu: None,
+            ok: true,
+            counts: None,
+            log: PathBuf::new(),
+        }
+    }
+
+    #[test]
+    fn cpu_time_is_read_from_a_zombies_stat_line() {
+        // pid (comm with spaces) state ppid pgrp session tty tpgid flags minflt cminflt majflt
+        // cmajflt utime stime cutime cstime …
+        let stat = "42 (x task (1)) Z 1 42 42 0 -1 4194560 10 20 0 0 150 50 1000 300 20 0 1 0";
+        assert_eq!(cpu_from_stat(stat, 100), Some(Duration::from_secs(15)));
+        assert_eq!(cpu_from_stat("garbage", 100), None);
+    }
+
+    #[test]
+    fn phase_logs_are_named_after_the_phase() {
+        assert_eq!(
+            log_path(Path::new("/t"), "VM suite 1/2"),
+            PathBuf::from("/t/vm-suite-1-2.log")
+        );
+        assert_eq!(
+            log_path(Path::new("/t"), "lint (fmt, clippy)"),
+            PathBuf::from("/t/lint-fmt-clippy.log")
+        );
+    }
+
+    #[test]
+    fn the_budget_warning_names_the_slowest_phases_first() {
+        let results = [
+            done("a", 100),
+            done("b", 900),
+            done("c", 500),
+            done("d", 50),
+        ];
+        let w = budget_warning(&results, Duration::from_secs(47 * 60));
+        assert!(w.contains("47.0 min"), "{w}");
+        let (b, c, a) = (
+            w.find("b (900 s").unwrap(),
+            w.find("c (500 s").unwrap(),
+            w.find("a (100 s").unwrap(),
+        );
+        assert!(b < c && c < a, "{w}");
+        assert!(!w.contains("d (50"), "{w}");
+    }
+
+    #[test]
+    fn every_phase_has_its_own_log_and_the_table_lists_each() {
+        let repo = Path::new("/r");
+        let all = phases(repo);
+        let mut logs: Vec<PathBuf> = all.iter().map(|p| log_path(repo, p.name)).collect();
+        logs.sort();
+        logs.dedup();
+        assert_eq!(logs.len(), all.len());
+        let results: Vec<Done> = all.iter().map(|p| done(p.name, p.secs)).collect();
+        let t = table(&results, Duration::from_secs(60), Duration::from_secs(2000));
+        for p in &all {
+            assert!(t.contains(p.name), "{t}");
+        }
+        assert!(t.contains("before `cargo xtask test`"), "{t}");
+        assert!(t.contains("33.3 min"), "{t}");
+    }
+}
