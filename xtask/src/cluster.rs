@@ -146,9 +146,12 @@ struct Pki {
     sa_pub: PathBuf,
 }
 
-/// Options of [`ControlPlane::start_with`] beyond the defaults of the e2e suite.
+/// Options of [`start`] beyond the defaults of the e2e suite.
 #[derive(Default)]
 pub struct Options {
+    /// Run the snapshot controller beside the control plane, as a cluster's add-on would (it
+    /// must be among the assets).
+    pub snapshot_controller: bool,
     /// More kube-apiserver flags (`--name=value`).
     pub apiserver_args: Vec<String>,
     /// Keep the OpenShift fork's `service-ca-certificate-publisher-controller` on: it writes the
@@ -249,15 +252,38 @@ pub struct ControlPlane {
     dir: PathBuf,
 }
 
+/// The one way every task (e2e, installed, cluster) starts a control plane: the assets directory
+/// (holding `needed` beside the control plane's own binaries) and a control plane with state and
+/// logs under `dir` (emptied first).
+pub fn start(
+    repo: &Path,
+    dir: &Path,
+    needed: &[&str],
+    options: &Options,
+) -> Result<(PathBuf, ControlPlane)> {
+    let mut all: Vec<&str> = CONTROL_PLANE.to_vec();
+    all.extend(needed);
+    if options.snapshot_controller {
+        all.push("snapshot-controller");
+    }
+    let assets = assets(repo, &all)?;
+    let mut control_plane = ControlPlane::start(dir, &assets, options)?;
+    if options.snapshot_controller {
+        let kubeconfig = control_plane.kubeconfig.clone();
+        control_plane.spawn(
+            "snapshot-controller",
+            Command::new(assets.join("snapshot-controller"))
+                .arg(format!("--kubeconfig={}", kubeconfig.display()))
+                .arg("--leader-election=false"),
+        )?;
+    }
+    Ok((assets, control_plane))
+}
+
 impl ControlPlane {
     /// Starts etcd, the API server (waiting for `/readyz`), the controller-manager and the
     /// scheduler, with state and logs under `dir` (emptied first).
-    pub fn start(dir: &Path, assets: &Path) -> Result<Self> {
-        Self::start_with(dir, assets, &Options::default())
-    }
-
-    /// [`ControlPlane::start`] with [`Options`].
-    pub fn start_with(dir: &Path, assets: &Path, options: &Options) -> Result<Self> {
+    fn start(dir: &Path, assets: &Path, options: &Options) -> Result<Self> {
         if dir.exists() {
             fs::remove_dir_all(dir)?;
         }

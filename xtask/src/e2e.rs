@@ -48,13 +48,12 @@ fn start_node_vm(repo: &Path, exec_port: u16) -> Result<vm::RunningVm> {
 
 /// The assets, a control plane under `target/e2e/<name>`, and the node VM with its command port.
 fn start_cluster(repo: &Path, name: &str) -> Result<(PathBuf, ControlPlane, u16, vm::RunningVm)> {
-    let needed: Vec<&str> = cluster::CONTROL_PLANE
-        .iter()
-        .chain(SIDECARS)
-        .copied()
-        .collect();
-    let assets = cluster::assets(repo, &needed)?;
-    let control_plane = ControlPlane::start(&repo.join("target/e2e").join(name), &assets)?;
+    let (assets, control_plane) = cluster::start(
+        repo,
+        &repo.join("target/e2e").join(name),
+        SIDECARS,
+        &cluster::Options::default(),
+    )?;
     let exec_port = cluster::free_port()?;
     let node_vm = start_node_vm(repo, exec_port)?;
     Ok((assets, control_plane, exec_port, node_vm))

@@ -1,11 +1,12 @@
 //! `cargo xtask test`: every suite, as phases run side by side in lanes.
 //!
-//! First, in the foreground, `prepare`: the workspace's tests built once (`cargo test --workspace
-//! --no-run`), the Kubernetes assets unpacked and the VM's initramfs made, so no phase builds,
-//! unpacks or waits on cargo's lock. Then the phases, each one process of this program (or of
-//! cargo) with its whole output in `target/ci/<phase>.log`, run two at a time (`--lanes`),
-//! longest first by their measured time. A TCG guest is mostly one busy vCPU, so each guest gets
-//! one (`--vm-cpus`). A phase that fails has its log's tail printed at once. At the end: the table
+//! Each phase is one process of this program (or of cargo) with its whole output in
+//! `target/ci/<phase>.log`. Two run at a time (`--lanes`), longest first by their measured time,
+//! each taken by the lane that frees up first. `prepare` comes first: the workspace's tests built
+//! once (`cargo test --workspace --no-run`), the Kubernetes assets unpacked and the VM's initramfs
+//! made, so no later phase builds, unpacks or waits on cargo's lock; only `lint` (fmt and clippy,
+//! in a target directory of its own) runs beside it, filling the cores the build's serial link
+//! steps leave idle. A phase that fails has its log's tail printed at once. At the end: the table
 //! of every phase (lane, wall time, CPU time, counts), the total, a warning when the run passed
 //! the 45-minute budget, and the counts of every test added up.
 
@@ -15,7 +16,7 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::{Command, ExitCode, Stdio},
-    sync::{Arc, Mutex},
+    sync::{Arc, Condvar, Mutex},
     thread,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -52,6 +53,8 @@ pub struct Phase {
     /// Seconds it took in a two-lane run (orders the queue: longest first).
     secs: u64,
     counts: CountsFrom,
+    /// Needs what `prepare` builds (every phase but `prepare` and `lint`).
+    after_prepare: bool,
 }
 
 fn xtask(name: &'static str, secs: u64, args: &[&str]) -> Phase {
@@ -62,12 +65,27 @@ fn xtask(name: &'static str, secs: u64, args: &[&str]) -> Phase {
         env: Vec::new(),
         secs,
         counts: CountsFrom::ClosingLine,
+        after_prepare: true,
     }
 }
 
-/// Every phase of `cargo xtask test`; nothing that runs is left out of CI.
-pub fn phases(repo: &Path) -> Vec<Phase> {
+/// The phase that builds what the others need.
+const PREPARE: &str = "prepare (build the tests)";
+
+/// Every phase of `cargo xtask test`; nothing that runs is left out of CI. `list` is where
+/// `prepare` writes the built tests for the others.
+pub fn phases(repo: &Path, list: &Path) -> Vec<Phase> {
     vec![
+        Phase {
+            counts: CountsFrom::None,
+            after_prepare: false,
+            // First whatever its time: every phase but lint waits for it.
+            ..xtask(
+                PREPARE,
+                u64::MAX,
+                &["prepare", "--artifacts", &list.display().to_string()],
+            )
+        },
         Phase {
             // fmt and clippy in a target directory of their own: the check build never waits on
             // (or for) the test build's lock.
@@ -76,16 +94,17 @@ pub fn phases(repo: &Path) -> Vec<Phase> {
                 repo.join("target/lint").display().to_string(),
             )],
             counts: CountsFrom::None,
+            after_prepare: false,
             ..xtask("lint (fmt, clippy)", 300, &["lint"])
         },
         Phase {
             args: vec!["test".into(), "--workspace".into()],
             cargo: true,
             counts: CountsFrom::Libtest,
-            ..xtask("host tests", 200, &[])
+            ..xtask("host tests", 160, &[])
         },
-        xtask("VM suite 1/2", 550, &["vm-test", "--shard", "1/2"]),
-        xtask("VM suite 2/2", 550, &["vm-test", "--shard", "2/2"]),
+        xtask("VM suite 1/2", 500, &["vm-test", "--shard", "1/2"]),
+        xtask("VM suite 2/2", 500, &["vm-test", "--shard", "2/2"]),
         xtask(
             "two-node: shared classes",
             600,
@@ -93,17 +112,17 @@ pub fn phases(repo: &Path) -> Vec<Phase> {
         ),
         xtask(
             "two-node: power loss",
-            420,
+            330,
             &["vm-shared", "fencing_power_loss"],
         ),
         xtask(
             "two-node: lost LUN path",
-            320,
+            220,
             &["vm-shared", "fencing_a_lost_lun_path"],
         ),
         xtask(
             "csi-sanity: local classes",
-            330,
+            300,
             &[
                 "sanity",
                 "--only",
@@ -116,7 +135,7 @@ pub fn phases(repo: &Path) -> Vec<Phase> {
         ),
         xtask(
             "csi-sanity: shared class",
-            200,
+            170,
             &[
                 "sanity",
                 "--only",
@@ -125,7 +144,7 @@ pub fn phases(repo: &Path) -> Vec<Phase> {
                 "shared-linear-block",
             ],
         ),
-        xtask("e2e on a real control plane", 450, &["e2e"]),
+        xtask("e2e on a real control plane", 445, &["e2e"]),
         xtask("installed on a real node", 650, &["installed"]),
     ]
 }
@@ -134,6 +153,8 @@ pub fn phases(repo: &Path) -> Vec<Phase> {
 struct Done {
     name: String,
     lane: String,
+    /// When it started, after the run's start.
+    started: Duration,
     wall: Duration,
     cpu: Option<Duration>,
     ok: bool,
@@ -149,8 +170,8 @@ pub struct Options {
 }
 
 pub fn run(repo: &Path, options: &Options) -> Result<ExitCode> {
+    // The packages were checked by `main` before this task; the phases inherit that.
     let started = Instant::now();
-    deps::ensure()?;
     let dir = repo.join("target/ci");
     if dir.exists() {
         fs::remove_dir_all(&dir)?;
@@ -164,51 +185,48 @@ pub fn run(repo: &Path, options: &Options) -> Result<ExitCode> {
         ("LVMS_VM_CPUS", options.vm_cpus.to_string()),
     ];
 
-    let mut queue: Vec<Phase> = phases(repo)
+    let mut queue: Vec<Phase> = phases(repo, &list)
         .into_iter()
-        .filter(|p| options.only.is_empty() || options.only.iter().any(|o| p.name.contains(o)))
+        .filter(|p| {
+            p.name == PREPARE
+                || options.only.is_empty()
+                || options.only.iter().any(|o| p.name.contains(o))
+        })
         .collect();
-    if queue.is_empty() {
+    if queue.len() == 1 {
         bail!("--only {:?} names no phase", options.only);
     }
     // Longest first, each to the lane that frees up first.
     queue.sort_by_key(|p| std::cmp::Reverse(p.secs));
 
-    println!("test: building the tests, unpacking the assets, making the initramfs");
-    let prepare = Phase {
-        counts: CountsFrom::None,
-        ..xtask(
-            "prepare (build)",
-            0,
-            &["prepare", "--artifacts", &list.display().to_string()],
-        )
-    };
-    let built = run_phase(&exe, repo, &dir, &prepare, &env, "-");
-    report_done(&built);
-    if !built.ok {
-        bail!("building the tests failed; see {}", built.log.display());
-    }
-
-    let queue = Arc::new(Mutex::new(VecDeque::from(queue)));
-    let done = Arc::new(Mutex::new(Vec::new()));
+    let board = Arc::new(Board {
+        queue: Mutex::new(VecDeque::from(queue)),
+        prepared: Mutex::new(None),
+        changed: Condvar::new(),
+        done: Mutex::new(Vec::new()),
+    });
     let lanes: Vec<_> = (1..=options.lanes.max(1))
         .map(|lane| {
-            let (queue, done) = (Arc::clone(&queue), Arc::clone(&done));
+            let board = Arc::clone(&board);
             let (exe, repo, dir, env) = (exe.clone(), repo.to_path_buf(), dir.clone(), env.clone());
             thread::spawn(move || {
-                loop {
-                    let next = queue.lock().ok().and_then(|mut q| q.pop_front());
-                    let Some(phase) = next else { break };
+                while let Some(next) = board.next() {
+                    let phase = match next {
+                        Next::Run(phase) => phase,
+                        Next::Skip(phase) => {
+                            board.finish(&phase, Done::not_run(&phase, &dir));
+                            continue;
+                        }
+                    };
                     println!(
                         "test: [lane {lane}] {} (log {})",
                         phase.name,
                         log_path(&dir, phase.name).display()
                     );
-                    let result = run_phase(&exe, &repo, &dir, &phase, &env, &lane.to_string());
+                    let result =
+                        run_phase(&exe, &repo, &dir, &phase, &env, &lane.to_string(), started);
                     report_done(&result);
-                    if let Ok(mut d) = done.lock() {
-                        d.push(result);
-                    }
+                    board.finish(&phase, result);
                 }
             })
         })
@@ -216,12 +234,12 @@ pub fn run(repo: &Path, options: &Options) -> Result<ExitCode> {
     for lane in lanes {
         let _ = lane.join();
     }
-    let mut results = vec![built];
-    results.extend(
-        done.lock()
-            .map(|mut d| std::mem::take(&mut *d))
-            .unwrap_or_default(),
-    );
+    let mut results = board
+        .done
+        .lock()
+        .map(|mut d| std::mem::take(&mut *d))
+        .unwrap_or_default();
+    results.sort_by_key(|r| r.started);
 
     let before = ci_started_before(started);
     print!("{}", table(&results, before, started.elapsed() + before));
@@ -250,6 +268,76 @@ pub fn run(repo: &Path, options: &Options) -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The lanes' shared state: the phases not started, whether `prepare` succeeded, the results.
+struct Board {
+    queue: Mutex<VecDeque<Phase>>,
+    /// `None` until `prepare` ends, then whether it succeeded.
+    prepared: Mutex<Option<bool>>,
+    changed: Condvar,
+    done: Mutex<Vec<Done>>,
+}
+
+enum Next {
+    Run(Phase),
+    /// Needs `prepare`, which failed.
+    Skip(Phase),
+}
+
+impl Board {
+    /// The first phase in the queue this lane may start, waiting while only phases that need
+    /// `prepare` are left and it runs; `None` when the queue is empty.
+    fn next(&self) -> Option<Next> {
+        let mut queue = self.queue.lock().ok()?;
+        loop {
+            let prepared = self.prepared.lock().ok().and_then(|p| *p);
+            let ready = queue
+                .iter()
+                .position(|p| !p.after_prepare || prepared.is_some());
+            match ready {
+                Some(i) => {
+                    let phase = queue.remove(i)?;
+                    return Some(if phase.after_prepare && prepared == Some(false) {
+                        Next::Skip(phase)
+                    } else {
+                        Next::Run(phase)
+                    });
+                }
+                None if queue.is_empty() => return None,
+                None => queue = self.changed.wait(queue).ok()?,
+            }
+        }
+    }
+
+    fn finish(&self, phase: &Phase, result: Done) {
+        if phase.name == PREPARE
+            && let Ok(mut p) = self.prepared.lock()
+        {
+            *p = Some(result.ok);
+        }
+        if let Ok(mut d) = self.done.lock() {
+            d.push(result);
+        }
+        // Taken with the queue's lock so a lane between its check and its wait hears it.
+        let _queue = self.queue.lock();
+        self.changed.notify_all();
+    }
+}
+
+impl Done {
+    fn not_run(phase: &Phase, dir: &Path) -> Self {
+        Done {
+            name: phase.name.to_owned(),
+            lane: "-".into(),
+            started: Duration::MAX,
+            wall: Duration::ZERO,
+            cpu: None,
+            ok: false,
+            counts: None,
+            log: log_path(dir, phase.name),
+        }
+    }
 }
 
 /// How long `.ci/run` ran before this task started (0 outside CI).
@@ -292,6 +380,7 @@ fn run_phase(
     phase: &Phase,
     env: &[(&str, String)],
     lane: &str,
+    run_started: Instant,
 ) -> Done {
     let log = log_path(dir, phase.name);
     let started = Instant::now();
@@ -340,6 +429,7 @@ fn run_phase(
     Done {
         name: phase.name.to_owned(),
         lane: lane.to_owned(),
+        started: started - run_started,
         wall: started.elapsed(),
         cpu,
         ok: ok && !failed_tests,
@@ -410,13 +500,15 @@ fn report_done(d: &Done) {
 }
 
 fn table(results: &[Done], before: Duration, total: Duration) -> String {
-    let mut s = String::from("\nphase                              lane    wall     cpu  result\n");
+    let mut s =
+        String::from("\nphase                              lane   start    wall     cpu  result\n");
     if !before.is_zero() {
         let _ = writeln!(
             s,
-            "{:<34} {:>4} {:>6.0} s {:>7}  packages, building xtask",
+            "{:<34} {:>4} {:>7} {:>6.0} s {:>7}  packages, building xtask",
             "before `cargo xtask test`",
             "-",
+            "",
             before.as_secs_f64(),
             ""
         );
@@ -424,21 +516,33 @@ fn table(results: &[Done], before: Duration, total: Duration) -> String {
     for r in results {
         let _ = writeln!(
             s,
-            "{:<34} {:>4} {:>6.0} s {:>7}  {}{}",
+            "{:<34} {:>4} {:>7} {:>6.0} s {:>7}  {}{}",
             r.name,
             r.lane,
+            if r.started == Duration::MAX {
+                "-".to_owned()
+            } else {
+                format!("{:.1} m", (before + r.started).as_secs_f64() / 60.0)
+            },
             r.wall.as_secs_f64(),
             r.cpu
                 .map(|c| format!("{:.0} s", c.as_secs_f64()))
                 .unwrap_or_else(|| "-".into()),
-            if r.ok { "ok" } else { "FAILED" },
+            if r.ok {
+                "ok"
+            } else if r.started == Duration::MAX {
+                "not run (the build failed)"
+            } else {
+                "FAILED"
+            },
             r.counts.map(|c| format!(": {c}")).unwrap_or_default(),
         );
     }
     let _ = writeln!(
         s,
-        "{:<34} {:>4} {:>6.0} s ({:.1} min; budget {} min)",
+        "{:<34} {:>4} {:>7} {:>6.0} s ({:.1} min; budget {} min)",
         "total",
+        "",
         "",
         total.as_secs_f64(),
         total.as_secs_f64() / 60.0,
@@ -468,6 +572,45 @@ fn budget_warning(results: &[Done], total: Duration) -> String {
     )
 }
 
+/// `cargo xtask lint`: what CI requires of the code's form.
+pub fn lint(repo: &Path) -> Result<ExitCode> {
+    for args in [
+        &["fmt", "--all", "--", "--check"][..],
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ][..],
+    ] {
+        let status = Command::new(env!("CARGO"))
+            .args(args)
+            .current_dir(repo)
+            .status()?;
+        if !status.success() {
+            bail!("cargo {} failed", args.join(" "));
+        }
+    }
+    println!("lint: fmt and clippy clean");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `cargo xtask prepare`: what every phase of `test` would otherwise do first, each on its own.
+pub fn prepare(repo: &Path, list: &Path) -> Result<()> {
+    let started = std::time::Instant::now();
+    artifacts::Artifacts::build(repo, std::process::Stdio::inherit())?.save(list)?;
+    println!(
+        "prepare: tests built in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    crate::cluster::assets(repo, crate::cluster::CONTROL_PLANE)?;
+    crate::vm::prepare(repo)?;
+    println!("prepare: done in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -476,6 +619,7 @@ mod tests {
         Done {
             name: name.into(),
             lane: "1".into(),
+            started: Duration::ZERO,
             wall: Duration::from_secs(secs),
             cpu: None,
             ok: true,
@@ -527,12 +671,12 @@ mod tests {
     #[test]
     fn every_phase_has_its_own_log_and_the_table_lists_each() {
         let repo = Path::new("/r");
-        let all = phases(repo);
+        let all = phases(repo, Path::new("/r/list"));
         let mut logs: Vec<PathBuf> = all.iter().map(|p| log_path(repo, p.name)).collect();
         logs.sort();
         logs.dedup();
         assert_eq!(logs.len(), all.len());
-        let results: Vec<Done> = all.iter().map(|p| done(p.name, p.secs)).collect();
+        let results: Vec<Done> = all.iter().map(|p| done(p.name, p.secs.min(9999))).collect();
         let t = table(&results, Duration::from_secs(60), Duration::from_secs(2000));
         for p in &all {
             assert!(t.contains(p.name), "{t}");

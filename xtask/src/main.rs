@@ -20,11 +20,11 @@ mod vm_suite;
 
 use std::{
     path::{Path, PathBuf},
-    process::{Command, ExitCode},
+    process::ExitCode,
     time::Duration,
 };
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -60,8 +60,9 @@ enum Task {
         /// Phases run at once.
         #[arg(long, default_value_t = 2)]
         lanes: usize,
-        /// vCPUs of each guest.
-        #[arg(long, default_value_t = 1)]
+        /// vCPUs of each guest (more than the cores: a phase that waits leaves its core to the
+        /// other lane's guest).
+        #[arg(long, default_value_t = 2)]
         vm_cpus: u32,
         /// Only the phases whose name contains this (repeatable).
         #[arg(long = "only")]
@@ -210,8 +211,8 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
                 only,
             },
         ),
-        Task::Lint => lint(repo),
-        Task::Prepare { artifacts } => prepare(repo, &artifacts).map(ok),
+        Task::Lint => lanes::lint(repo),
+        Task::Prepare { artifacts } => lanes::prepare(repo, &artifacts).map(ok),
         Task::VmTest { filter, shard } => vm_suite::run(repo, filter.as_deref(), shard),
         Task::VmShared { filter, skip } => shared::run(repo, filter.as_deref(), &skip),
         Task::Demo => standalone::demo(repo),
@@ -230,43 +231,4 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
         Task::Helm => helm::generate(repo).map(ok),
         Task::Bench { args } => standalone::bench(repo, &args),
     }
-}
-
-/// `cargo xtask lint`: what CI requires of the code's form.
-fn lint(repo: &Path) -> Result<ExitCode> {
-    for args in [
-        &["fmt", "--all", "--", "--check"][..],
-        &[
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ][..],
-    ] {
-        let status = Command::new(env!("CARGO"))
-            .args(args)
-            .current_dir(repo)
-            .status()?;
-        if !status.success() {
-            bail!("cargo {} failed", args.join(" "));
-        }
-    }
-    println!("lint: fmt and clippy clean");
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `cargo xtask prepare`: what every phase of `test` would otherwise do first, each on its own.
-fn prepare(repo: &Path, list: &Path) -> Result<()> {
-    let started = std::time::Instant::now();
-    artifacts::Artifacts::build(repo, std::process::Stdio::inherit())?.save(list)?;
-    println!(
-        "prepare: tests built in {:.0} s",
-        started.elapsed().as_secs_f64()
-    );
-    cluster::assets(repo, cluster::CONTROL_PLANE)?;
-    vm::prepare(repo)?;
-    println!("prepare: done in {:.0} s", started.elapsed().as_secs_f64());
-    Ok(())
 }

@@ -21,7 +21,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    cluster::{self, ControlPlane, NODE_NAME},
+    cluster::{self, NODE_NAME},
     e2e, guest, images,
     report::Counts,
     vm::{self, VmSpec},
@@ -33,12 +33,9 @@ const DEVICE_SERIAL: &str = "lvms0";
 const EXEC_GUEST_PORT: u16 = guest::GUEST_PORT;
 const CONNECT_GUEST_PORT: u16 = 7001;
 
-/// The assets the node and the installed manifests need.
+/// The assets the node and the installed manifests need beside the control plane's.
 fn needed_assets() -> Vec<&'static str> {
-    let mut needed: Vec<&str> = cluster::CONTROL_PLANE.to_vec();
-    needed.push("kubelet");
-    needed.push("snapshot-controller");
-    needed.push("pause");
+    let mut needed = vec!["kubelet", "pause"];
     needed.extend(images::SIDECARS.iter().map(|(bin, _)| *bin));
     needed
 }
@@ -53,7 +50,9 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
         bail!("kubectl is not on PATH: `cargo xtask installed` installs with `kubectl apply -k`");
     }
     let suite = e2e::suite(repo)?;
-    let assets = cluster::assets(repo, &needed_assets())?;
+    let mut needed = cluster::CONTROL_PLANE.to_vec();
+    needed.extend(needed_assets());
+    let assets = cluster::assets(repo, &needed)?;
     let built = Instant::now();
     let images = images::build_all(repo, &assets, &repo.join("target/debug/lvms"))?;
     println!(
@@ -93,10 +92,13 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
     let cp_dir = dir.join("control-plane");
     let pki = cp_dir.join("pki");
     let p = |path: PathBuf| path.display().to_string();
-    let mut control_plane = ControlPlane::start_with(
+    // The snapshot controller runs beside the control plane, as a cluster's add-on would.
+    let (_, control_plane) = cluster::start(
+        repo,
         &cp_dir,
-        &assets,
+        &needed_assets(),
         &cluster::Options {
+            snapshot_controller: true,
             apiserver_args: vec![
                 format!("--egress-selector-config-file={}", p(egress.clone())),
                 "--enable-aggregator-routing=true".to_owned(),
@@ -108,13 +110,6 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
         },
     )?;
     let kubeconfig = control_plane.kubeconfig.clone();
-    // The snapshot controller runs beside the control plane, as a cluster's add-on would.
-    control_plane.spawn(
-        "snapshot-controller",
-        Command::new(assets.join("snapshot-controller"))
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg("--leader-election=false"),
-    )?;
 
     let pki = control_plane.pki.clone();
     let node_dir = dir.join("node");
@@ -241,9 +236,12 @@ fn start_node(
     let disks = vm::disks(repo, &["node=8192", &format!("{DEVICE_SERIAL}=4096")])?;
     let xtask = std::env::current_exe().context("the xtask executable")?;
     let s = |v: &Path| v.display().to_string();
+    // Two vCPUs even beside another phase: on one, kubelet's liveness probes of the operator's
+    // and the node plugin's containers time out and restart them (measured: the test failed).
     let spec = VmSpec::new("node", repo, "sh xtask/src/node.sh")
         .disks(disks)
         .memory_mib(3072)
+        .exact_cpus(2)
         .net(vec![
             (exec_port, EXEC_GUEST_PORT),
             (connect_port, CONNECT_GUEST_PORT),

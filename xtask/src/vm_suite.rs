@@ -32,19 +32,20 @@ fn suite_disks(repo: &Path) -> Result<Vec<vm::Disk>> {
     Ok(disks)
 }
 
-/// Seconds each test target took in the VM (measured in a `cargo xtask test` run with one vCPU per
-/// guest), used only to balance the shards; a target not listed counts as [`UNKNOWN_SECS`].
+/// Seconds each test target took in the VM (measured in a `cargo xtask test` run beside other
+/// phases; only their proportions matter), used to balance the shards; a target not listed counts
+/// as [`UNKNOWN_SECS`].
 const MEASURED_SECS: &[(&str, u64)] = &[
-    ("vm_lvm", 300),
-    ("vm_engine", 150),
-    ("vm_node", 120),
-    ("vm_local", 120),
-    ("vm_shell", 60),
-    ("vm_host_tools", 40),
-    ("vm_agent", 90),
-    ("vm_cli", 60),
-    ("vm_driver", 60),
-    ("vm_ephemeral", 40),
+    ("vm_lvm", 1052),
+    ("vm_engine", 625),
+    ("vm_local", 510),
+    ("vm_node", 400),
+    ("vm_agent", 363),
+    ("vm_cli", 235),
+    ("vm_driver", 212),
+    ("vm_shell", 150),
+    ("vm_host_tools", 47),
+    ("vm_ephemeral", 45),
 ];
 const UNKNOWN_SECS: u64 = 60;
 

@@ -6,12 +6,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
-    io::{Read as _, Write as _},
-    net::TcpStream,
     path::PathBuf,
     time::{Duration, Instant},
 };
 
+use lvms_testkit::guest::{Guest, Ran};
 use serde_json::Value;
 
 /// The LUN both guests see.
@@ -19,15 +18,10 @@ const LUN: &str = "/dev/disk/by-id/virtio-lun0";
 /// The class on it.
 const CLASS: &str = "san";
 
+/// A node: a guest's command server ([`lvms_testkit::guest`]).
 struct Node {
-    addr: String,
+    guest: Guest,
     name: &'static str,
-}
-
-struct Ran {
-    code: i64,
-    out: String,
-    err: String,
 }
 
 impl Node {
@@ -35,43 +29,20 @@ impl Node {
         let nodes = std::env::var("LVMS_SHARED_NODES")
             .expect("LVMS_SHARED_NODES (run by cargo xtask vm-shared)");
         let mut it = nodes.split(',').map(str::to_owned);
-        [
-            Node {
-                addr: it.next().unwrap(),
-                name: "node1",
-            },
-            Node {
-                addr: it.next().expect("two nodes"),
-                name: "node2",
-            },
-        ]
+        let mut node = |name: &'static str| Node {
+            guest: Guest::new(name, it.next().expect("two nodes")),
+            name,
+        };
+        [node("node1"), node("node2")]
     }
 
     fn sh(&self, cmd: &str) -> Ran {
-        let mut stream = TcpStream::connect(&self.addr).expect("the guest's command server");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(600)))
-            .unwrap();
-        writeln!(stream, "{}", serde_json::json!({ "cmd": cmd })).unwrap();
-        let mut reply = String::new();
-        stream.read_to_string(&mut reply).unwrap();
-        let v: Value = serde_json::from_str(&reply).unwrap();
-        Ran {
-            code: v["code"].as_i64().unwrap(),
-            out: v["out"].as_str().unwrap_or_default().to_owned(),
-            err: v["err"].as_str().unwrap_or_default().to_owned(),
-        }
+        self.guest.sh(cmd)
     }
 
     #[track_caller]
     fn ok(&self, cmd: &str) -> String {
-        let r = self.sh(cmd);
-        assert_eq!(
-            r.code, 0,
-            "{}: `{cmd}` failed:\n{}\n{}",
-            self.name, r.out, r.err
-        );
-        r.out
+        self.guest.ok(cmd)
     }
 
     /// Starts sanlock (watchdog off: fencing is a later issue) and lvmlockd, as their host services
@@ -827,15 +798,7 @@ impl Node {
 
     /// Whether the guest's command server answers (false once qemu is gone).
     fn alive(&self) -> bool {
-        TcpStream::connect_timeout(&self.addr.parse().unwrap(), Duration::from_secs(2)).is_ok_and(
-            |mut s| {
-                let _ = s.set_read_timeout(Some(Duration::from_secs(20)));
-                writeln!(s, "{}", serde_json::json!({ "cmd": "true" })).is_ok() && {
-                    let mut reply = String::new();
-                    s.read_to_string(&mut reply).is_ok() && reply.contains("\"code\":0")
-                }
-            },
-        )
+        self.guest.alive()
     }
 }
 

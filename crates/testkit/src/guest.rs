@@ -74,7 +74,10 @@ impl Guest {
         let mut reply = String::new();
         stream.read_to_string(&mut reply)?;
         let v: Value = serde_json::from_str(&reply).map_err(|e| {
-            io::Error::other(format!("{}: the answer to `{cmd}`: {e}: {reply}", self.name))
+            io::Error::other(format!(
+                "{}: the answer to `{cmd}`: {e}: {reply}",
+                self.name
+            ))
         })?;
         Ok(Ran {
             code: v["code"].as_i64().unwrap_or(-1),
@@ -86,7 +89,12 @@ impl Guest {
     /// [`Self::try_run`] that panics when the guest cannot be reached.
     pub fn sh_with(&self, cmd: &str, stdin: &str) -> Ran {
         self.try_run(cmd, stdin, ANSWER_TIMEOUT)
-            .unwrap_or_else(|e| panic!("{}: `{cmd}`: the command server at {}: {e}", self.name, self.addr))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: `{cmd}`: the command server at {}: {e}",
+                    self.name, self.addr
+                )
+            })
     }
 
     pub fn sh(&self, cmd: &str) -> Ran {
@@ -118,7 +126,10 @@ impl Guest {
             if Instant::now() > deadline {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    format!("{}'s command server did not answer within {timeout:?}", self.name),
+                    format!(
+                        "{}'s command server did not answer within {timeout:?}",
+                        self.name
+                    ),
                 ));
             }
             thread::sleep(Duration::from_secs(1));

@@ -14,8 +14,6 @@
 
 use std::{
     collections::BTreeMap,
-    io::{Read as _, Write as _},
-    net::TcpStream,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::Arc,
@@ -37,6 +35,7 @@ use kube::{
     api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams},
     discovery,
 };
+use lvms_testkit::guest::Guest;
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, MutexGuard};
 
@@ -55,44 +54,29 @@ pub const DRIVER: &str = lvms_api::DEFAULT_DRIVER_NAME;
 /// Real LVM in a TCG VM and the sidecars' polling take longer than API round trips.
 pub const SLOW: Duration = Duration::from_secs(300);
 
-/// The test VM's command server.
+/// The test VM's command server ([`lvms_testkit::guest`], the one client every test uses), called
+/// off the runtime's threads.
 #[derive(Clone)]
 pub struct Vm {
-    addr: String,
+    guest: Guest,
 }
 
 impl Vm {
     /// The command server at `addr` (`host:port`).
     pub fn new(addr: String) -> Self {
-        Self { addr }
+        Self {
+            guest: Guest::new("the VM", addr),
+        }
     }
 
     /// Runs `cmd` with `sh -c` in the VM; (exit code, stdout + stderr). A command that starts a
     /// daemon must redirect its output and stdin (`> log 2>&1 < /dev/null &`).
     pub async fn sh_with(&self, cmd: &str, stdin: &str) -> (i64, String) {
-        let addr = self.addr.clone();
-        let req = json!({"cmd": cmd, "stdin": stdin}).to_string();
-        let cmd = cmd.to_owned();
-        tokio::task::spawn_blocking(move || {
-            let mut s = TcpStream::connect(&addr)
-                .unwrap_or_else(|e| panic!("the VM's command server at {addr}: {e}"));
-            s.set_read_timeout(Some(Duration::from_secs(600))).unwrap();
-            writeln!(s, "{req}").unwrap();
-            let mut reply = String::new();
-            s.read_to_string(&mut reply).unwrap();
-            let reply: Value = serde_json::from_str(&reply)
-                .unwrap_or_else(|e| panic!("the VM's answer to {cmd}: {e}: {reply}"));
-            (
-                reply["code"].as_i64().unwrap_or(-1),
-                format!(
-                    "{}{}",
-                    reply["out"].as_str().unwrap_or_default(),
-                    reply["err"].as_str().unwrap_or_default()
-                ),
-            )
-        })
-        .await
-        .unwrap()
+        let (guest, cmd, stdin) = (self.guest.clone(), cmd.to_owned(), stdin.to_owned());
+        let ran = tokio::task::spawn_blocking(move || guest.sh_with(&cmd, &stdin))
+            .await
+            .unwrap();
+        (ran.code, ran.output())
     }
 
     pub async fn sh(&self, cmd: &str) -> (i64, String) {
@@ -273,7 +257,7 @@ impl Stack {
         let work = env.work.clone();
         let _ = std::fs::remove_dir_all(&work);
         std::fs::create_dir_all(work.join("logs")).unwrap();
-        let vm = Vm { addr: env.vm };
+        let vm = Vm::new(env.vm);
 
         // CRDs: lvms-rs's and the VolumeSnapshot ones.
         support::install_crds(&client).await;
