@@ -52,22 +52,33 @@ pub struct Phase {
     env: Vec<(&'static str, String)>,
     /// Seconds it took in a two-lane run (orders the queue: longest first).
     secs: u64,
+    /// Cores it keeps busy, in hundredths (measured CPU time ÷ wall time): two phases run side by
+    /// side only while their loads add up to at most [`CAPACITY`].
+    load: u32,
     counts: CountsFrom,
     /// Needs what `prepare` builds (every phase but `prepare` and `lint`).
     after_prepare: bool,
 }
 
-fn xtask(name: &'static str, secs: u64, args: &[&str]) -> Phase {
+fn xtask(name: &'static str, secs: u64, load: u32, args: &[&str]) -> Phase {
     Phase {
         name,
         args: args.iter().map(|a| (*a).to_owned()).collect(),
         cargo: false,
         env: Vec::new(),
         secs,
+        load,
         counts: CountsFrom::ClosingLine,
         after_prepare: true,
     }
 }
+
+/// The machine's cores, in the hundredths of [`Phase::load`]. The loads are what the phases keep
+/// busy beside each other in `cargo xtask test` runs on this 2-core machine: the CPU-bound ones
+/// (a TCG guest is mostly busy vCPUs) run one at a time beside the ones that mostly wait (the
+/// two-node tests' lock timeouts). Measured: two CPU-bound phases side by side each ran at half
+/// speed or worse, and the installed node's kubelet then timed out (ADR 0025).
+const CAPACITY: u32 = 200;
 
 /// The phase that builds what the others need.
 const PREPARE: &str = "prepare (build the tests)";
@@ -83,6 +94,7 @@ pub fn phases(repo: &Path, list: &Path) -> Vec<Phase> {
             ..xtask(
                 PREPARE,
                 u64::MAX,
+                100,
                 &["prepare", "--artifacts", &list.display().to_string()],
             )
         },
@@ -95,34 +107,38 @@ pub fn phases(repo: &Path, list: &Path) -> Vec<Phase> {
             )],
             counts: CountsFrom::None,
             after_prepare: false,
-            ..xtask("lint (fmt, clippy)", 300, &["lint"])
+            ..xtask("lint (fmt, clippy)", 300, 100, &["lint"])
         },
         Phase {
             args: vec!["test".into(), "--workspace".into()],
             cargo: true,
             counts: CountsFrom::Libtest,
-            ..xtask("host tests", 160, &[])
+            ..xtask("host tests", 160, 100, &[])
         },
-        xtask("VM suite 1/2", 500, &["vm-test", "--shard", "1/2"]),
-        xtask("VM suite 2/2", 500, &["vm-test", "--shard", "2/2"]),
+        xtask("VM suite 1/2", 500, 130, &["vm-test", "--shard", "1/2"]),
+        xtask("VM suite 2/2", 500, 130, &["vm-test", "--shard", "2/2"]),
         xtask(
             "two-node: shared classes",
             600,
+            70,
             &["vm-shared", "--skip", crate::shared::FENCING_PREFIX],
         ),
         xtask(
             "two-node: power loss",
             330,
+            30,
             &["vm-shared", "fencing_power_loss"],
         ),
         xtask(
             "two-node: lost LUN path",
             220,
+            30,
             &["vm-shared", "fencing_a_lost_lun_path"],
         ),
         xtask(
             "csi-sanity: local classes",
             300,
+            130,
             &[
                 "sanity",
                 "--only",
@@ -136,6 +152,7 @@ pub fn phases(repo: &Path, list: &Path) -> Vec<Phase> {
         xtask(
             "csi-sanity: shared class",
             170,
+            100,
             &[
                 "sanity",
                 "--only",
@@ -144,8 +161,8 @@ pub fn phases(repo: &Path, list: &Path) -> Vec<Phase> {
                 "shared-linear-block",
             ],
         ),
-        xtask("e2e on a real control plane", 445, &["e2e"]),
-        xtask("installed on a real node", 650, &["installed"]),
+        xtask("e2e on a real control plane", 445, 130, &["e2e"]),
+        xtask("installed on a real node", 650, 170, &["installed"]),
     ]
 }
 
@@ -201,6 +218,7 @@ pub fn run(repo: &Path, options: &Options) -> Result<ExitCode> {
 
     let board = Arc::new(Board {
         queue: Mutex::new(VecDeque::from(queue)),
+        running: Mutex::new(0),
         prepared: Mutex::new(None),
         changed: Condvar::new(),
         done: Mutex::new(Vec::new()),
@@ -214,7 +232,8 @@ pub fn run(repo: &Path, options: &Options) -> Result<ExitCode> {
                     let phase = match next {
                         Next::Run(phase) => phase,
                         Next::Skip(phase) => {
-                            board.finish(&phase, Done::not_run(&phase, &dir));
+                            let done = Done::not_run(&phase, &dir);
+                            board.finish(&Phase { load: 0, ..phase }, done);
                             continue;
                         }
                     };
@@ -273,6 +292,8 @@ pub fn run(repo: &Path, options: &Options) -> Result<ExitCode> {
 /// The lanes' shared state: the phases not started, whether `prepare` succeeded, the results.
 struct Board {
     queue: Mutex<VecDeque<Phase>>,
+    /// The loads of the phases running now (changed with the queue's lock held).
+    running: Mutex<u32>,
     /// `None` until `prepare` ends, then whether it succeeded.
     prepared: Mutex<Option<bool>>,
     changed: Condvar,
@@ -286,23 +307,28 @@ enum Next {
 }
 
 impl Board {
-    /// The first phase in the queue this lane may start, waiting while only phases that need
-    /// `prepare` are left and it runs; `None` when the queue is empty.
+    /// The first phase in the queue (longest first) this lane may start now: one whose build is
+    /// done and whose load fits beside the running phases' (any, when nothing runs); waits until
+    /// one does. `None` when the queue is empty.
     fn next(&self) -> Option<Next> {
         let mut queue = self.queue.lock().ok()?;
         loop {
             let prepared = self.prepared.lock().ok().and_then(|p| *p);
-            let ready = queue
-                .iter()
-                .position(|p| !p.after_prepare || prepared.is_some());
+            let running = self.running.lock().map(|r| *r).unwrap_or(0);
+            let ready = queue.iter().position(|p| {
+                (!p.after_prepare || prepared.is_some())
+                    && (running == 0 || running + p.load <= CAPACITY)
+            });
             match ready {
                 Some(i) => {
                     let phase = queue.remove(i)?;
-                    return Some(if phase.after_prepare && prepared == Some(false) {
-                        Next::Skip(phase)
-                    } else {
-                        Next::Run(phase)
-                    });
+                    if phase.after_prepare && prepared == Some(false) {
+                        return Some(Next::Skip(phase));
+                    }
+                    if let Ok(mut r) = self.running.lock() {
+                        *r += phase.load;
+                    }
+                    return Some(Next::Run(phase));
                 }
                 None if queue.is_empty() => return None,
                 None => queue = self.changed.wait(queue).ok()?,
@@ -321,6 +347,9 @@ impl Board {
         }
         // Taken with the queue's lock so a lane between its check and its wait hears it.
         let _queue = self.queue.lock();
+        if let Ok(mut r) = self.running.lock() {
+            *r = r.saturating_sub(phase.load);
+        }
         self.changed.notify_all();
     }
 }
@@ -626,6 +655,61 @@ mod tests {
             counts: None,
             log: PathBuf::new(),
         }
+    }
+
+    fn board(phases: Vec<Phase>, prepared: Option<bool>) -> Board {
+        Board {
+            queue: Mutex::new(VecDeque::from(phases)),
+            running: Mutex::new(0),
+            prepared: Mutex::new(prepared),
+            changed: Condvar::new(),
+            done: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn name(next: Option<Next>) -> &'static str {
+        match next {
+            Some(Next::Run(p)) => p.name,
+            Some(Next::Skip(p)) => {
+                assert!(p.after_prepare);
+                "skipped"
+            }
+            None => "none",
+        }
+    }
+
+    #[test]
+    fn a_busy_phase_runs_only_beside_phases_that_fit_its_load() {
+        let b = board(
+            vec![
+                xtask("heavy", 600, 170, &[]),
+                xtask("medium", 500, 70, &[]),
+                xtask("light", 300, 30, &[]),
+            ],
+            Some(true),
+        );
+        assert_eq!(name(b.next()), "heavy");
+        // 170 + 70 is over the two cores: the longer medium phase waits, the light one fits.
+        assert_eq!(name(b.next()), "light");
+        let heavy = xtask("heavy", 600, 170, &[]);
+        b.finish(&heavy, done("heavy", 600));
+        assert_eq!(name(b.next()), "medium");
+        assert_eq!(name(b.next()), "none");
+        assert_eq!(b.done.lock().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn phases_wait_for_the_build_and_are_skipped_when_it_failed() {
+        let mut built = xtask("needs the build", 600, 50, &[]);
+        built.after_prepare = true;
+        let mut lint = xtask("lint", 300, 50, &[]);
+        lint.after_prepare = false;
+        let b = board(vec![built, lint], None);
+        // The build has not ended: only lint may start.
+        assert_eq!(name(b.next()), "lint");
+        *b.prepared.lock().unwrap() = Some(false);
+        assert_eq!(name(b.next()), "skipped");
+        assert_eq!(name(b.next()), "none");
     }
 
     #[test]
