@@ -50,10 +50,6 @@ impl Guest {
         }
     }
 
-    pub fn addr(&self) -> &str {
-        &self.addr
-    }
-
     fn connect(&self, timeout: Duration) -> io::Result<TcpStream> {
         let addr: SocketAddr = self
             .addr
