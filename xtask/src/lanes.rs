@@ -113,7 +113,8 @@ pub fn phases(repo: &Path, list: &Path) -> Vec<Phase> {
             args: vec!["test".into(), "--workspace".into()],
             cargo: true,
             counts: CountsFrom::Libtest,
-            // Alone: its tests ran alone in every CI before the lanes, and some wait on real time.
+            // Alone: its tests ran alone in every CI before the lanes and are not yet measured beside
+            // a guest.
             ..xtask("host tests", 160, 200, &[])
         },
         xtask("VM suite 1/2", 500, 130, &["vm-test", "--shard", "1/2"]),
