@@ -1,7 +1,7 @@
 //! `cargo xtask test`: every suite, as phases run side by side in lanes.
 //!
 //! Each phase is one process of this program (or of cargo) with its whole output in
-//! `target/ci/<phase>.log`. Two run at a time (`--lanes`), longest first by their measured time,
+//! `target/ci/<phase>.log`. Two run at a time (`--lanes`), longest first by their known time,
 //! each taken by the lane that frees up first. `prepare` comes first: the workspace's tests built
 //! once (`cargo test --workspace --no-run`), the Kubernetes assets unpacked and the VM's initramfs
 //! made, so no later phase builds, unpacks or waits on cargo's lock; only `lint` (fmt and clippy,
@@ -50,10 +50,14 @@ pub struct Phase {
     args: Vec<String>,
     cargo: bool,
     env: Vec<(&'static str, String)>,
-    /// Seconds it took in a two-lane run (orders the queue: longest first).
+    /// Seconds it takes, measured where a run has measured it and estimated from the sequential CI
+    /// otherwise (orders the queue: longest first).
     secs: u64,
-    /// Cores it keeps busy, in hundredths (measured CPU time ÷ wall time): two phases run side by
-    /// side only while their loads add up to at most [`CAPACITY`].
+    /// Cores it keeps busy, in hundredths, set from CPU time ÷ wall time where measured (two-node
+    /// tests 49–75 beside another phase, set at 30–70 so they fit beside the installed node, which
+    /// measured 137 and is set at 170 so nothing heavier joins it; the other guests set at 130 so
+    /// they run alone): two phases run side by side only while their loads add up to at most
+    /// [`CAPACITY`].
     load: u32,
     counts: CountsFrom,
     /// Needs what `prepare` builds (every phase but `prepare` and `lint`).
