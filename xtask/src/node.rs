@@ -1,7 +1,7 @@
 //! `cargo xtask installed`: lvms-rs installed as a user installs it, on a real node. The control
 //! plane runs on the host ([`crate::cluster`]); the node is the VM, with Debian's containerd and
-//! runc and the kubelet of the Kubernetes assets (`xtask/src/node.sh`), its images loaded from
-//! tarballs ([`crate::images`]). Then `kubectl apply` of the snapshot CRDs and of a kustomize
+//! runc and the kubelet of the Kubernetes assets (`xtask/src/node.sh`), its images built as
+//! tarballs and imported into the node's disk before it boots ([`crate::images`]). Then `kubectl apply` of the snapshot CRDs and of a kustomize
 //! overlay of `deploy/base` that only names the local lvms-rs image, and the e2e test
 //! `installed` drives an `LVMCluster` to a pod writing its volume. ADR 0018.
 //!
@@ -113,7 +113,7 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
 
     let pki = control_plane.pki.clone();
     let node_dir = dir.join("node");
-    fs::create_dir_all(node_dir.join("images"))?;
+    fs::create_dir_all(&node_dir)?;
     fs::copy(pki.join("ca.crt"), node_dir.join("ca.crt"))?;
     cluster::write_kubeconfig(
         &node_dir.join("kubelet.kubeconfig"),
@@ -122,10 +122,10 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
         &pki.join("node.crt"),
         &pki.join("node.key"),
     )?;
-    std::os::unix::fs::symlink(&images.tar, node_dir.join("images/images.oci.tar"))?;
     let exec_port = cluster::free_port()?;
     let mut node_vm = start_node(
         repo,
+        &images,
         &node_dir,
         &assets,
         control_plane.port,
@@ -226,6 +226,7 @@ fn forward_unix_to_tcp(path: &Path, port: u16) -> Result<()> {
 
 fn start_node(
     repo: &Path,
+    images: &images::Images,
     node_dir: &Path,
     assets: &Path,
     api_port: u16,
@@ -234,6 +235,7 @@ fn start_node(
 ) -> Result<vm::RunningVm> {
     let kernel = vm::prepare(repo)?;
     let disks = vm::disks(repo, &["node=8192", &format!("{DEVICE_SERIAL}=4096")])?;
+    images::node_disk(repo, images, &disks[0].image)?;
     let xtask = std::env::current_exe().context("the xtask executable")?;
     let s = |v: &Path| v.display().to_string();
     // Two vCPUs even beside another phase: on one, kubelet's liveness probes of the operator's

@@ -2,8 +2,9 @@
 # prelude: containerd and kubelet as a node's init system would start them, with every piece of
 # state on the VM's own disk, never on the host's filesystem that the guest shares over 9p.
 #
-# Environment: NODE_DIR (host directory with kubelet.kubeconfig, ca.crt, images/; logs go to
-# NODE_DIR/logs), NODE_DISK (the disk for the node's state, formatted here), NODE_NAME, API_PORT
+# Environment: NODE_DIR (host directory with kubelet.kubeconfig and ca.crt; logs go to
+# NODE_DIR/logs), NODE_DISK (the disk for the node's state: an ext4 filesystem whose containerd/
+# holds the images, imported by the host, xtask/src/images.rs), NODE_NAME, API_PORT
 # (the API server's port on the host, 10.0.2.2 here), KUBELET (the kubelet binary), XTASK,
 # EXEC_PORT and CONNECT_PORT (the guest ports of the command server and the API server's proxy).
 set -eu
@@ -21,8 +22,7 @@ mountpoint -q /dev/shm || mount -t tmpfs -o mode=1777,nosuid,nodev shm /dev/shm
 mount --make-rshared /
 
 # The node's disk: /var/lib (kubelet, CNI state) and /var/log over directories on it, the
-# container store in it.
-mkfs.ext4 -q -F "$NODE_DISK"
+# container store (with the images) in it.
 mkdir -p /run/node
 mount "$NODE_DISK" /run/node
 mkdir -p /run/node/varlib/kubelet /run/node/varlog /run/node/cni /run/node/containerd \
@@ -86,10 +86,7 @@ until ctr version >/dev/null 2>&1; do
   [ "$i" -lt 120 ] || { echo "node: containerd did not start"; exit 1; }
   sleep 1
 done
-for image in "$NODE_DIR"/images/*.oci.tar; do
-  ctr -n k8s.io images import "$image" >>"$log/images.log"
-done
-ctr -n k8s.io images ls -q >>"$log/images.log"
+ctr -n k8s.io images ls -q >"$log/images.log"
 
 cat > /run/node/kubelet.yaml <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1

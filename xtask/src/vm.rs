@@ -370,6 +370,13 @@ udevadm settle --timeout=30 >/dev/null 2>&1
              busybox ip route add default via 10.0.2.2\n",
         );
     }
+    // Where a guest's CPU goes: with LVMS_VM_ACCT=DIR on the host, the kernel's process
+    // accounting records every process the guest ran (`sa -f DIR/<vm>.pacct` sums them; package
+    // acct on the host).
+    let acct = std::env::var("LVMS_VM_ACCT").ok().filter(|d| !d.is_empty());
+    if acct.is_some() {
+        s.push_str(": > /run/pacct && accton /run/pacct\n");
+    }
     // PID 1 must never exit (the kernel would panic): a failed `cd` is reported as status 97.
     let _ = writeln!(
         s,
@@ -382,6 +389,14 @@ udevadm settle --timeout=30 >/dev/null 2>&1
         "echo $status > {}",
         shell_quote(&work.join("exit-code").to_string_lossy())
     );
+    if let Some(dir) = acct {
+        let _ = writeln!(
+            s,
+            "accton off; mkdir -p {dir} && cp /run/pacct {dir}/{}.pacct",
+            work.file_name().unwrap_or_default().to_string_lossy(),
+            dir = shell_quote(&dir)
+        );
+    }
     s.push_str("sync\necho o > /proc/sysrq-trigger\nwhile :; do sleep 1 2>/dev/null; done\n");
     s
 }
