@@ -391,7 +391,10 @@ pub fn node_disk(repo: &Path, images: &Images, disk: &Path) -> Result<()> {
     fs::create_dir_all(&root)?;
     fs::create_dir_all(&state)?;
     // A socket path under 108 bytes wherever the checkout is.
-    let socket = PathBuf::from(format!("/run/lvms-xtask-containerd-{}.sock", std::process::id()));
+    let socket = PathBuf::from(format!(
+        "/run/lvms-xtask-containerd-{}.sock",
+        std::process::id()
+    ));
     let config = work.join("containerd.toml");
     fs::write(
         &config,
@@ -437,7 +440,9 @@ pub fn node_disk(repo: &Path, images: &Images, disk: &Path) -> Result<()> {
         }
         run(ctr(&["-n", "k8s.io", "images", "import"]).arg(&images.tar))
     })();
-    let _ = Command::new("kill").arg(containerd.id().to_string()).status();
+    let _ = Command::new("kill")
+        .arg(containerd.id().to_string())
+        .status();
     let _ = containerd.wait();
     let _ = fs::remove_file(&socket);
     let _ = fs::remove_file(socket.with_extension("sock.ttrpc"));

@@ -53,11 +53,10 @@ pub struct Phase {
     /// Seconds it takes, measured where a run has measured it and estimated from the sequential CI
     /// otherwise (orders the queue: longest first).
     secs: u64,
-    /// Cores it keeps busy, in hundredths, set from CPU time ÷ wall time where measured (two-node
-    /// tests 49–75 beside another phase, set at 30–70 so they fit beside the installed node, which
-    /// measured 137 and is set at 170 so nothing heavier joins it; the other guests set at 130 so
-    /// they run alone): two phases run side by side only while their loads add up to at most
-    /// [`CAPACITY`].
+    /// Cores it keeps busy, in hundredths (CPU time ÷ wall time where measured): phases run side
+    /// by side only while their loads add up to at most [`CAPACITY`]. One-vCPU guests are set at
+    /// 100 (a busy vCPU is a busy core); the two-node tests, which mostly wait, at 50–70; the
+    /// installed node (two vCPUs and kubelet's probes) at 150, so only a waiting phase joins it.
     load: u32,
     counts: CountsFrom,
     /// Needs what `prepare` builds (every phase but `prepare` and `lint`).
@@ -77,11 +76,9 @@ fn xtask(name: &'static str, secs: u64, load: u32, args: &[&str]) -> Phase {
     }
 }
 
-/// The machine's cores, in the hundredths of [`Phase::load`]. The loads are what the phases keep
-/// busy beside each other in `cargo xtask test` runs on this 2-core machine: the CPU-bound ones
-/// (a TCG guest is mostly busy vCPUs) run one at a time beside the ones that mostly wait (the
-/// two-node tests' lock timeouts). Measured: two CPU-bound phases side by side each ran at half
-/// speed or worse, and the installed node's kubelet then timed out (ADR 0025).
+/// The machine's cores, in the hundredths of [`Phase::load`]. A TCG guest is mostly busy vCPUs:
+/// two one-vCPU guests side by side each keep the speed they have alone, while two two-vCPU guests
+/// each ran at half speed or worse and the installed node's kubelet then timed out (ADR 0025).
 const CAPACITY: u32 = 200;
 
 /// The phase that builds what the others need.
@@ -121,8 +118,8 @@ pub fn phases(repo: &Path, list: &Path) -> Vec<Phase> {
             // a guest.
             ..xtask("host tests", 160, 200, &[])
         },
-        xtask("VM suite 1/2", 500, 130, &["vm-test", "--shard", "1/2"]),
-        xtask("VM suite 2/2", 500, 130, &["vm-test", "--shard", "2/2"]),
+        xtask("VM suite 1/2", 800, 100, &["vm-test", "--shard", "1/2"]),
+        xtask("VM suite 2/2", 800, 100, &["vm-test", "--shard", "2/2"]),
         xtask(
             "two-node: shared classes",
             600,
@@ -131,20 +128,20 @@ pub fn phases(repo: &Path, list: &Path) -> Vec<Phase> {
         ),
         xtask(
             "two-node: power loss",
-            330,
-            30,
+            430,
+            50,
             &["vm-shared", "fencing_power_loss"],
         ),
         xtask(
             "two-node: lost LUN path",
-            220,
-            30,
+            320,
+            50,
             &["vm-shared", "fencing_a_lost_lun_path"],
         ),
         xtask(
             "csi-sanity: local classes",
             300,
-            130,
+            100,
             &[
                 "sanity",
                 "--only",
@@ -158,7 +155,7 @@ pub fn phases(repo: &Path, list: &Path) -> Vec<Phase> {
         xtask(
             "csi-sanity: shared class",
             170,
-            100,
+            80,
             &[
                 "sanity",
                 "--only",
@@ -167,8 +164,8 @@ pub fn phases(repo: &Path, list: &Path) -> Vec<Phase> {
                 "shared-linear-block",
             ],
         ),
-        xtask("e2e on a real control plane", 445, 130, &["e2e"]),
-        xtask("installed on a real node", 650, 170, &["installed"]),
+        xtask("e2e on a real control plane", 445, 100, &["e2e"]),
+        xtask("installed on a real node", 760, 150, &["installed"]),
     ]
 }
 

@@ -57,12 +57,12 @@ enum Task {
     /// tests, csi-sanity against the standalone driver in the VM, the e2e suite on a real control
     /// plane, and lvms-rs installed on a real node (`installed`). Logs in `target/ci/`.
     Test {
-        /// Phases run at once.
-        #[arg(long, default_value_t = 2)]
+        /// Phases run at once, at most (their loads must also fit on the two cores).
+        #[arg(long, default_value_t = 3)]
         lanes: usize,
-        /// vCPUs of each guest (more than the cores: a phase that waits leaves its core to the
-        /// other lane's guest).
-        #[arg(long, default_value_t = 2)]
+        /// vCPUs of each guest but the installed node's (which has two): one, so two guests side
+        /// by side never contend for a core (ADR 0025).
+        #[arg(long, default_value_t = 1)]
         vm_cpus: u32,
         /// Only the phases whose name contains this (repeatable).
         #[arg(long = "only")]

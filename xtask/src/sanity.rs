@@ -218,12 +218,13 @@ run_mode() {
         }
         if shared {
             // The shared class's lock managers run as host services would (the driver only checks
-            // them).
+            // them), lvmlockd with a short sanlock io timeout (5 s, not 10): the lockspace joins
+            // wait a few io timeouts, and csi-sanity checks no timing.
             s.push_str(
                 "mkdir -p /run/sanlock /run/lvm\n\
                  sanlock daemon -w 0 -U root -G root\n\
                  for i in $(seq 50); do sanlock client status >/dev/null 2>&1 && break; sleep 0.2; done\n\
-                 lvmlockd -g sanlock\n\
+                 lvmlockd -g sanlock -o 5\n\
                  for i in $(seq 50); do lvmlockctl --info >/dev/null 2>&1 && break; sleep 0.2; done\n\
                  start_driver shared\n",
             );

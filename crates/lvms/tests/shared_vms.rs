@@ -45,17 +45,19 @@ impl Node {
         self.guest.ok(cmd)
     }
 
-    /// Starts sanlock (watchdog off: fencing is a later issue) and lvmlockd, as their host services
-    /// would, unless they run.
+    /// Starts sanlock (watchdog off: these tests do not fence) and lvmlockd, as their host
+    /// services would, unless they run. lvmlockd's sanlock io timeout is the short one: these tests
+    /// need the locks' behaviour, not their timing, and each lockspace join waits a few io
+    /// timeouts (the fencing tests set theirs).
     fn start_lock_daemons(&self) {
-        self.ok(
+        self.ok(&format!(
             "mkdir -p /run/sanlock /run/lvm; \
              sanlock client status >/dev/null 2>&1 || sanlock daemon -w 0 -U root -G root; \
              for i in $(seq 50); do sanlock client status >/dev/null 2>&1 && break; sleep 0.2; done; \
-             lvmlockctl --info >/dev/null 2>&1 || lvmlockd -g sanlock; \
+             lvmlockctl --info >/dev/null 2>&1 || lvmlockd -g sanlock -o {SHORT_IO_TIMEOUT}; \
              for i in $(seq 50); do lvmlockctl --info >/dev/null 2>&1 && break; sleep 0.2; done; \
              lvmlockctl --info >/dev/null",
-        );
+        ));
     }
 
     /// `lvms converge --output json` of `config`: (succeeded, the report of each class).
@@ -752,7 +754,8 @@ const HOST_DEAD: u64 = host_dead(IO_TIMEOUT);
 /// The last renewal may precede a node's death by one renewal interval (2 × io timeout).
 const EARLIEST_TAKEOVER: u64 = HOST_DEAD - 2 * IO_TIMEOUT;
 /// The lost-path test checks the order of events (fenced, then taken over), not the budget: it
-/// runs lvmlockd with a shorter io timeout, so it waits 8 × 5 s less.
+/// runs lvmlockd with a shorter io timeout, so it waits 8 × 5 s less; so do the shared-class
+/// tests, which need no timing at all.
 const SHORT_IO_TIMEOUT: u64 = 5;
 /// How long node 2's stage waits in the power-loss test's restart check, which only needs the
 /// refusal after a wait (the failover itself uses the default wait).
