@@ -34,18 +34,18 @@ fn suite_disks(repo: &Path) -> Result<Vec<vm::Disk>> {
 
 /// Seconds each test target took in the VM, used only to balance the shards (their proportions
 /// matter); a target not listed counts as [`UNKNOWN_SECS`]. From a clean-clone `bash .ci/run`
-/// (vm_local from an earlier CI run: docs/known-limitations.md).
+/// (976a4b0), the two shards side by side in one-vCPU guests.
 const MEASURED_SECS: &[(&str, u64)] = &[
-    ("vm_lvm", 961),
-    ("vm_engine", 342),
-    ("vm_node", 249),
-    ("vm_agent", 160),
-    ("vm_cli", 159),
-    ("vm_local", 149),
-    ("vm_shell", 136),
-    ("vm_driver", 106),
-    ("vm_host_tools", 34),
-    ("vm_ephemeral", 29),
+    ("vm_lvm", 786),
+    ("vm_engine", 397),
+    ("vm_local", 383),
+    ("vm_agent", 209),
+    ("vm_driver", 162),
+    ("vm_shell", 160),
+    ("vm_cli", 147),
+    ("vm_node", 144),
+    ("vm_host_tools", 47),
+    ("vm_ephemeral", 37),
 ];
 const UNKNOWN_SECS: u64 = 60;
 
