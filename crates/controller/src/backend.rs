@@ -20,7 +20,7 @@ use kube::{
 };
 use lvms_api::topolvm::{LogicalVolume, LogicalVolumeSpec};
 use lvms_core::{lvattr::LvHealth, size::ByteSize};
-use lvms_csi::{
+use lvms_engine::{
     backend::{
         Backend, BackendError, Capacity, ClassInfo, Layout, NewSnapshot, NewVolume, Result, Source,
         Volume,

@@ -7,7 +7,7 @@ use std::{sync::Arc, time::Duration};
 
 use kube::{Api, Resource, ResourceExt, api::DeleteParams};
 use lvms_api::topolvm::LogicalVolume;
-use lvms_csi::ids;
+use lvms_engine::ids;
 use lvms_node::{
     gc::{Sweep, Tracker, pv_handles, unclaimed_objects, warn_event},
     metrics::GcMetrics,

@@ -3,7 +3,7 @@
 //! controller creates the object and waits, by watching it, for the agent's answer.
 //!
 //! - [`view`]: the cluster as reflector stores (volumes, nodes and their capacity, classes).
-//! - [`backend`]: one node's volumes as a [`lvms_csi::backend::Backend`] over `LogicalVolume`s.
+//! - [`backend`]: one node's volumes as a [`lvms_engine::backend::Backend`] over `LogicalVolume`s.
 //! - [`service`]: the Controller service, routing each call to the single-node service of the right node.
 //! - [`gc`]: volume `LogicalVolume`s no PersistentVolume refers to, reported and (after a window) removed.
 #![forbid(unsafe_code)]

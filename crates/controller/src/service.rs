@@ -25,8 +25,9 @@ use lvms_csi::{
     TOPOLOGY_NODE_KEY,
     controller::{ControllerService, page},
     csi::{controller_server::Controller, *},
-    ids, params,
+    params,
 };
+use lvms_engine::ids;
 use tonic::{Request, Response, Status};
 
 use crate::{backend::NodeBackend, view::View};

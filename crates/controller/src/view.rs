@@ -20,7 +20,7 @@ use lvms_api::{
     capacity_annotation, free_space_annotation, topolvm::LogicalVolume,
 };
 use lvms_core::layout::FreeSpace;
-use lvms_csi::backend::ClassInfo;
+use lvms_engine::backend::ClassInfo;
 use lvms_node::volume_group::device_class_config;
 use serde::de::DeserializeOwned;
 

@@ -17,9 +17,9 @@ use lvms_csi::{
         volume_content_source,
     },
     identity::{Converged, IdentityService},
-    ids,
     server::{self, Services},
 };
+use lvms_engine::ids;
 use lvms_node::lv_reconciler;
 use lvms_testkit::{
     csi_requests::{create, mount, on, on_node},

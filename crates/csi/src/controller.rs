@@ -2,10 +2,10 @@
 //! capacity and listing, with the CSI spec's idempotency and error codes.
 //!
 //! Idempotency comes from the disk: a volume's LV name is derived from the CO's name
-//! ([`crate::ids`]), so a retried request finds what an earlier (possibly crashed) attempt made and
+//! ([`lvms_engine::ids`]), so a retried request finds what an earlier (possibly crashed) attempt made and
 //! answers with it when it is compatible (same class, size within the requested range, same
 //! source), `ALREADY_EXISTS` otherwise. Operations on one name or id run one at a time; a concurrent
-//! second one gets `ABORTED` ([`crate::locks`]).
+//! second one gets `ABORTED` ([`lvms_engine::locks`]).
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -14,7 +14,6 @@ use tonic::{Code, Request, Response, Status};
 
 use crate::{
     DEVICE_CLASS_KEY, TOPOLOGY_NODE_KEY,
-    backend::{Backend, BackendError, ClassInfo, Layout, NewSnapshot, NewVolume, Source, Volume},
     csi::{
         self, CapacityRange, ControllerExpandVolumeRequest, ControllerExpandVolumeResponse,
         ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
@@ -34,9 +33,12 @@ use crate::{
         volume_capability::{self, access_mode::Mode},
         volume_content_source,
     },
+    params,
+};
+use lvms_engine::{
+    backend::{Backend, BackendError, ClassInfo, Layout, NewSnapshot, NewVolume, Source, Volume},
     ids::{self, MAX_STRING_BYTES},
     locks::InFlight,
-    params,
 };
 
 /// Size of a volume whose request names none (`capacity_range` absent or zero).
@@ -457,7 +459,7 @@ impl<B: Backend> ControllerService<B> {
                     .is_some_and(|v| v == "true"))
     }
 
-    fn claim(&self, keys: &[&str]) -> Result<crate::locks::Guard, RpcError> {
+    fn claim(&self, keys: &[&str]) -> Result<lvms_engine::locks::Guard, RpcError> {
         self.in_flight
             .try_claim(keys)
             .map_err(|k| RpcError::busy(&k))

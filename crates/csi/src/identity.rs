@@ -7,15 +7,13 @@ use std::sync::{
 
 use tonic::{Request, Response, Status};
 
-use crate::{
-    backend::Backend,
-    csi::{
-        GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
-        GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse,
-        identity_server::Identity,
-        plugin_capability::{self, VolumeExpansion, service, volume_expansion},
-    },
+use crate::csi::{
+    GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
+    GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse,
+    identity_server::Identity,
+    plugin_capability::{self, VolumeExpansion, service, volume_expansion},
 };
+use lvms_engine::backend::Backend;
 
 /// Set once the node's device classes have converged (the node engine's work is done); `Probe` is
 /// not ready before.

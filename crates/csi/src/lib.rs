@@ -1,19 +1,15 @@
-//! The lvms-rs CSI driver (spec package `csi.v1`, vendored in `lvms-csi-proto`).
+//! The lvms-rs CSI driver (spec package `csi.v1`, vendored in `lvms-csi-proto`): the gRPC services
+//! over the volume engine (`lvms-engine`).
 //!
 //! - [`identity`]: plugin info, capabilities, `Probe` (ready once the node's classes are converged);
-//! - [`controller`]: volumes, snapshots, clones, expansion, capacity, over a [`backend::Backend`];
+//! - [`controller`]: volumes, snapshots, clones, expansion, capacity, over a
+//!   [`lvms_engine::backend::Backend`];
 //! - [`node`]: stage/publish (mount and block), stats, expansion, on this node;
-//! - [`local`]: the [`backend::Backend`] that makes volumes with LVM on this node;
-//! - [`server`]: all of it on a Unix socket; [`ids`]: names, ids and tags on disk; [`locks`]: one
-//!   operation per volume at a time; [`params`]: StorageClass-style parameters.
+//! - [`server`]: all of it on a Unix socket; [`params`]: StorageClass-style parameters.
 #![forbid(unsafe_code)]
 
-pub mod backend;
 pub mod controller;
 pub mod identity;
-pub mod ids;
-pub mod local;
-pub mod locks;
 pub mod node;
 pub mod params;
 pub mod server;

@@ -28,17 +28,17 @@ use self::{
     request::{Access, Invalid, known_fstype},
     table::{DeviceIds, Mounted, Publish, Stage, Unmount},
 };
-use crate::{
+use crate::csi::{
+    self, NodeExpandVolumeRequest, NodeExpandVolumeResponse, NodeGetCapabilitiesRequest,
+    NodeGetCapabilitiesResponse, NodeGetInfoRequest, NodeGetInfoResponse,
+    NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse, NodePublishVolumeRequest,
+    NodePublishVolumeResponse, NodeServiceCapability, NodeStageVolumeRequest,
+    NodeStageVolumeResponse, NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse,
+    NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, Topology, VolumeCondition, VolumeUsage,
+    node_service_capability, volume_usage::Unit,
+};
+use lvms_engine::{
     backend::{Backend, BackendError, ClassInfo, NewVolume, Volume},
-    csi::{
-        self, NodeExpandVolumeRequest, NodeExpandVolumeResponse, NodeGetCapabilitiesRequest,
-        NodeGetCapabilitiesResponse, NodeGetInfoRequest, NodeGetInfoResponse,
-        NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse, NodePublishVolumeRequest,
-        NodePublishVolumeResponse, NodeServiceCapability, NodeStageVolumeRequest,
-        NodeStageVolumeResponse, NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse,
-        NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, Topology, VolumeCondition,
-        VolumeUsage, node_service_capability, volume_usage::Unit,
-    },
     locks::{Guard, InFlight},
 };
 
@@ -49,7 +49,7 @@ const MAX_STACKED_MOUNTS: usize = 8;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NodeOptions {
     /// The filesystem made on a blank volume when neither the capability nor the volume's class
-    /// ([`crate::backend::ClassInfo::fstype`]) names one.
+    /// ([`lvms_engine::backend::ClassInfo::fstype`]) names one.
     pub default_fstype: Fstype,
 }
 
@@ -583,10 +583,10 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
     /// The inline ephemeral volume the CO calls `id` (an id this driver never hands out), if its LV
     /// is on this node.
     async fn ephemeral_volume(&self, id: &str) -> Result<Option<Volume>, RequestError> {
-        if crate::ids::is_volume_id(id) {
+        if lvms_engine::ids::is_volume_id(id) {
             return Ok(None);
         }
-        let lv = crate::ids::volume_lv_name(id);
+        let lv = lvms_engine::ids::volume_lv_name(id);
         Ok(self
             .backend
             .get(&lv)
@@ -844,7 +844,7 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
     ) -> Result<NodeUnpublishVolumeResponse, UnpublishError> {
         request::volume_id(&req.volume_id)?;
         request::path("target_path", &req.target_path)?;
-        if !crate::ids::is_volume_id(&req.volume_id) {
+        if !lvms_engine::ids::is_volume_id(&req.volume_id) {
             // Not an id this driver hands out: the CO's id of an inline ephemeral volume, or none.
             return self.unpublish_ephemeral(req).await;
         }
@@ -1075,7 +1075,7 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
         req: &NodeUnpublishVolumeRequest,
     ) -> Result<NodeUnpublishVolumeResponse, UnpublishError> {
         let target = req.target_path.as_str();
-        let lv = crate::ids::volume_lv_name(&req.volume_id);
+        let lv = lvms_engine::ids::volume_lv_name(&req.volume_id);
         let _guard = self
             .in_flight
             .try_claim(&[&req.volume_id])

@@ -23,7 +23,7 @@ use lvms_core::{
     size::ByteSize,
 };
 
-use crate::backend::Layout;
+use lvms_engine::backend::Layout;
 
 /// The device class parameter.
 pub const DEVICE_CLASS: &str = "topolvm.io/device-class";

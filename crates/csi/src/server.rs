@@ -17,7 +17,6 @@ pub use tonic::transport::Channel;
 use tonic::transport::{Endpoint, Server};
 
 use crate::{
-    backend::Backend,
     controller::ControllerService,
     csi::{
         controller_server::{Controller, ControllerServer},
@@ -26,6 +25,7 @@ use crate::{
     },
     identity::IdentityService,
 };
+use lvms_engine::backend::Backend;
 
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]

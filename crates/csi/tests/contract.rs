@@ -16,8 +16,9 @@ use lvms_csi::{
         ValidateVolumeCapabilitiesRequest, VolumeCapability, controller_service_capability,
         plugin_capability, volume_capability::access_mode::Mode, volume_content_source,
     },
-    ids, server,
+    server,
 };
+use lvms_engine::ids;
 use lvms_testkit::csi_requests::{
     block, create, from_snapshot, from_volume, in_class, mount, range,
 };

@@ -8,7 +8,6 @@ use std::{path::PathBuf, sync::Arc};
 
 use lvms_core::config::Fstype;
 use lvms_csi::{
-    backend::ClassInfo,
     controller::ControllerService,
     csi::{
         CapacityRange, ControllerExpandVolumeRequest, ControllerGetVolumeRequest,
@@ -23,10 +22,10 @@ use lvms_csi::{
         volume_usage::Unit,
     },
     identity::{Converged, IdentityService},
-    local::LocalBackend,
     node::{NodeOptions, NodeService},
     server::{self, Services},
 };
+use lvms_engine::{backend::ClassInfo, local::LocalBackend};
 use lvms_host::{
     fs::Filesystems,
     lvm::{Lvm, PoolSize, ThinPoolSpec},
@@ -98,7 +97,7 @@ async fn start(s: &Setup, socket: &std::path::Path) -> Driver {
                 thin_pool: Some("pool".into()),
                 overprovision_ratio: 4,
                 default: true,
-                layout: lvms_csi::backend::Layout::Linear,
+                layout: lvms_engine::backend::Layout::Linear,
                 fstype: None,
                 shared: None,
             },
@@ -107,7 +106,7 @@ async fn start(s: &Setup, socket: &std::path::Path) -> Driver {
                 thin_pool: None,
                 overprovision_ratio: 1,
                 default: false,
-                layout: lvms_csi::backend::Layout::Linear,
+                layout: lvms_engine::backend::Layout::Linear,
                 // A blank volume whose capability names no filesystem gets the class's, not the
                 // driver's default (xfs below).
                 fstype: Some(Fstype::Ext4),

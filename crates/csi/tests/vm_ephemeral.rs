@@ -11,15 +11,17 @@ mod vm_ephemeral {
     use std::{collections::HashMap, sync::Arc};
 
     use lvms_csi::{
-        backend::{ClassInfo, Layout},
         csi::{
             NodePublishVolumeRequest, NodeUnpublishVolumeRequest, VolumeCapability,
             node_server::Node,
             volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode},
         },
+        node::{NodeOptions, NodeService},
+    };
+    use lvms_engine::{
+        backend::{ClassInfo, Layout},
         ids,
         local::LocalBackend,
-        node::{NodeOptions, NodeService},
     };
     use lvms_host::{fs::Filesystems, lvm::Lvm, runner::RealRunner, shell::LvmShell};
     use lvms_testkit::{Scratch, lvs_field, sh, sh_status, unique};

@@ -13,7 +13,7 @@ mod vm_local {
         capacity::{ThinPoolUsage, thin_capacity},
         config::RaidType,
     };
-    use lvms_csi::{
+    use lvms_engine::{
         backend::{
             Backend, BackendError, ClassInfo, Layout, NewSnapshot, NewVolume, Source, Volume,
         },

@@ -18,10 +18,6 @@ mod vm_node {
 
     use lvms_core::lvattr::LvHealth;
     use lvms_csi::{
-        backend::{
-            Backend, BackendError, Capacity, ClassInfo, NewSnapshot, NewVolume, Result as BResult,
-            Volume,
-        },
         csi::{
             NodeExpandVolumeRequest, NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse,
             NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
@@ -32,8 +28,14 @@ mod vm_node {
             },
             volume_usage::Unit,
         },
-        ids::volume_lv_name,
         node::{NodeOptions, NodeService},
+    };
+    use lvms_engine::{
+        backend::{
+            Backend, BackendError, Capacity, ClassInfo, NewSnapshot, NewVolume, Result as BResult,
+            Volume,
+        },
+        ids::volume_lv_name,
     };
     use lvms_host::{
         fs::{Filesystems, statvfs},
@@ -86,7 +88,7 @@ mod vm_node {
         async fn expand(&self, _: &str, _: u64) -> BResult<u64> {
             unused()
         }
-        async fn capacity(&self, _: &str, _: &lvms_csi::backend::Layout) -> BResult<Capacity> {
+        async fn capacity(&self, _: &str, _: &lvms_engine::backend::Layout) -> BResult<Capacity> {
             unused()
         }
         async fn activate(&self, id: &str) -> BResult<String> {

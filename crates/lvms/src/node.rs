@@ -20,10 +20,10 @@ use anyhow::{Context, Result, bail};
 use lvms_core::config::Fstype;
 use lvms_csi::{
     identity::{Converged, IdentityService},
-    local::LocalBackend,
     node::{NodeOptions, NodeService},
     server::{self, Services},
 };
+use lvms_engine::local::LocalBackend;
 use lvms_host::{
     engine::RealNodeHost, fs::Filesystems, lvm::Lvm, runner::RealRunner, shared::RealSharedHost,
     shell::LvmShell,
@@ -69,7 +69,7 @@ pub struct NodeArgs {
     /// How long a stage of a shared class's volume that another node holds waits for its lock (a
     /// dead node's is freed at sanlock's host-dead time), trying again every 5 s; 0 refuses at once.
     /// At most 110: kubelet gives NodeStage 2 minutes.
-    #[arg(long, env = "LVMS_SHARED_STAGE_WAIT", value_name = "SECONDS", default_value_t = lvms_csi::local::DEFAULT_SHARED_STAGE_WAIT.as_secs(), value_parser = clap::value_parser!(u64).range(0..=110))]
+    #[arg(long, env = "LVMS_SHARED_STAGE_WAIT", value_name = "SECONDS", default_value_t = lvms_engine::local::DEFAULT_SHARED_STAGE_WAIT.as_secs(), value_parser = clap::value_parser!(u64).range(0..=110))]
     shared_stage_wait: u64,
 }
 

@@ -11,13 +11,12 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
 use lvms_csi::{
-    backend::ClassInfo,
     controller::ControllerService,
     identity::{Converged, IdentityService},
-    local::LocalBackend,
     node::{NodeOptions, NodeService},
     server::{self, Services},
 };
+use lvms_engine::{backend::ClassInfo, local::LocalBackend};
 use lvms_host::{
     engine::{RealNodeHost, converge_among},
     fs::Filesystems,
@@ -48,7 +47,7 @@ pub struct StandaloneArgs {
     /// How long a stage of a shared class's volume that another node holds waits for its lock (a
     /// dead node's is freed at sanlock's host-dead time), trying again every 5 s; 0 refuses at once.
     /// At most 110: kubelet gives NodeStage 2 minutes.
-    #[arg(long, env = "LVMS_SHARED_STAGE_WAIT", value_name = "SECONDS", default_value_t = lvms_csi::local::DEFAULT_SHARED_STAGE_WAIT.as_secs(), value_parser = clap::value_parser!(u64).range(0..=110))]
+    #[arg(long, env = "LVMS_SHARED_STAGE_WAIT", value_name = "SECONDS", default_value_t = lvms_engine::local::DEFAULT_SHARED_STAGE_WAIT.as_secs(), value_parser = clap::value_parser!(u64).range(0..=110))]
     shared_stage_wait: u64,
 }
 

@@ -951,7 +951,7 @@ fn fencing_power_loss_frees_the_volumes_after_the_host_dead_time_with_their_data
     assert_eq!(read_sum(&n1, &device(&linear_id), 4), written[0]);
     // For the failover, node 2's stages wait as long as they do by default.
     n2.stop_standalone();
-    n2.start_standalone_waiting(&c2, lvms_csi::local::DEFAULT_SHARED_STAGE_WAIT.as_secs());
+    n2.start_standalone_waiting(&c2, lvms_engine::local::DEFAULT_SHARED_STAGE_WAIT.as_secs());
 
     // What sanlock says of the lockspace on node 2 (for the node agent's parsers).
     println!(

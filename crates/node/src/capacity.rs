@@ -25,7 +25,7 @@ use kube::{
 };
 use lvms_api::{DEFAULT_CLASS_CAPACITY_KEY, capacity_annotation, free_space_annotation};
 use lvms_core::layout::FreeSpace;
-use lvms_csi::backend::Backend;
+use lvms_engine::backend::Backend;
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tracing::{debug, warn};
@@ -319,10 +319,10 @@ mod tests {
         let backend = FakeBackend::new();
         backend.state.lock().unwrap().usage.insert(
             "thin".into(),
-            lvms_csi::backend::Usage {
+            lvms_engine::backend::Usage {
                 vg_size: 5 << 30,
                 vg_free: 0,
-                pool: Some(lvms_csi::backend::PoolUsage {
+                pool: Some(lvms_engine::backend::PoolUsage {
                     size: 4 << 30,
                     data_percent: Some(81.0),
                     metadata_percent: Some(12.5),

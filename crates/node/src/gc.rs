@@ -108,8 +108,8 @@ impl Tracker {
 /// The ids of `volumes`: (those of this node's own disks' classes, those of the shared classes
 /// among `classes`) (see the module documentation).
 pub fn by_kind(
-    volumes: Vec<lvms_csi::backend::Volume>,
-    classes: &[lvms_csi::backend::ClassInfo],
+    volumes: Vec<lvms_engine::backend::Volume>,
+    classes: &[lvms_engine::backend::ClassInfo],
 ) -> (Vec<String>, Vec<String>) {
     let shared: BTreeSet<&str> = classes
         .iter()
@@ -206,7 +206,7 @@ pub struct NodeCollector<B> {
     metrics: std::sync::Arc<crate::metrics::GcMetrics>,
 }
 
-impl<B: lvms_csi::backend::Backend> NodeCollector<B> {
+impl<B: lvms_engine::backend::Backend> NodeCollector<B> {
     pub fn new(
         client: kube::Client,
         node: impl Into<String>,
@@ -351,7 +351,7 @@ impl<B: lvms_csi::backend::Backend> NodeCollector<B> {
     async fn sweep_ephemeral(
         &mut self,
         backend: &B,
-        volumes: Vec<lvms_csi::backend::Volume>,
+        volumes: Vec<lvms_engine::backend::Volume>,
         now: Duration,
     ) -> Result<(Vec<Orphan>, Vec<String>), String> {
         use k8s_openapi::api::core::v1::Pod;
@@ -533,7 +533,7 @@ mod tests {
 
     #[test]
     fn volumes_of_shared_classes_are_told_apart_and_never_removed() {
-        use lvms_csi::backend::{ClassInfo, Layout, Volume};
+        use lvms_engine::backend::{ClassInfo, Layout, Volume};
         let class = |name: &str, shared: bool| ClassInfo {
             name: name.into(),
             thin_pool: None,
@@ -576,7 +576,7 @@ mod tests {
 
         use std::sync::Arc;
 
-        use lvms_csi::{
+        use lvms_engine::{
             backend::{Backend, NewVolume},
             ids,
         };

@@ -1,7 +1,7 @@
 //! The node agent (`lvms node`): what one node does for the API objects of its storage.
 //!
 //! - [`logical_volume`]: the pure plan of the `LogicalVolume` reconciler, one step at a time, over the
-//!   same [`lvms_csi::backend::Backend`] the standalone driver uses.
+//!   same [`lvms_engine::backend::Backend`] the standalone driver uses.
 //! - [`lv_reconciler`]: its I/O, carrying each step to LVM and to the API server.
 //! - [`volume_group`] and [`vg_reconciler`]: each `LVMVolumeGroup` this node serves, through the node
 //!   engine, to a volume group (and pool), the node's `LVMVolumeGroupNodeStatus`, and cleanup.

@@ -1,6 +1,6 @@
 //! The `LogicalVolume` reconciler's plan: the next step the node agent takes for one `LogicalVolume`
 //! object of its node, from the object and what is on disk. Pure; the executor runs the step (through
-//! the [`Backend`](lvms_csi::backend::Backend)) and asks again until the answer is [`Step::Done`] or
+//! the [`Backend`](lvms_engine::backend::Backend)) and asks again until the answer is [`Step::Done`] or
 //! [`Step::Wait`].
 //!
 //! # Names and crash safety
@@ -33,7 +33,7 @@ use lvms_api::{
     topolvm::{LogicalVolume, LogicalVolumeStatus},
 };
 use lvms_core::{layout::Layout, size::ByteSize};
-use lvms_csi::{
+use lvms_engine::{
     backend::{BackendError, NewSnapshot, NewVolume, Source, Volume},
     ids,
 };

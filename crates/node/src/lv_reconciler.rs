@@ -25,7 +25,7 @@ use lvms_api::{
     LOGICAL_VOLUME_FINALIZER,
     topolvm::{LogicalVolume, LogicalVolumeStatus},
 };
-use lvms_csi::backend::{Backend, BackendError};
+use lvms_engine::backend::{Backend, BackendError};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tracing::{debug, info, instrument, warn};

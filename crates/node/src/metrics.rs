@@ -6,7 +6,7 @@
 use std::sync::{Arc, atomic::AtomicU64};
 
 use axum::{Router, extract::State, http::header, response::IntoResponse, routing::get};
-use lvms_csi::backend::Usage;
+use lvms_engine::backend::Usage;
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
     metrics::{counter::Counter, family::Family, gauge::Gauge},
@@ -252,7 +252,7 @@ mod tests {
         let thin = Usage {
             vg_size: 10 << 30,
             vg_free: 1 << 30,
-            pool: Some(lvms_csi::backend::PoolUsage {
+            pool: Some(lvms_engine::backend::PoolUsage {
                 size: 8 << 30,
                 data_percent: Some(42.5),
                 metadata_percent: None,

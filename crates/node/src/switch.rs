@@ -10,7 +10,7 @@
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use lvms_core::layout::FreeSpace;
-use lvms_csi::backend::{
+use lvms_engine::backend::{
     Backend, BackendError, Capacity, ClassInfo, Layout, NewSnapshot, NewVolume, Result, Usage,
     Volume,
 };

@@ -51,7 +51,7 @@ use lvms_core::{
     plan::{Action as HostAction, Observed},
     shared::{self, leave::LeaveState},
 };
-use lvms_csi::backend::{Backend, ClassInfo};
+use lvms_engine::backend::{Backend, ClassInfo};
 use lvms_host::{
     engine::{ConvergeReport, NodeHost, RealNodeHost, converge_among},
     runner::Runner,

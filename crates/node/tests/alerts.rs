@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use lvms_csi::backend::{PoolUsage, Usage};
+use lvms_engine::backend::{PoolUsage, Usage};
 use lvms_node::metrics::{GcMetrics, StorageMetrics};
 use promql_parser::parser::{self, Expr};
 use serde_json::Value;

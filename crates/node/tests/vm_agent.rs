@@ -9,7 +9,7 @@ mod vm_agent {
     use http::{Method, StatusCode};
     use kube::runtime::controller::Action;
     use lvms_api::{LOGICAL_VOLUME_FINALIZER, LVMVolumeGroup, topolvm::LogicalVolume};
-    use lvms_csi::{ids, local::LocalBackend};
+    use lvms_engine::{ids, local::LocalBackend};
     use lvms_host::{
         engine::RealNodeHost, lvm::Lvm, runner::RealRunner, shared::RealSharedHost, shell::LvmShell,
     };

@@ -6,7 +6,7 @@
 use std::{collections::BTreeMap, sync::Mutex, time::Duration};
 
 use lvms_core::{layout::FreeSpace, lvattr::LvHealth};
-use lvms_csi::{
+use lvms_engine::{
     backend::{
         Backend, BackendError, Capacity, ClassInfo, NewSnapshot, NewVolume, Result, Source, Volume,
     },
@@ -24,13 +24,13 @@ pub struct State {
     /// How many equal devices each thick class's free bytes are spread over (none: one).
     pub thick_devices: BTreeMap<String, u64>,
     /// The layout each volume was made with (by id), as the backend was asked.
-    pub layouts: BTreeMap<String, lvms_csi::backend::Layout>,
+    pub layouts: BTreeMap<String, lvms_engine::backend::Layout>,
     /// Pool size of each thin class.
     pub pool_size: BTreeMap<String, u64>,
     pub create_delay: Duration,
     pub calls: Vec<String>,
     /// What [`Backend::usage`] answers per class (none unless a test sets it).
-    pub usage: BTreeMap<String, lvms_csi::backend::Usage>,
+    pub usage: BTreeMap<String, lvms_engine::backend::Usage>,
 }
 
 pub struct FakeBackend {
@@ -57,7 +57,7 @@ impl FakeBackend {
                     thin_pool: Some("pool".into()),
                     overprovision_ratio: 2,
                     default: true,
-                    layout: lvms_csi::backend::Layout::Linear,
+                    layout: lvms_engine::backend::Layout::Linear,
                     fstype: None,
                     shared: None,
                 },
@@ -66,7 +66,7 @@ impl FakeBackend {
                     thin_pool: None,
                     overprovision_ratio: 1,
                     default: false,
-                    layout: lvms_csi::backend::Layout::Linear,
+                    layout: lvms_engine::backend::Layout::Linear,
                     fstype: None,
                     shared: None,
                 },
@@ -215,7 +215,7 @@ impl Backend for FakeBackend {
             return Ok(v.clone());
         }
         let thin = self.thin(&req.class);
-        let layout = req.lv_type.unwrap_or(lvms_csi::backend::Layout::Linear);
+        let layout = req.lv_type.unwrap_or(lvms_engine::backend::Layout::Linear);
         let mut taken = size;
         if !thin {
             let space = Self::free_of(&s, &req.class).unwrap();
@@ -304,13 +304,17 @@ impl Backend for FakeBackend {
             .collect()
     }
 
-    async fn usage(&self, class: &str) -> Result<Option<lvms_csi::backend::Usage>> {
+    async fn usage(&self, class: &str) -> Result<Option<lvms_engine::backend::Usage>> {
         Ok(self.state.lock().unwrap().usage.get(class).copied())
     }
 
     /// A thick class's volume group is `thick_devices` devices (one unless set) sharing
     /// `thick_free` bytes evenly.
-    async fn capacity(&self, class: &str, layout: &lvms_csi::backend::Layout) -> Result<Capacity> {
+    async fn capacity(
+        &self,
+        class: &str,
+        layout: &lvms_engine::backend::Layout,
+    ) -> Result<Capacity> {
         let s = self.state.lock().unwrap();
         let (available, devices) = if let Some(pool) = s.pool_size.get(class) {
             (

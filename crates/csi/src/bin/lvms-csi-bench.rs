@@ -29,7 +29,6 @@ use std::{
 };
 
 use lvms_csi::{
-    backend::{Backend, ClassInfo},
     controller::ControllerService,
     csi::{
         CapacityRange, CreateVolumeRequest, DeleteVolumeRequest, GetCapacityRequest,
@@ -38,8 +37,11 @@ use lvms_csi::{
         volume_capability::{self, AccessMode, MountVolume, access_mode::Mode},
     },
     identity::{Converged, IdentityService},
-    local::LocalBackend,
     server::{self, Services},
+};
+use lvms_engine::{
+    backend::{Backend, ClassInfo},
+    local::LocalBackend,
 };
 use lvms_host::{lvm::Lvm, runner::Runner};
 use tonic::transport::Channel;
@@ -95,7 +97,7 @@ fn classes() -> Vec<ClassInfo> {
         thin_pool: Some(POOL.into()),
         overprovision_ratio: 100,
         default: true,
-        layout: lvms_csi::backend::Layout::Linear,
+        layout: lvms_engine::backend::Layout::Linear,
         fstype: None,
         shared: None,
     }]
@@ -263,10 +265,10 @@ async fn bench_idle(lvms: &str, device: &str) {
     // snapshots): the driver's reports list them all the same, and activating them takes long under TCG.
     let mut script = String::new();
     for i in 0..IDLE_LVS {
-        let name = lvms_csi::ids::volume_lv_name(&format!("idle-{i}"));
+        let name = lvms_engine::ids::volume_lv_name(&format!("idle-{i}"));
         script.push_str(&format!(
             "lvcreate --yes --type thin --virtualsize 16m --thinpool {POOL} --setactivationskip y --addtag lvms --addtag {} --name {name} {VG}\n",
-            lvms_csi::ids::name_tag(&format!("idle-{i}"))
+            lvms_engine::ids::name_tag(&format!("idle-{i}"))
         ));
     }
     let dir = tempdir("idle");
@@ -521,10 +523,10 @@ async fn scale(lvms: &str, device: &str, n: usize) {
         let batch = (n - i).min(250);
         let mut script = String::new();
         for j in i..i + batch {
-            let name = lvms_csi::ids::volume_lv_name(&format!("scale-{j}"));
+            let name = lvms_engine::ids::volume_lv_name(&format!("scale-{j}"));
             script.push_str(&format!(
                 "lvcreate --yes --type thin --virtualsize 16m --thinpool {POOL} --setactivationskip y --addtag lvms --addtag {} --name {name} {VG}\n",
-                lvms_csi::ids::name_tag(&format!("scale-{j}"))
+                lvms_engine::ids::name_tag(&format!("scale-{j}"))
             ));
         }
         std::fs::write(dir.join("batch.lvm"), script).unwrap();

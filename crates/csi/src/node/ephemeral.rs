@@ -10,8 +10,8 @@
 //! - [`params::FSTYPE`]: ext4 or xfs (the capability's `fs_type` wins when both are given);
 //! - [`params::DEVICE_CLASS`]: the class, the default class when absent.
 //!
-//! The LV name is [`crate::ids::volume_lv_name`] of kubelet's volume id, so a retried publish finds
-//! the LV an earlier one made; the LV carries [`crate::ids::EPHEMERAL_TAG`] and its pod's uid,
+//! The LV name is [`lvms_engine::ids::volume_lv_name`] of kubelet's volume id, so a retried publish finds
+//! the LV an earlier one made; the LV carries [`lvms_engine::ids::EPHEMERAL_TAG`] and its pod's uid,
 //! namespace and name.
 
 use std::collections::HashMap;
@@ -19,7 +19,8 @@ use std::collections::HashMap;
 use lvms_core::{config::Fstype, size::ByteSize};
 
 use super::request::known_fstype;
-use crate::{backend::Layout, ids::EphemeralOwner, params};
+use crate::params;
+use lvms_engine::{backend::Layout, ids::EphemeralOwner};
 
 /// The volume-context key kubelet sets to `"true"` for an inline ephemeral volume.
 pub const EPHEMERAL: &str = "csi.storage.k8s.io/ephemeral";

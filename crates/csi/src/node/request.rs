@@ -3,13 +3,11 @@
 
 use lvms_core::config::Fstype;
 
-use crate::{
-    csi::{
-        VolumeCapability,
-        volume_capability::{AccessType, access_mode::Mode},
-    },
-    ids,
+use crate::csi::{
+    VolumeCapability,
+    volume_capability::{AccessType, access_mode::Mode},
 };
+use lvms_engine::ids;
 
 /// The longest path accepted (Linux `PATH_MAX`); the spec lets paths exceed the general 128-byte limit.
 pub const MAX_PATH_BYTES: usize = 4096;

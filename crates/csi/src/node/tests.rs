@@ -14,13 +14,13 @@ use lvms_core::lvattr::LvHealth;
 use lvms_host::fake::FakeRunner;
 
 use super::*;
-use crate::{
+use crate::csi::{
+    CapacityRange, VolumeCapability,
+    node_server::Node,
+    volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume, access_mode::Mode},
+};
+use lvms_engine::{
     backend::{Capacity, ClassInfo, NewSnapshot, NewVolume},
-    csi::{
-        CapacityRange, VolumeCapability,
-        node_server::Node,
-        volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume, access_mode::Mode},
-    },
     ids::volume_lv_name,
 };
 
@@ -55,7 +55,7 @@ fn volume(id: &str) -> Volume {
     }
 }
 
-fn unused<T>() -> crate::backend::Result<T> {
+fn unused<T>() -> lvms_engine::backend::Result<T> {
     Err(BackendError::Unavailable(
         "not used by the Node service".to_owned(),
     ))
@@ -68,35 +68,35 @@ impl Backend for TestBackend {
     fn classes(&self) -> Vec<ClassInfo> {
         self.classes.lock().unwrap().clone()
     }
-    async fn ready(&self) -> crate::backend::Result<bool> {
+    async fn ready(&self) -> lvms_engine::backend::Result<bool> {
         Ok(true)
     }
-    async fn get(&self, id: &str) -> crate::backend::Result<Option<Volume>> {
+    async fn get(&self, id: &str) -> lvms_engine::backend::Result<Option<Volume>> {
         Ok(self.volumes.lock().unwrap().get(id).cloned())
     }
-    async fn list(&self) -> crate::backend::Result<Vec<Volume>> {
+    async fn list(&self) -> lvms_engine::backend::Result<Vec<Volume>> {
         unused()
     }
-    async fn create_volume(&self, _: &NewVolume) -> crate::backend::Result<Volume> {
+    async fn create_volume(&self, _: &NewVolume) -> lvms_engine::backend::Result<Volume> {
         unused()
     }
-    async fn create_snapshot(&self, _: &NewSnapshot) -> crate::backend::Result<Volume> {
+    async fn create_snapshot(&self, _: &NewSnapshot) -> lvms_engine::backend::Result<Volume> {
         unused()
     }
-    async fn delete(&self, _: &str) -> crate::backend::Result<bool> {
+    async fn delete(&self, _: &str) -> lvms_engine::backend::Result<bool> {
         unused()
     }
-    async fn expand(&self, _: &str, _: u64) -> crate::backend::Result<u64> {
+    async fn expand(&self, _: &str, _: u64) -> lvms_engine::backend::Result<u64> {
         unused()
     }
     async fn capacity(
         &self,
         _: &str,
-        _: &crate::backend::Layout,
-    ) -> crate::backend::Result<Capacity> {
+        _: &lvms_engine::backend::Layout,
+    ) -> lvms_engine::backend::Result<Capacity> {
         unused()
     }
-    async fn activate(&self, id: &str) -> crate::backend::Result<String> {
+    async fn activate(&self, id: &str) -> lvms_engine::backend::Result<String> {
         self.activations.fetch_add(1, Ordering::Relaxed);
         Ok(self
             .volumes
@@ -533,7 +533,7 @@ async fn stage_without_a_capability_fstype_formats_with_the_volume_class_fstype_
         thin_pool: None,
         overprovision_ratio: 1,
         default: false,
-        layout: crate::backend::Layout::Linear,
+        layout: lvms_engine::backend::Layout::Linear,
         fstype,
         shared: None,
     };
@@ -1354,7 +1354,7 @@ async fn ephemeral_publish_with_a_bad_attribute_is_invalid_argument_naming_it() 
         thin_pool: None,
         overprovision_ratio: 1,
         default: true,
-        layout: crate::backend::Layout::Linear,
+        layout: lvms_engine::backend::Layout::Linear,
         fstype: None,
         shared: None,
     });

@@ -107,7 +107,7 @@ async fn a_new_object_gets_the_finalizer_then_its_volume_then_its_status() {
         fin.body,
         json!({"metadata": {"finalizers": [LOGICAL_VOLUME_FINALIZER], "resourceVersion": "1"}})
     );
-    let id = lvms_csi::ids::volume_lv_name("pvc-1");
+    let id = lvms_engine::ids::volume_lv_name("pvc-1");
     let st = reqs.iter().find(|s| s.path.ends_with("/status")).unwrap();
     assert_eq!(
         st.body,
@@ -147,7 +147,7 @@ async fn a_crash_between_create_and_status_is_finished_by_the_next_agent_without
     let obj = w.get("pvc-1").unwrap();
     assert_eq!(
         obj["status"]["volumeID"],
-        json!(lvms_csi::ids::volume_lv_name("pvc-1"))
+        json!(lvms_engine::ids::volume_lv_name("pvc-1"))
     );
     assert_eq!(w.backend.calls(), ["create_volume pvc-1"]);
     assert_eq!(w.backend.state.lock().unwrap().volumes.len(), 1);
@@ -162,7 +162,7 @@ async fn a_grown_spec_size_grows_the_volume_and_the_recorded_size() {
     obj["spec"]["size"] = json!("2Gi");
     w.insert(obj);
     w.reconcile("pvc-1").await.unwrap();
-    let id = lvms_csi::ids::volume_lv_name("pvc-1");
+    let id = lvms_engine::ids::volume_lv_name("pvc-1");
     assert_eq!(
         w.backend.calls(),
         [
@@ -186,7 +186,7 @@ async fn deletion_removes_the_volume_then_releases_the_object() {
     w.insert(obj);
     let action = w.reconcile("pvc-1").await.unwrap();
     assert_eq!(action, Action::await_change());
-    let id = lvms_csi::ids::volume_lv_name("pvc-1");
+    let id = lvms_engine::ids::volume_lv_name("pvc-1");
     assert_eq!(w.backend.calls().last().unwrap(), &format!("delete {id}"));
     assert!(w.backend.state.lock().unwrap().volumes.is_empty());
     assert!(
@@ -252,7 +252,7 @@ async fn a_snapshot_waits_for_its_source_then_is_taken_from_the_recorded_volume(
     let snap = w.get("snap").unwrap();
     assert_eq!(
         snap["status"]["volumeID"],
-        json!(lvms_csi::ids::snapshot_lv_name("snap"))
+        json!(lvms_engine::ids::snapshot_lv_name("snap"))
     );
     assert_eq!(
         w.backend.calls(),

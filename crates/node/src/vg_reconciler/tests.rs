@@ -113,7 +113,7 @@ async fn the_backend_follows_the_ready_classes() {
         thin_pool: None,
         overprovision_ratio: 1,
         default: false,
-        layout: lvms_csi::backend::Layout::Linear,
+        layout: lvms_engine::backend::Layout::Linear,
         fstype: None,
         shared: None,
     };

@@ -4,7 +4,7 @@ use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use lvms_core::{filter::ExclusionReason, plan::DeviceReport};
 use serde_json::json;
 
-use lvms_csi::backend::ClassInfo;
+use lvms_engine::backend::ClassInfo;
 
 use super::*;
 
@@ -84,7 +84,7 @@ fn the_engine_config_carries_every_field_with_the_apis_defaults() {
             thin_pool: Some("thin-pool-1".into()),
             overprovision_ratio: 10,
             default: true,
-            layout: lvms_csi::backend::Layout::Linear,
+            layout: lvms_engine::backend::Layout::Linear,
             fstype: None,
             shared: None,
         }
@@ -106,7 +106,7 @@ fn the_engine_config_carries_every_field_with_the_apis_defaults() {
     // Its volumes are RAID volumes of that layout unless a request names another.
     assert_eq!(
         ClassInfo::from_config(&raid).layout,
-        lvms_csi::backend::Layout::Raid {
+        lvms_engine::backend::Layout::Raid {
             level: RaidType::Raid1,
             mirrors: Some(1),
             stripes: None,

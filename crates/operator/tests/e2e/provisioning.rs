@@ -22,9 +22,10 @@ use lvms_csi::{
         volume_capability::access_mode::Mode,
     },
     identity::{Converged, IdentityService},
-    ids, params as ids_param,
+    params as ids_param,
     server::{self, NoNode, Services},
 };
+use lvms_engine::ids;
 use lvms_node::{capacity::Publisher, lv_reconciler};
 use lvms_testkit::{
     csi_requests::{mount, on},
