@@ -453,7 +453,7 @@ pub fn node_disk(repo: &Path, images: &Images, disk: &Path) -> Result<()> {
         .args(["-q", "-F", "-d"])
         .arg(&fs_root)
         .arg(disk))?;
-    run(Command::new("rm").arg("-rf").arg(&work))?;
+    fs::remove_dir_all(&work)?;
     println!(
         "installed: the node's disk holds the imported images ({:.0} s)",
         started.elapsed().as_secs_f64()

@@ -77,8 +77,10 @@ fn xtask(name: &'static str, secs: u64, load: u32, args: &[&str]) -> Phase {
 }
 
 /// The machine's cores, in the hundredths of [`Phase::load`]. A TCG guest is mostly busy vCPUs:
-/// two one-vCPU guests side by side each keep the speed they have alone, while two two-vCPU guests
-/// each ran at half speed or worse and the installed node's kubelet then timed out (ADR 0025).
+/// two one-vCPU guests side by side each run slower than alone (vm_lvm 786 s beside the other
+/// shard, 562 s alone on two vCPUs) but finish together well before one after the other; two
+/// two-vCPU guests each ran at half speed or worse and the installed node's kubelet then timed
+/// out (ADR 0025).
 const CAPACITY: u32 = 200;
 
 /// The phase that builds what the others need.
