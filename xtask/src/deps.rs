@@ -9,6 +9,8 @@ use crate::vm;
 /// Commands the VM suite and the tests need, and the Debian package that brings each.
 const DEPS: &[(&str, &str)] = &[
     ("/usr/bin/qemu-system-x86_64", "qemu-system-x86"),
+    // Guests without a network run as user-mode Linux (ADR 0026).
+    ("/usr/bin/linux.uml", "user-mode-linux"),
     ("/bin/busybox", "busybox-static"),
     ("/sbin/lvm", "lvm2"),
     ("/usr/sbin/thin_check", "thin-provisioning-tools"),

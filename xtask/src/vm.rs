@@ -1,16 +1,24 @@
-//! The test VM: Debian's kernel under qemu with the host's root filesystem shared over virtio-9p, so test
-//! binaries built on the host run inside unchanged against a kernel that has device-mapper.
+//! The test VM: a Debian kernel with the host's root filesystem as its root, so test binaries built on
+//! the host run inside unchanged against a kernel that has device-mapper. Two machines run it
+//! ([`Machine`]), from one [`VmSpec`]:
 //!
-//! The initramfs holds only busybox and the virtio/9p modules. Its `/init` mounts the host root, moves
-//! `/dev`, `/proc` and `/sys` into it, mounts a tmpfs on `/run`, switches root and runs the guest script named on
-//! the kernel command line (`lvms.script=`). The guest script writes its exit status to a file beside it;
-//! the host reads that after qemu exits. See docs/decisions/0002-real-lvm-in-a-qemu-vm.md.
+//! - **user-mode Linux** (Debian's `user-mode-linux`: the same kernel source built as a host program):
+//!   the root is the host's `/` over hostfs, disks are ubd devices. No instruction is emulated, so LVM
+//!   runs several times faster than under TCG (ADR 0026). Guests without a network and with one CPU run
+//!   here.
+//! - **qemu** (TCG) booting Debian's kernel: the initramfs holds only busybox and the virtio/9p modules.
+//!   Its `/init` mounts the host root over virtio-9p, moves `/dev`, `/proc` and `/sys` into it, mounts a
+//!   tmpfs on `/run` and switches root.
+//!
+//! Either way PID 1 then runs the guest script named on the kernel command line (`lvms.script=`). The
+//! guest script writes its exit status to a file beside it; the host reads that after the machine exits.
+//! See docs/decisions/0002-real-lvm-in-a-qemu-vm.md and 0026-user-mode-linux-for-guests-without-a-network.md.
 
 use std::{
     fmt::Write as _,
     fs,
     io::{BufRead as _, BufReader, Write as _},
-    os::unix::fs::PermissionsExt,
+    os::unix::{fs::PermissionsExt, process::CommandExt as _},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     thread,
@@ -38,6 +46,44 @@ const GUEST_MODULES: &[&str] = &[
     "ext4",
     "loop",
 ];
+
+/// Debian's user-mode Linux kernel (package user-mode-linux) and where its modules are.
+const UML_BINARY: &str = "/usr/bin/linux.uml";
+const UML_MODULES: &str = "/usr/lib/uml/modules";
+
+/// What runs a guest (ADR 0026).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Machine {
+    /// qemu with TCG, booting Debian's kernel: any number of vCPUs, user-mode networking.
+    Qemu,
+    /// Debian's user-mode Linux: one CPU, no network, no emulated instructions.
+    Uml,
+}
+
+impl Machine {
+    /// `LVMS_VM_MACHINE` (`qemu` or `uml`) if set; else user-mode Linux for a guest that needs no
+    /// network, when it is installed; else qemu. A user-mode guest has one CPU whatever `cpus` says:
+    /// faster alone than a TCG guest on two (ADR 0026).
+    fn for_spec(spec: &VmSpec, kernel: &Kernel) -> Result<Self> {
+        let wanted = std::env::var("LVMS_VM_MACHINE").ok();
+        Self::choose(wanted.as_deref(), kernel.uml.is_some(), spec.net)
+    }
+
+    fn choose(wanted: Option<&str>, uml_installed: bool, net: bool) -> Result<Self> {
+        match wanted {
+            Some("qemu") => Ok(Self::Qemu),
+            Some("uml") if !uml_installed => {
+                bail!("LVMS_VM_MACHINE=uml, but {UML_BINARY} is missing: install user-mode-linux")
+            }
+            Some("uml") => Ok(Self::Uml),
+            Some(other) if !other.is_empty() => {
+                bail!("LVMS_VM_MACHINE={other}: expected qemu or uml")
+            }
+            _ if uml_installed && !net => Ok(Self::Uml),
+            _ => Ok(Self::Qemu),
+        }
+    }
+}
 
 /// A disk attached to a VM as a virtio block device with a serial, so `/dev/disk/by-id/virtio-<serial>`
 /// exists inside.
@@ -310,7 +356,7 @@ pub fn build_initramfs(repo: &Path, version: &str) -> Result<PathBuf> {
 
 /// The guest script: a prelude that makes the guest look like a node (modules, udev, an LVM config on
 /// tmpfs so nothing of the host's /etc/lvm is touched), then the command; its status goes to `exit-code`.
-fn guest_script(spec: &VmSpec, repo: &Path, work: &Path) -> String {
+fn guest_script(spec: &VmSpec, machine: Machine, repo: &Path, work: &Path) -> String {
     let mut s =
         String::from("export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n");
     s.push_str("export HOME=/root LC_ALL=C TMPDIR=/tmp LVM_SYSTEM_DIR=/run/lvm-etc LVMS_IN_VM=1\n");
@@ -351,7 +397,29 @@ backup {
 LVMCONF
 "#,
     );
-    let _ = writeln!(s, "modprobe -a {} 2>/dev/null", GUEST_MODULES.join(" "));
+    let modules = GUEST_MODULES.iter().filter(|m| match machine {
+        Machine::Qemu => true,
+        // ubd is built into the user-mode kernel.
+        Machine::Uml => **m != "virtio_blk",
+    });
+    let _ = writeln!(
+        s,
+        "modprobe -a {} 2>/dev/null",
+        modules.copied().collect::<Vec<_>>().join(" ")
+    );
+    if machine == Machine::Uml {
+        // What Debian's rules give virtio disks (the by-id link, ID_SERIAL for lsblk's SERIAL), for
+        // ubd disks with a serial: the tests and their configurations name disks the same way on
+        // either machine.
+        s.push_str(
+            r#"mkdir -p /run/udev/rules.d
+cat > /run/udev/rules.d/60-lvms-ubd.rules <<'RULES'
+KERNEL=="ubd*", ENV{DEVTYPE}=="disk", ATTR{serial}=="?*", ENV{ID_SERIAL}="$attr{serial}", SYMLINK+="disk/by-id/virtio-$attr{serial}"
+KERNEL=="ubd*", ENV{DEVTYPE}=="partition", ATTRS{serial}=="?*", SYMLINK+="disk/by-id/virtio-$attr{serial}-part%n"
+RULES
+"#,
+        );
+    }
     // udev only for block devices: their /dev/disk/by-id links and device-mapper's events. The
     // modules the guest needs are loaded above by name; a trigger of every subsystem would load
     // dozens more (kvm, crypto, sound, ahci), which took about 25 s of each boot under TCG.
@@ -468,28 +536,148 @@ fn accel() -> &'static str {
     }
 }
 
-/// The kernel and initramfs the VMs boot; built once per run.
+/// The kernels the VMs boot: qemu's with its initramfs (built once per run), and the user-mode
+/// kernel's module version when user-mode-linux is installed.
 pub struct Kernel {
     pub version: String,
     pub initramfs: PathBuf,
+    pub uml: Option<String>,
 }
 
 pub fn prepare(repo: &Path) -> Result<Kernel> {
     let version = kernel_version()?;
     let initramfs = build_initramfs(repo, &version)?;
-    Ok(Kernel { version, initramfs })
+    Ok(Kernel {
+        version,
+        initramfs,
+        uml: uml_version(),
+    })
 }
 
+/// The version of Debian's user-mode kernel (its modules' directory), if it is installed.
+pub fn uml_version() -> Option<String> {
+    if !Path::new(UML_BINARY).exists() {
+        return None;
+    }
+    let mut versions: Vec<String> = fs::read_dir(UML_MODULES)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    versions.sort_by_key(|v| version_key(v));
+    versions.pop()
+}
+
+/// PID 1 of a user-mode guest: the mounts the qemu guest's initramfs makes (the root is already
+/// the host's `/`, over hostfs), and Debian's user-mode modules where modprobe looks for them.
+const UML_INIT: &str = r#"#!/bin/busybox sh
+B=/bin/busybox
+$B mount -t proc proc /proc
+$B mount -t sysfs sysfs /sys
+$B mount -t tmpfs -o mode=0755 tmpfs /run
+$B mount -t tmpfs tmpfs /lib/modules
+$B mkdir /lib/modules/@VERSION@
+$B mount --bind @MODULES@/@VERSION@ /lib/modules/@VERSION@
+exec /bin/sh "@SCRIPT@"
+"#;
+
 pub fn start(repo: &Path, kernel: &Kernel, spec: VmSpec) -> Result<RunningVm> {
-    let Kernel { version, initramfs } = kernel;
+    let machine = Machine::for_spec(&spec, kernel)?;
     let work = vm_dir(repo).join(format!("{}-{}", spec.name, std::process::id()));
     if work.exists() {
         fs::remove_dir_all(&work)?;
     }
     fs::create_dir_all(&work)?;
     let script = work.join("guest.sh");
-    fs::write(&script, guest_script(&spec, repo, &work))?;
+    fs::write(&script, guest_script(&spec, machine, repo, &work))?;
+    let mut cmd = match machine {
+        Machine::Qemu => qemu_command(&spec, kernel, &script),
+        Machine::Uml => uml_command(&spec, kernel, &script, &work)?,
+    };
+    // Its own process group, so a timeout kills the user-mode kernel's helper processes too.
+    cmd.process_group(0);
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped());
+    let mut child = cmd.spawn().with_context(|| match machine {
+        Machine::Qemu => "starting qemu-system-x86_64: install qemu-system-x86",
+        Machine::Uml => "starting linux.uml: install user-mode-linux",
+    })?;
+    let stdout = child.stdout.take().context("the guest's console")?;
+    // Forward the console (without the firmware's terminal escapes) and keep libtest's summary lines.
+    let console = thread::spawn(move || {
+        let mut summaries = Vec::new();
+        let mut out = std::io::stdout();
+        for line in BufReader::new(stdout).split(b'\n').map_while(|l| l.ok()) {
+            let line = strip_escapes(&String::from_utf8_lossy(&line));
+            let _ = writeln!(out, "{line}");
+            if line.starts_with("test result: ") {
+                summaries.push(line);
+            }
+        }
+        summaries
+    });
+    Ok(RunningVm {
+        spec,
+        work,
+        child,
+        console,
+        started: Instant::now(),
+    })
+}
 
+impl RunningVm {
+    /// Kills the machine's whole process group (qemu, or the user-mode kernel and its helpers).
+    pub fn kill(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .status();
+        let _ = self.child.kill();
+    }
+
+    /// The machine's process id (qemu's, or the user-mode kernel's).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the machine has exited (the guest powered off or died).
+    pub fn exited(&mut self) -> Result<bool> {
+        Ok(self.child.try_wait()?.is_some())
+    }
+
+    /// Waits for the guest to power off (or kills it at the spec's timeout).
+    pub fn wait(mut self) -> Result<VmOutcome> {
+        loop {
+            if self.child.try_wait()?.is_some() {
+                break;
+            }
+            if self.started.elapsed() > self.spec.timeout {
+                eprintln!(
+                    "lvms-vm[{}]: timed out after {:?}; killing it",
+                    self.spec.name, self.spec.timeout
+                );
+                self.kill();
+                let _ = self.child.wait();
+                break;
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        let exit_code = fs::read_to_string(self.work.join("exit-code"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        let _ = fs::remove_dir_all(&self.work);
+        let test_summaries = self.console.join().unwrap_or_default();
+        Ok(VmOutcome {
+            exit_code,
+            elapsed: self.started.elapsed(),
+            test_summaries,
+        })
+    }
+}
+
+/// qemu (TCG) booting Debian's kernel with the host root over virtio-9p.
+fn qemu_command(spec: &VmSpec, kernel: &Kernel, script: &Path) -> Command {
+    let Kernel {
+        version, initramfs, ..
+    } = kernel;
     let mut cmd = Command::new("qemu-system-x86_64");
     cmd.args(["-machine", &format!("q35,accel={}", accel())])
         .args(["-cpu", "max", "-m", &spec.memory_mib.to_string()])
@@ -537,72 +725,60 @@ pub fn start(repo: &Path, kernel: &Kernel, spec: VmSpec) -> Result<RunningVm> {
         }
         cmd.args(["-netdev", &netdev, "-device", "virtio-net-pci,netdev=n0"]);
     }
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped());
-    let mut child = cmd
-        .spawn()
-        .context("starting qemu-system-x86_64: install qemu-system-x86")?;
-    let stdout = child.stdout.take().context("qemu stdout")?;
-    // Forward the console (without the firmware's terminal escapes) and keep libtest's summary lines.
-    let console = thread::spawn(move || {
-        let mut summaries = Vec::new();
-        let mut out = std::io::stdout();
-        for line in BufReader::new(stdout).split(b'\n').map_while(|l| l.ok()) {
-            let line = strip_escapes(&String::from_utf8_lossy(&line));
-            let _ = writeln!(out, "{line}");
-            if line.starts_with("test result: ") {
-                summaries.push(line);
-            }
-        }
-        summaries
-    });
-    Ok(RunningVm {
-        spec,
-        work,
-        child,
-        console,
-        started: Instant::now(),
-    })
+    cmd
 }
 
-impl RunningVm {
-    /// qemu's process id.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
+/// Debian's user-mode Linux with the host root over hostfs; disks are ubd devices (at most 8) with
+/// their serials, which the guest's udev rule links as `/dev/disk/by-id/virtio-<serial>` as qemu's
+/// virtio disks are.
+fn uml_command(spec: &VmSpec, kernel: &Kernel, script: &Path, work: &Path) -> Result<Command> {
+    let version = kernel
+        .uml
+        .as_deref()
+        .context("user-mode-linux is not installed")?;
+    if spec.disks.len() > 8 {
+        bail!(
+            "VM {}: {} disks, but a user-mode guest has at most 8 (LVMS_VM_MACHINE=qemu)",
+            spec.name,
+            spec.disks.len()
+        );
     }
-
-    /// Whether qemu has exited (the guest powered off or died).
-    pub fn exited(&mut self) -> Result<bool> {
-        Ok(self.child.try_wait()?.is_some())
+    let init = work.join("init");
+    fs::write(
+        &init,
+        UML_INIT
+            .replace("@VERSION@", version)
+            .replace("@MODULES@", UML_MODULES)
+            .replace("@SCRIPT@", &script.to_string_lossy()),
+    )?;
+    fs::set_permissions(&init, fs::Permissions::from_mode(0o755))?;
+    let mut cmd = Command::new(UML_BINARY);
+    cmd.arg(format!("mem={}M", spec.memory_mib))
+        // root= names no block device: util-linux reads it to resolve the root's source, and the
+        // default (98:0, ubda) would show the first disk as mounted on `/`.
+        .args(["root=hostfs", "rootfstype=hostfs", "rootflags=/", "rw"])
+        .arg(format!("init={}", init.display()))
+        // Its pid file and management socket in the work directory, not in ~/.uml.
+        .arg(format!("uml_dir={}", work.display()))
+        .arg(format!("umid={}", spec.name))
+        .args([
+            "con=null",
+            "con0=null,fd:1",
+            "ssl=null",
+            "quiet",
+            "loglevel=3",
+        ])
+        .arg(format!("lvms.script={}", script.display()));
+    for (i, d) in spec.disks.iter().enumerate() {
+        // r: read-only; c: no file locking, so a second guest can attach the image.
+        let flags = format!(
+            "{}{}",
+            if d.readonly { "r" } else { "" },
+            if d.shared { "c" } else { "" }
+        );
+        cmd.arg(format!("ubd{i}{flags}={},,{}", d.image.display(), d.serial));
     }
-
-    /// Waits for the guest to power off (or kills it at the spec's timeout).
-    pub fn wait(mut self) -> Result<VmOutcome> {
-        loop {
-            if self.child.try_wait()?.is_some() {
-                break;
-            }
-            if self.started.elapsed() > self.spec.timeout {
-                eprintln!(
-                    "lvms-vm[{}]: timed out after {:?}; killing qemu",
-                    self.spec.name, self.spec.timeout
-                );
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                break;
-            }
-            thread::sleep(Duration::from_millis(100));
-        }
-        let exit_code = fs::read_to_string(self.work.join("exit-code"))
-            .ok()
-            .and_then(|s| s.trim().parse().ok());
-        let _ = fs::remove_dir_all(&self.work);
-        let test_summaries = self.console.join().unwrap_or_default();
-        Ok(VmOutcome {
-            exit_code,
-            elapsed: self.started.elapsed(),
-            test_summaries,
-        })
-    }
+    Ok(cmd)
 }
 
 /// Starts every VM, then waits for all of them (for tests that need two nodes on one shared disk).
@@ -630,5 +806,84 @@ mod tests {
             "Booting"
         );
         assert_eq!(strip_escapes("plain"), "plain");
+    }
+
+    #[test]
+    fn guests_without_a_network_run_as_user_mode_linux_when_it_is_installed() {
+        assert_eq!(Machine::choose(None, true, false).unwrap(), Machine::Uml);
+        assert_eq!(
+            Machine::choose(Some(""), true, false).unwrap(),
+            Machine::Uml
+        );
+        assert_eq!(Machine::choose(None, true, true).unwrap(), Machine::Qemu);
+        assert_eq!(Machine::choose(None, false, false).unwrap(), Machine::Qemu);
+        assert_eq!(
+            Machine::choose(Some("qemu"), true, false).unwrap(),
+            Machine::Qemu
+        );
+        assert_eq!(
+            Machine::choose(Some("uml"), true, true).unwrap(),
+            Machine::Uml
+        );
+        let missing = Machine::choose(Some("uml"), false, false).unwrap_err();
+        assert!(
+            missing.to_string().contains("install user-mode-linux"),
+            "{missing}"
+        );
+        let typo = Machine::choose(Some("kvm"), true, false).unwrap_err();
+        assert!(typo.to_string().contains("expected qemu or uml"), "{typo}");
+    }
+
+    #[test]
+    fn a_user_mode_guest_gets_its_disks_as_ubd_devices_with_serials_and_flags() {
+        let work = std::env::temp_dir().join(format!("lvms-uml-cmd-{}", std::process::id()));
+        fs::create_dir_all(&work).unwrap();
+        let disk = |serial: &str, shared, readonly| Disk {
+            serial: serial.into(),
+            image: PathBuf::from(format!("/img/{serial}.img")),
+            shared,
+            readonly,
+        };
+        let spec = VmSpec::new("t", Path::new("/repo"), "true")
+            .memory_mib(512)
+            .disks(vec![
+                disk("a", false, false),
+                disk("lun", true, false),
+                disk("ro", false, true),
+            ]);
+        let kernel = Kernel {
+            version: "k".into(),
+            initramfs: PathBuf::new(),
+            uml: Some("6.1.1".into()),
+        };
+        let cmd = uml_command(&spec, &kernel, &work.join("guest.sh"), &work).unwrap();
+        let args: Vec<String> = cmd
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        for want in [
+            "mem=512M",
+            "root=hostfs",
+            "ubd0=/img/a.img,,a",
+            "ubd1c=/img/lun.img,,lun",
+            "ubd2r=/img/ro.img,,ro",
+        ] {
+            assert!(args.iter().any(|a| a == want), "{want} not in {args:?}");
+        }
+        let init = fs::read_to_string(work.join("init")).unwrap();
+        assert!(
+            init.contains("/usr/lib/uml/modules/6.1.1 /lib/modules/6.1.1"),
+            "{init}"
+        );
+        assert!(init.contains(&format!(
+            "exec /bin/sh \"{}\"",
+            work.join("guest.sh").display()
+        )));
+
+        let nine = VmSpec::new("t", Path::new("/repo"), "true")
+            .disks((0..9).map(|i| disk(&i.to_string(), false, false)).collect());
+        let err = uml_command(&nine, &kernel, &work.join("guest.sh"), &work).unwrap_err();
+        assert!(err.to_string().contains("at most 8"), "{err}");
+        let _ = fs::remove_dir_all(&work);
     }
 }

@@ -33,21 +33,21 @@ fn suite_disks(repo: &Path) -> Result<Vec<vm::Disk>> {
 }
 
 /// Seconds each test target took in the VM, used only to balance the shards (their proportions
-/// matter); a target not listed counts as [`UNKNOWN_SECS`]. From a clean-clone `bash .ci/run`
-/// (976a4b0), the two shards side by side in one-vCPU guests.
+/// matter); a target not listed counts as [`UNKNOWN_SECS`]. From `cargo xtask vm-test` in one
+/// user-mode guest (ADR 0026), nothing else running.
 const MEASURED_SECS: &[(&str, u64)] = &[
-    ("vm_lvm", 786),
-    ("vm_engine", 397),
-    ("vm_local", 383),
-    ("vm_agent", 209),
-    ("vm_driver", 162),
-    ("vm_shell", 160),
-    ("vm_cli", 147),
-    ("vm_node", 144),
-    ("vm_host_tools", 47),
-    ("vm_ephemeral", 37),
+    ("vm_lvm", 330),
+    ("vm_local", 161),
+    ("vm_engine", 158),
+    ("vm_cli", 78),
+    ("vm_driver", 70),
+    ("vm_shell", 70),
+    ("vm_agent", 65),
+    ("vm_node", 58),
+    ("vm_host_tools", 13),
+    ("vm_ephemeral", 12),
 ];
-const UNKNOWN_SECS: u64 = 60;
+const UNKNOWN_SECS: u64 = 30;
 
 /// `index`/`count` (1-based) of `--shard`.
 pub fn parse_shard(s: &str) -> Result<(usize, usize)> {
