@@ -1,5 +1,5 @@
 //! The controller's collector: volume `LogicalVolume`s that no PersistentVolume of this driver refers
-//! to (see [`lvms_node::gc`] for the rules). It reports each with a Warning event on the object when
+//! to (see [`lvms_engine::gc`] for the rules). It reports each with a Warning event on the object when
 //! first seen, and deletes the object (its node agent then removes the LV) once the safety window, when
 //! one is configured, has passed.
 
@@ -7,9 +7,10 @@ use std::{sync::Arc, time::Duration};
 
 use kube::{Api, Resource, ResourceExt, api::DeleteParams};
 use lvms_api::topolvm::LogicalVolume;
+use lvms_engine::gc::{Sweep, Tracker, unclaimed_objects};
 use lvms_engine::ids;
-use lvms_node::{
-    gc::{Sweep, Tracker, pv_handles, unclaimed_objects, warn_event},
+use lvms_k8s::{
+    gc::{pv_handles, warn_event},
     metrics::GcMetrics,
 };
 
@@ -119,7 +120,7 @@ impl ControllerCollector {
         Ok(sweep)
     }
 
-    /// Sweeps every `period` ([`lvms_node::gc::PERIOD`] by default).
+    /// Sweeps every `period` ([`lvms_engine::gc::PERIOD`] by default).
     pub async fn run(mut self, period: Duration) {
         loop {
             tokio::time::sleep(period).await;

@@ -19,9 +19,9 @@ use lvms_api::{
     DEFAULT_CLASS_CAPACITY_KEY, LVMVolumeGroup, LVMVolumeGroupNodeStatus, VGStatusType,
     capacity_annotation, free_space_annotation, topolvm::LogicalVolume,
 };
+use lvms_core::from_api::device_class_config;
 use lvms_core::layout::FreeSpace;
 use lvms_engine::backend::ClassInfo;
-use lvms_node::volume_group::device_class_config;
 use serde::de::DeserializeOwned;
 
 /// The stores, and the names needed to read them.

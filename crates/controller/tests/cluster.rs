@@ -519,7 +519,7 @@ async fn the_collector_reports_unclaimed_volumes_and_deletes_them_after_the_wind
     assert_eq!(event.body["reason"], "OrphanedLogicalVolume");
     assert_eq!(event.body["regarding"]["name"], json!(unclaimed));
 
-    let metrics = Arc::new(lvms_node::metrics::GcMetrics::new(
+    let metrics = Arc::new(lvms_k8s::metrics::GcMetrics::new(
         "unclaimed_logical_volumes",
     ));
     let mut collect =

@@ -5,6 +5,7 @@
 pub mod capacity;
 pub mod config;
 pub mod filter;
+pub mod from_api;
 pub mod glob;
 pub mod layout;
 pub mod lvattr;

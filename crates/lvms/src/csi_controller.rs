@@ -36,7 +36,7 @@ pub struct CsiControllerArgs {
     #[arg(long, env = "LVMS_GC_DELETE_AFTER", value_name = "SECONDS")]
     gc_delete_after: Option<u64>,
     /// Look for unclaimed LogicalVolumes every this many seconds.
-    #[arg(long, env = "LVMS_GC_PERIOD", value_name = "SECONDS", default_value_t = lvms_node::gc::PERIOD.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "LVMS_GC_PERIOD", value_name = "SECONDS", default_value_t = lvms_engine::gc::PERIOD.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     gc_period: u64,
     /// Port of `/metrics` (the garbage collector's numbers) and `/healthz`.
     #[arg(long, env = "METRICS_PORT", default_value_t = 8082)]
@@ -50,7 +50,7 @@ pub async fn run(args: CsiControllerArgs) -> Result<()> {
         .context("connecting to the Kubernetes API")?;
     let (view, keep_current) = View::start(client.clone(), &args.namespace, &args.driver_name);
     let lvs: Api<LogicalVolume> = Api::all(client);
-    let metrics = Arc::new(lvms_node::metrics::GcMetrics::new(
+    let metrics = Arc::new(lvms_k8s::metrics::GcMetrics::new(
         "unclaimed_logical_volumes",
     ));
     let collector = ControllerCollector::new(
@@ -87,7 +87,7 @@ pub async fn run(args: CsiControllerArgs) -> Result<()> {
     tokio::select! {
         () = keep_current => bail!("the cluster watches ended"),
         () = collector.run(std::time::Duration::from_secs(args.gc_period)) => bail!("the garbage collector ended"),
-        served = lvms_node::metrics::serve(metrics_listener, metrics) => {
+        served = lvms_k8s::metrics::serve(metrics_listener, metrics) => {
             served.context("serving /metrics")
         }
         r = ready => r,

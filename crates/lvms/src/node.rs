@@ -28,13 +28,9 @@ use lvms_host::{
     engine::RealNodeHost, fs::Filesystems, lvm::Lvm, runner::RealRunner, shared::RealSharedHost,
     shell::LvmShell,
 };
+use lvms_k8s::metrics::{GcMetrics, StorageMetrics};
 use lvms_node::{
-    capacity::Publisher,
-    gc::NodeCollector,
-    lv_reconciler,
-    metrics::{GcMetrics, StorageMetrics},
-    switch::Switch,
-    vg_reconciler,
+    capacity::Publisher, gc::NodeCollector, lv_reconciler, switch::Switch, vg_reconciler,
 };
 
 /// `lvms node`'s flags.
@@ -58,7 +54,7 @@ pub struct NodeArgs {
     #[arg(long, env = "LVMS_GC_DELETE_AFTER", value_name = "SECONDS")]
     gc_delete_after: Option<u64>,
     /// Look for orphaned LVs every this many seconds.
-    #[arg(long, env = "LVMS_GC_PERIOD", value_name = "SECONDS", default_value_t = lvms_node::gc::PERIOD.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "LVMS_GC_PERIOD", value_name = "SECONDS", default_value_t = lvms_engine::gc::PERIOD.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     gc_period: u64,
     /// Port of `/metrics` (the garbage collector's numbers) and `/healthz`.
     #[arg(long, env = "METRICS_PORT", default_value_t = 8081)]
@@ -173,7 +169,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
         () = lv_reconciler::run(lv_ctx) => bail!("the LogicalVolume watch ended"),
         () = publisher.run() => bail!("the capacity publisher ended"),
         () = collector.run(std::time::Duration::from_secs(args.gc_period)) => bail!("the garbage collector ended"),
-        served = lvms_node::metrics::serve(metrics_listener, metrics) => {
+        served = lvms_k8s::metrics::serve(metrics_listener, metrics) => {
             served.context("serving /metrics")
         }
         served = server::serve(listener, services, crate::shutdown_signal()) => {

@@ -30,7 +30,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
-use crate::metrics::StorageMetrics;
+use lvms_k8s::metrics::StorageMetrics;
 
 /// How often the capacities are looked at.
 pub const PERIOD: Duration = Duration::from_secs(10);
@@ -331,7 +331,7 @@ mod tests {
             },
         );
         let storage = StorageMetrics::default();
-        let m = crate::metrics::GcMetrics::with_storage("orphaned_volumes", Some(&storage));
+        let m = lvms_k8s::metrics::GcMetrics::with_storage("orphaned_volumes", Some(&storage));
         let (tx, rx) = watch::channel(Some(Arc::new(backend)));
         let mut p =
             Publisher::new(api.client("default"), "node-a", "topolvm.io", rx).with_metrics(storage);

@@ -9,7 +9,9 @@
 //! - [`switch`]: the CSI backend that follows the set of ready classes.
 //! - [`capacity`]: what each class can still hold, published on the Node for the CSI controller.
 //! - [`gc`]: orphaned volumes, reported and (after a safety window, when configured) removed.
-//! - [`metrics`]: the collectors' numbers on `/metrics`.
+//!
+//! The collectors' rules are the engine's (`lvms_engine::gc`); their Kubernetes side and the metrics
+//! the agent serves are `lvms_k8s`'s.
 
 pub mod capacity;
 pub mod creator_lease;
@@ -17,7 +19,6 @@ pub mod finalizers;
 pub mod gc;
 pub mod logical_volume;
 pub mod lv_reconciler;
-pub mod metrics;
 pub mod switch;
 pub mod vg_reconciler;
 pub mod volume_group;

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 
 use lvms_engine::backend::{PoolUsage, Usage};
-use lvms_node::metrics::{GcMetrics, StorageMetrics};
+use lvms_k8s::metrics::{GcMetrics, StorageMetrics};
 use promql_parser::parser::{self, Expr};
 use serde_json::Value;
 

@@ -1,7 +1,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
-use lvms_core::{filter::ExclusionReason, plan::DeviceReport};
+use lvms_core::{
+    config::{Adopt, CalculationPolicy, DiscoveryPolicy, RaidType},
+    filter::ExclusionReason,
+    plan::DeviceReport,
+    size::ByteSize,
+};
 use serde_json::json;
 
 use lvms_engine::backend::ClassInfo;
