@@ -4,8 +4,8 @@
 //!
 //! - **user-mode Linux** (Debian's `user-mode-linux`: the same kernel source built as a host program):
 //!   the root is the host's `/` over hostfs, disks are ubd devices. No instruction is emulated, so LVM
-//!   runs several times faster than under TCG (ADR 0026). Guests without a network and with one CPU run
-//!   here.
+//!   runs several times faster than under TCG (ADR 0026). Guests without a network run here, on one
+//!   CPU.
 //! - **qemu** (TCG) booting Debian's kernel: the initramfs holds only busybox and the virtio/9p modules.
 //!   Its `/init` mounts the host root over virtio-9p, moves `/dev`, `/proc` and `/sys` into it, mounts a
 //!   tmpfs on `/run` and switches root.
@@ -18,7 +18,7 @@ use std::{
     fmt::Write as _,
     fs,
     io::{BufRead as _, BufReader, Write as _},
-    os::unix::{fs::PermissionsExt, process::CommandExt as _},
+    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     thread,
@@ -231,14 +231,14 @@ pub fn vm_dir(repo: &Path) -> PathBuf {
 
 /// The newest kernel that has both an image in /boot and modules in /lib/modules.
 pub fn kernel_version() -> Result<String> {
-    let mut versions: Vec<String> = fs::read_dir("/lib/modules")
+    let modules = fs::read_dir("/lib/modules")
         .context("reading /lib/modules: install linux-image-amd64")?
         .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|v| Path::new(&format!("/boot/vmlinuz-{v}")).exists())
-        .collect();
-    versions.sort_by_key(|v| version_key(v));
-    versions.pop().context(
+        .filter(|e| {
+            let v = e.file_name();
+            Path::new(&format!("/boot/vmlinuz-{}", v.to_string_lossy())).exists()
+        });
+    newest(modules).context(
         "no kernel with both /boot/vmlinuz-<v> and /lib/modules/<v>: install linux-image-amd64",
     )
 }
@@ -559,13 +559,14 @@ pub fn uml_version() -> Option<String> {
     if !Path::new(UML_BINARY).exists() {
         return None;
     }
-    let mut versions: Vec<String> = fs::read_dir(UML_MODULES)
-        .ok()?
-        .filter_map(|e| e.ok())
+    newest(fs::read_dir(UML_MODULES).ok()?.filter_map(|e| e.ok()))
+}
+
+/// The highest version among the names of `entries`.
+fn newest(entries: impl Iterator<Item = fs::DirEntry>) -> Option<String> {
+    entries
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    versions.sort_by_key(|v| version_key(v));
-    versions.pop()
+        .max_by_key(|v| version_key(v))
 }
 
 /// PID 1 of a user-mode guest: the mounts the qemu guest's initramfs makes (the root is already
@@ -594,8 +595,6 @@ pub fn start(repo: &Path, kernel: &Kernel, spec: VmSpec) -> Result<RunningVm> {
         Machine::Qemu => qemu_command(&spec, kernel, &script),
         Machine::Uml => uml_command(&spec, kernel, &script, &work)?,
     };
-    // Its own process group, so a timeout kills the user-mode kernel's helper processes too.
-    cmd.process_group(0);
     cmd.stdin(Stdio::null()).stdout(Stdio::piped());
     let mut child = cmd.spawn().with_context(|| match machine {
         Machine::Qemu => "starting qemu-system-x86_64: install qemu-system-x86",
@@ -625,11 +624,21 @@ pub fn start(repo: &Path, kernel: &Kernel, spec: VmSpec) -> Result<RunningVm> {
 }
 
 impl RunningVm {
-    /// Kills the machine's whole process group (qemu, or the user-mode kernel and its helpers).
+    /// Kills the machine: qemu, or the user-mode kernel and the host processes it runs its
+    /// guest's processes in (its children). The machine stays in this task's process group, so an
+    /// interrupt of the task reaches it as before.
     pub fn kill(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", self.child.id())])
-            .status();
+        let pid = self.child.id();
+        let children: Vec<String> = fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t.ok())
+            .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
+            .flat_map(|c| c.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+            .collect();
+        if !children.is_empty() {
+            let _ = Command::new("kill").arg("-KILL").args(&children).status();
+        }
         let _ = self.child.kill();
     }
 

@@ -247,229 +247,225 @@ impl<B: lvms_engine::backend::Backend> NodeCollector<B> {
 
 #[cfg(test)]
 mod tests {
-    mod collector {
-        #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used)]
 
-        use std::sync::Arc;
+    use std::sync::Arc;
 
-        use lvms_engine::{
-            backend::{Backend, NewVolume},
-            ids,
+    use lvms_engine::{
+        backend::{Backend, NewVolume},
+        ids,
+    };
+    use lvms_testkit::{fake_api::FakeApi, fake_backend::FakeBackend};
+    use serde_json::json;
+
+    use super::*;
+
+    async fn volume(backend: &FakeBackend, name: &str) -> String {
+        made(backend, name, None).await
+    }
+
+    /// A 1 GiB thin volume named `name`, inline ephemeral when `ephemeral` names its owner.
+    async fn made(
+        backend: &FakeBackend,
+        name: &str,
+        ephemeral: Option<ids::EphemeralOwner>,
+    ) -> String {
+        backend
+            .create_volume(&NewVolume {
+                name: name.into(),
+                class: "thin".into(),
+                size: 1 << 30,
+                lv_type: None,
+                volume_mode: None,
+                source: None,
+                ephemeral,
+            })
+            .await
+            .unwrap()
+            .id
+    }
+
+    /// Node `node-a`'s collector over `backend`, deleting after `window`.
+    fn collector(
+        api: &FakeApi,
+        backend: &Arc<FakeBackend>,
+        window: Option<Duration>,
+    ) -> NodeCollector<FakeBackend> {
+        let (_tx, rx) = tokio::sync::watch::channel(Some(backend.clone()));
+        NodeCollector::new(api.client("default"), "node-a", "topolvm.io", rx, window)
+    }
+
+    async fn world() -> (FakeApi, Arc<FakeBackend>, [String; 3]) {
+        let api = FakeApi::new();
+        let backend = Arc::new(FakeBackend::new());
+        let owned = volume(&backend, "owned").await;
+        let orphan = volume(&backend, "orphan").await;
+        let claimed = volume(&backend, "claimed").await;
+        api.insert(
+            &format!("/apis/topolvm.io/v1/logicalvolumes/{owned}"),
+            json!({"metadata": {"name": owned},
+                   "spec": {"name": "owned", "nodeName": "node-a", "size": "1Gi"}}),
+        );
+        api.insert(
+            "/api/v1/persistentvolumes/pv-claimed",
+            json!({"metadata": {"name": "pv-claimed"},
+                   "spec": {"csi": {"driver": "topolvm.io", "volumeHandle": claimed}}}),
+        );
+        (api, backend, [owned, orphan, claimed])
+    }
+
+    #[tokio::test]
+    async fn by_default_orphans_are_reported_once_with_an_event_and_kept() {
+        let (api, backend, [_, orphan, claimed]) = world().await;
+        let mut c = collector(&api, &backend, None);
+        let s = c.sweep_once().await.unwrap();
+        let mut want = vec![orphan.clone(), claimed.clone()];
+        want.sort();
+        assert_eq!(
+            s.orphans.iter().map(|o| o.id.clone()).collect::<Vec<_>>(),
+            want
+        );
+        assert!(s.delete.is_empty());
+        let events: Vec<_> = api
+            .requests()
+            .into_iter()
+            .filter(|r| r.path.contains("/events"))
+            .collect();
+        assert_eq!(events.len(), 2, "one event per new orphan");
+        assert_eq!(events[0].body["reason"], "OrphanedVolume");
+        assert_eq!(events[0].body["regarding"]["kind"], "Node");
+        api.clear_requests();
+        c.sweep_once().await.unwrap();
+        assert!(
+            !api.requests().iter().any(|r| r.path.contains("/events")),
+            "no new event for a known orphan"
+        );
+        assert_eq!(backend.state.lock().unwrap().volumes.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_shared_volume_is_judged_by_every_nodes_objects_and_only_reported() {
+        let api = FakeApi::new();
+        let backend = Arc::new(
+            FakeBackend::new().with_shared("thin", lvms_core::config::SharedVolumeMode::Thin),
+        );
+        let elsewhere = volume(&backend, "elsewhere").await;
+        let orphan = volume(&backend, "orphan").await;
+        // Made for node-b's LogicalVolume: not this node's object, still not an orphan.
+        api.insert(
+            &format!("/apis/topolvm.io/v1/logicalvolumes/{elsewhere}"),
+            json!({"metadata": {"name": elsewhere},
+                   "spec": {"name": "elsewhere", "nodeName": "node-b", "size": "1Gi"}}),
+        );
+        let mut c = collector(&api, &backend, Some(Duration::ZERO));
+        let s = c.sweep_once().await.unwrap();
+        assert_eq!(
+            s.orphans.iter().map(|o| o.id.clone()).collect::<Vec<_>>(),
+            std::slice::from_ref(&orphan)
+        );
+        assert!(s.delete.is_empty(), "a shared orphan is never removed");
+        assert_eq!(backend.state.lock().unwrap().volumes.len(), 2);
+        let events: Vec<_> = api
+            .requests()
+            .into_iter()
+            .filter(|r| r.path.contains("/events"))
+            .collect();
+        assert_eq!(events.len(), 1);
+        let note = events[0].body["note"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(
+            note.contains(&orphan) && note.contains("shared class"),
+            "{note}"
+        );
+    }
+
+    async fn ephemeral(backend: &FakeBackend, name: &str, pod: &str) -> String {
+        let owner = ids::EphemeralOwner {
+            pod_uid: format!("uid-{pod}"),
+            pod_namespace: "default".into(),
+            pod_name: pod.into(),
         };
-        use lvms_testkit::{fake_api::FakeApi, fake_backend::FakeBackend};
-        use serde_json::json;
+        made(backend, name, Some(owner)).await
+    }
 
-        use super::super::*;
+    #[tokio::test]
+    async fn ephemeral_volumes_are_no_orphans_and_go_only_when_unmounted_and_their_pod_is_gone() {
+        let api = FakeApi::new();
+        let backend = Arc::new(FakeBackend::new());
+        let alive = ephemeral(&backend, "csi-1", "alive").await;
+        let gone = ephemeral(&backend, "csi-2", "gone").await;
+        let mounted = ephemeral(&backend, "csi-3", "gone-too").await;
+        let replaced = ephemeral(&backend, "csi-4", "replaced").await;
+        backend
+            .state
+            .lock()
+            .unwrap()
+            .volumes
+            .get_mut(&mounted)
+            .unwrap()
+            .open = true;
+        api.insert(
+            "/api/v1/namespaces/default/pods/alive",
+            json!({"metadata": {"name": "alive", "namespace": "default", "uid": "uid-alive"}}),
+        );
+        // A pod of the same name but another uid: the volume's pod is gone.
+        api.insert(
+            "/api/v1/namespaces/default/pods/replaced",
+            json!({"metadata": {"name": "replaced", "namespace": "default", "uid": "uid-new"}}),
+        );
+        let mut c = collector(&api, &backend, None);
+        let s = c.sweep_once().await.unwrap();
+        assert!(s.orphans.is_empty(), "no LogicalVolume orphans: {s:?}");
+        assert!(s.ephemeral_delete.is_empty(), "within the grace period");
+        let mut want = vec![gone.clone(), replaced.clone()];
+        want.sort();
+        assert_eq!(
+            s.ephemeral_orphans
+                .iter()
+                .map(|o| o.id.clone())
+                .collect::<Vec<_>>(),
+            want
+        );
+        let mut c = collector(&api, &backend, Some(Duration::ZERO));
+        let s = c.sweep_once().await.unwrap();
+        assert_eq!(s.ephemeral_delete, want);
+        let mut left: Vec<String> = backend
+            .state
+            .lock()
+            .unwrap()
+            .volumes
+            .keys()
+            .cloned()
+            .collect();
+        left.sort();
+        let mut kept = vec![alive, mounted];
+        kept.sort();
+        assert_eq!(left, kept);
+    }
 
-        async fn volume(backend: &FakeBackend, name: &str) -> String {
-            made(backend, name, None).await
-        }
-
-        /// A 1 GiB thin volume named `name`, inline ephemeral when `ephemeral` names its owner.
-        async fn made(
-            backend: &FakeBackend,
-            name: &str,
-            ephemeral: Option<ids::EphemeralOwner>,
-        ) -> String {
-            backend
-                .create_volume(&NewVolume {
-                    name: name.into(),
-                    class: "thin".into(),
-                    size: 1 << 30,
-                    lv_type: None,
-                    volume_mode: None,
-                    source: None,
-                    ephemeral,
-                })
-                .await
-                .unwrap()
-                .id
-        }
-
-        /// Node `node-a`'s collector over `backend`, deleting after `window`.
-        fn collector(
-            api: &FakeApi,
-            backend: &Arc<FakeBackend>,
-            window: Option<Duration>,
-        ) -> NodeCollector<FakeBackend> {
-            let (_tx, rx) = tokio::sync::watch::channel(Some(backend.clone()));
-            NodeCollector::new(api.client("default"), "node-a", "topolvm.io", rx, window)
-        }
-
-        async fn world() -> (FakeApi, Arc<FakeBackend>, [String; 3]) {
-            let api = FakeApi::new();
-            let backend = Arc::new(FakeBackend::new());
-            let owned = volume(&backend, "owned").await;
-            let orphan = volume(&backend, "orphan").await;
-            let claimed = volume(&backend, "claimed").await;
-            api.insert(
-                &format!("/apis/topolvm.io/v1/logicalvolumes/{owned}"),
-                json!({"metadata": {"name": owned},
-                       "spec": {"name": "owned", "nodeName": "node-a", "size": "1Gi"}}),
-            );
-            api.insert(
-                "/api/v1/persistentvolumes/pv-claimed",
-                json!({"metadata": {"name": "pv-claimed"},
-                       "spec": {"csi": {"driver": "topolvm.io", "volumeHandle": claimed}}}),
-            );
-            (api, backend, [owned, orphan, claimed])
-        }
-
-        #[tokio::test]
-        async fn by_default_orphans_are_reported_once_with_an_event_and_kept() {
-            let (api, backend, [_, orphan, claimed]) = world().await;
-            let mut c = collector(&api, &backend, None);
-            let s = c.sweep_once().await.unwrap();
-            let mut want = vec![orphan.clone(), claimed.clone()];
-            want.sort();
-            assert_eq!(
-                s.orphans.iter().map(|o| o.id.clone()).collect::<Vec<_>>(),
-                want
-            );
-            assert!(s.delete.is_empty());
-            let events: Vec<_> = api
-                .requests()
-                .into_iter()
-                .filter(|r| r.path.contains("/events"))
-                .collect();
-            assert_eq!(events.len(), 2, "one event per new orphan");
-            assert_eq!(events[0].body["reason"], "OrphanedVolume");
-            assert_eq!(events[0].body["regarding"]["kind"], "Node");
-            api.clear_requests();
-            c.sweep_once().await.unwrap();
-            assert!(
-                !api.requests().iter().any(|r| r.path.contains("/events")),
-                "no new event for a known orphan"
-            );
-            assert_eq!(backend.state.lock().unwrap().volumes.len(), 3);
-        }
-
-        #[tokio::test]
-        async fn a_shared_volume_is_judged_by_every_nodes_objects_and_only_reported() {
-            let api = FakeApi::new();
-            let backend = Arc::new(
-                FakeBackend::new().with_shared("thin", lvms_core::config::SharedVolumeMode::Thin),
-            );
-            let elsewhere = volume(&backend, "elsewhere").await;
-            let orphan = volume(&backend, "orphan").await;
-            // Made for node-b's LogicalVolume: not this node's object, still not an orphan.
-            api.insert(
-                &format!("/apis/topolvm.io/v1/logicalvolumes/{elsewhere}"),
-                json!({"metadata": {"name": elsewhere},
-                       "spec": {"name": "elsewhere", "nodeName": "node-b", "size": "1Gi"}}),
-            );
-            let mut c = collector(&api, &backend, Some(Duration::ZERO));
-            let s = c.sweep_once().await.unwrap();
-            assert_eq!(
-                s.orphans.iter().map(|o| o.id.clone()).collect::<Vec<_>>(),
-                std::slice::from_ref(&orphan)
-            );
-            assert!(s.delete.is_empty(), "a shared orphan is never removed");
-            assert_eq!(backend.state.lock().unwrap().volumes.len(), 2);
-            let events: Vec<_> = api
-                .requests()
-                .into_iter()
-                .filter(|r| r.path.contains("/events"))
-                .collect();
-            assert_eq!(events.len(), 1);
-            let note = events[0].body["note"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
-            assert!(
-                note.contains(&orphan) && note.contains("shared class"),
-                "{note}"
-            );
-        }
-
-        async fn ephemeral(backend: &FakeBackend, name: &str, pod: &str) -> String {
-            let owner = ids::EphemeralOwner {
-                pod_uid: format!("uid-{pod}"),
-                pod_namespace: "default".into(),
-                pod_name: pod.into(),
-            };
-            made(backend, name, Some(owner)).await
-        }
-
-        #[tokio::test]
-        async fn ephemeral_volumes_are_no_orphans_and_go_only_when_unmounted_and_their_pod_is_gone()
-        {
-            let api = FakeApi::new();
-            let backend = Arc::new(FakeBackend::new());
-            let alive = ephemeral(&backend, "csi-1", "alive").await;
-            let gone = ephemeral(&backend, "csi-2", "gone").await;
-            let mounted = ephemeral(&backend, "csi-3", "gone-too").await;
-            let replaced = ephemeral(&backend, "csi-4", "replaced").await;
-            backend
-                .state
-                .lock()
-                .unwrap()
-                .volumes
-                .get_mut(&mounted)
-                .unwrap()
-                .open = true;
-            api.insert(
-                "/api/v1/namespaces/default/pods/alive",
-                json!({"metadata": {"name": "alive", "namespace": "default", "uid": "uid-alive"}}),
-            );
-            // A pod of the same name but another uid: the volume's pod is gone.
-            api.insert(
-                "/api/v1/namespaces/default/pods/replaced",
-                json!({"metadata": {"name": "replaced", "namespace": "default", "uid": "uid-new"}}),
-            );
-            let mut c = collector(&api, &backend, None);
-            let s = c.sweep_once().await.unwrap();
-            assert!(s.orphans.is_empty(), "no LogicalVolume orphans: {s:?}");
-            assert!(s.ephemeral_delete.is_empty(), "within the grace period");
-            let mut want = vec![gone.clone(), replaced.clone()];
-            want.sort();
-            assert_eq!(
-                s.ephemeral_orphans
-                    .iter()
-                    .map(|o| o.id.clone())
-                    .collect::<Vec<_>>(),
-                want
-            );
-            let mut c = collector(&api, &backend, Some(Duration::ZERO));
-            let s = c.sweep_once().await.unwrap();
-            assert_eq!(s.ephemeral_delete, want);
-            let mut left: Vec<String> = backend
-                .state
-                .lock()
-                .unwrap()
-                .volumes
-                .keys()
-                .cloned()
-                .collect();
-            left.sort();
-            let mut kept = vec![alive, mounted];
-            kept.sort();
-            assert_eq!(left, kept);
-        }
-
-        #[tokio::test]
-        async fn with_a_window_an_unreferenced_orphan_goes_and_a_claimed_one_stays() {
-            let (api, backend, [owned, orphan, claimed]) = world().await;
-            let c = collector(&api, &backend, Some(Duration::ZERO));
-            let metrics =
-                std::sync::Arc::new(lvms_k8s::metrics::GcMetrics::new("orphaned_volumes"));
-            let mut c = c.with_metrics(metrics.clone());
-            let s = c.sweep_once().await.unwrap();
-            assert_eq!(s.delete, std::slice::from_ref(&orphan));
-            assert_eq!(metrics.orphans.get(), 2);
-            assert_eq!(metrics.removed.get(), 1);
-            let left: Vec<String> = backend
-                .state
-                .lock()
-                .unwrap()
-                .volumes
-                .keys()
-                .cloned()
-                .collect();
-            let mut want = vec![owned, claimed];
-            want.sort();
-            assert_eq!(left, want);
-            assert_eq!(ids::volume_lv_name("orphan"), orphan);
-        }
+    #[tokio::test]
+    async fn with_a_window_an_unreferenced_orphan_goes_and_a_claimed_one_stays() {
+        let (api, backend, [owned, orphan, claimed]) = world().await;
+        let c = collector(&api, &backend, Some(Duration::ZERO));
+        let metrics = std::sync::Arc::new(lvms_k8s::metrics::GcMetrics::new("orphaned_volumes"));
+        let mut c = c.with_metrics(metrics.clone());
+        let s = c.sweep_once().await.unwrap();
+        assert_eq!(s.delete, std::slice::from_ref(&orphan));
+        assert_eq!(metrics.orphans.get(), 2);
+        assert_eq!(metrics.removed.get(), 1);
+        let left: Vec<String> = backend
+            .state
+            .lock()
+            .unwrap()
+            .volumes
+            .keys()
+            .cloned()
+            .collect();
+        let mut want = vec![owned, claimed];
+        want.sort();
+        assert_eq!(left, want);
+        assert_eq!(ids::volume_lv_name("orphan"), orphan);
     }
 }
