@@ -11,6 +11,8 @@ const DEPS: &[(&str, &str)] = &[
     ("/usr/bin/qemu-system-x86_64", "qemu-system-x86"),
     // Guests without a network run as user-mode Linux (ADR 0026).
     ("/usr/bin/linux.uml", "user-mode-linux"),
+    // Their network, when they need one (ADR 0027).
+    ("/usr/bin/slirp-fullbolt", "slirp"),
     ("/bin/busybox", "busybox-static"),
     ("/sbin/lvm", "lvm2"),
     ("/usr/sbin/thin_check", "thin-provisioning-tools"),

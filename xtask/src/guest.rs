@@ -109,17 +109,8 @@ fn tunnel(client: TcpStream) -> Result<()> {
     client_w.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
     // Whatever the client sent after the headers is already in the reader's buffer.
     let buffered = reader.buffer().to_vec();
-    let mut up_w = upstream.try_clone()?;
-    up_w.write_all(&buffered)?;
-    let mut up_r = upstream;
-    let down = thread::spawn(move || {
-        let _ = std::io::copy(&mut up_r, &mut client_w);
-        let _ = client_w.shutdown(std::net::Shutdown::Write);
-    });
-    let mut client_r = reader.into_inner();
-    let _ = std::io::copy(&mut client_r, &mut up_w);
-    let _ = up_w.shutdown(std::net::Shutdown::Write);
-    let _ = down.join();
+    upstream.try_clone()?.write_all(&buffered)?;
+    crate::relay::join(reader.into_inner(), upstream);
     Ok(())
 }
 

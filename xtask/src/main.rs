@@ -11,6 +11,7 @@ mod helm;
 mod images;
 mod lanes;
 mod node;
+mod relay;
 mod report;
 mod sanity;
 mod shared;
@@ -112,6 +113,9 @@ enum Task {
     /// Inside the installed test's node VM: the API server's HTTP CONNECT proxy (xtask/src/guest.rs).
     #[command(hide = true)]
     GuestConnect { port: u16 },
+    /// Inside a user-mode guest: the guest's side of its forwarded ports (xtask/src/relay.rs).
+    #[command(hide = true)]
+    GuestRelay { host: String },
     /// lvms-rs installed on a real node: the control plane, a kubelet with containerd in the VM,
     /// local images, `kubectl apply -k` of deploy/base, and the e2e test `installed` (ADR 0018).
     Installed {
@@ -174,7 +178,12 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
     // once for all its phases.
     if !matches!(
         task,
-        Task::Deps | Task::Helm | Task::GuestServe { .. } | Task::GuestConnect { .. } | Task::Lint
+        Task::Deps
+            | Task::Helm
+            | Task::GuestServe { .. }
+            | Task::GuestConnect { .. }
+            | Task::GuestRelay { .. }
+            | Task::Lint
     ) {
         deps::ensure()?;
     }
@@ -225,6 +234,7 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
         }
         Task::GuestServe { port } => guest::serve(port).map(ok),
         Task::GuestConnect { port } => guest::serve_connect(port).map(ok),
+        Task::GuestRelay { host } => relay::serve_guest(&host).map(ok),
         Task::Installed { keep } => node::run(repo, keep),
         Task::Cluster => e2e::serve_cluster(repo),
         Task::Sanity { shared_thin, only } => sanity::run(repo, shared_thin, &only),

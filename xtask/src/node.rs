@@ -238,8 +238,9 @@ fn start_node(
     images::node_disk(repo, images, &disks[0].image)?;
     let xtask = std::env::current_exe().context("the xtask executable")?;
     let s = |v: &Path| v.display().to_string();
-    // Two vCPUs even beside another phase: on one, kubelet's liveness probes of the operator's
-    // and the node plugin's containers time out and restart them (measured: the test failed).
+    // A user-mode guest (ADR 0027). Under qemu (LVMS_VM_MACHINE=qemu), two vCPUs even beside
+    // another phase: on one, kubelet's liveness probes of the operator's and the node plugin's
+    // containers time out and restart them (measured: the test failed).
     let spec = VmSpec::new("node", repo, "sh xtask/src/node.sh")
         .disks(disks)
         .memory_mib(3072)

@@ -11,10 +11,22 @@ set -eu
 log="$NODE_DIR/logs"
 mkdir -p "$log"
 hostname "$NODE_NAME"
-modprobe -a overlay bridge br_netfilter veth nf_nat nf_tables nft_chain_nat nft_compat \
+# iptables' legacy back end, for kubelet, CNI and the rules below: Debian's user-mode kernel has
+# nf_tables without its NAT chains, and both kernels have the legacy tables.
+modprobe -a overlay bridge br_netfilter veth nf_nat ip_tables iptable_nat iptable_filter \
   xt_MASQUERADE xt_conntrack xt_addrtype xt_nat xt_comment nf_conntrack xt_mark
+mkdir -p /run/node-bin
+for t in iptables ip6tables; do
+  for s in "" -save -restore; do ln -sf "/usr/sbin/$t-legacy$s" "/run/node-bin/$t$s"; done
+done
+export PATH="/run/node-bin:$PATH"
 sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
 mount -t cgroup2 none /sys/fs/cgroup
+# A user-mode kernel's /proc/cpuinfo has no clock speed, which kubelet's cAdvisor requires.
+if grep -q '^vendor_id.*User Mode Linux' /proc/cpuinfo && ! grep -q '^cpu MHz' /proc/cpuinfo; then
+  { cat /proc/cpuinfo; echo 'cpu MHz		: 1000.000'; } > /run/cpuinfo
+  mount --bind /run/cpuinfo /proc/cpuinfo
+fi
 # Pods with hostIPC (the node plugin: lvm's semaphores) get the host's /dev/shm.
 mkdir -p /dev/shm
 mountpoint -q /dev/shm || mount -t tmpfs -o mode=1777,nosuid,nodev shm /dev/shm

@@ -27,6 +27,8 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
+use crate::relay::Relay;
+
 /// Modules the initramfs loads (with their dependencies, in `modprobe --show-depends` order) before it can
 /// mount the host root.
 const INITRAMFS_MODULES: &[&str] = &["virtio_pci", "virtio_blk", "9pnet_virtio", "9p"];
@@ -50,26 +52,29 @@ const GUEST_MODULES: &[&str] = &[
 /// Debian's user-mode Linux kernel (package user-mode-linux) and where its modules are.
 const UML_BINARY: &str = "/usr/bin/linux.uml";
 const UML_MODULES: &str = "/usr/lib/uml/modules";
+/// slirp (package slirp): a user-mode guest's network.
+const SLIRP: &str = "/usr/bin/slirp-fullbolt";
 
 /// What runs a guest (ADR 0026).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Machine {
     /// qemu with TCG, booting Debian's kernel: any number of vCPUs, user-mode networking.
     Qemu,
-    /// Debian's user-mode Linux: one CPU, no network, no emulated instructions.
+    /// Debian's user-mode Linux: one CPU, no emulated instructions; slirp's network, whose
+    /// forwarded ports go over connections the guest opens ([`Relay`], ADR 0027).
     Uml,
 }
 
 impl Machine {
-    /// `LVMS_VM_MACHINE` (`qemu` or `uml`) if set; else user-mode Linux for a guest that needs no
-    /// network, when it is installed; else qemu. A user-mode guest has one CPU whatever `cpus` says:
-    /// faster alone than a TCG guest on two (ADR 0026).
-    fn for_spec(spec: &VmSpec, kernel: &Kernel) -> Result<Self> {
+    /// `LVMS_VM_MACHINE` (`qemu` or `uml`) if set; else user-mode Linux when it is installed; else
+    /// qemu. A user-mode guest has one CPU whatever `cpus` says: faster alone than a TCG guest on
+    /// two (ADR 0026, 0027).
+    fn for_host(kernel: &Kernel) -> Result<Self> {
         let wanted = std::env::var("LVMS_VM_MACHINE").ok();
-        Self::choose(wanted.as_deref(), kernel.uml.is_some(), spec.net)
+        Self::choose(wanted.as_deref(), kernel.uml.is_some())
     }
 
-    fn choose(wanted: Option<&str>, uml_installed: bool, net: bool) -> Result<Self> {
+    fn choose(wanted: Option<&str>, uml_installed: bool) -> Result<Self> {
         match wanted {
             Some("qemu") => Ok(Self::Qemu),
             Some("uml") if !uml_installed => {
@@ -79,7 +84,7 @@ impl Machine {
             Some(other) if !other.is_empty() => {
                 bail!("LVMS_VM_MACHINE={other}: expected qemu or uml")
             }
-            _ if uml_installed && !net => Ok(Self::Uml),
+            _ if uml_installed => Ok(Self::Uml),
             _ => Ok(Self::Qemu),
         }
     }
@@ -280,6 +285,10 @@ const INIT: &str = r#"#!/bin/busybox sh
 B=/bin/busybox
 $B mkdir -p /proc /sys /dev /newroot
 $B mount -t proc proc /proc
+# A user-mode kernel restarts itself on reboot (a watchdog's reset): power off instead, as qemu's
+# -no-reboot does.
+[ -e "@WORK@/booted" ] && echo o > /proc/sysrq-trigger
+: > "@WORK@/booted"
 $B mount -t sysfs sysfs /sys
 $B mount -t devtmpfs devtmpfs /dev
 for m in $($B cat /modules.order); do $B insmod "/modules/$m" 2>/dev/null; done
@@ -356,7 +365,14 @@ pub fn build_initramfs(repo: &Path, version: &str) -> Result<PathBuf> {
 
 /// The guest script: a prelude that makes the guest look like a node (modules, udev, an LVM config on
 /// tmpfs so nothing of the host's /etc/lvm is touched), then the command; its status goes to `exit-code`.
-fn guest_script(spec: &VmSpec, machine: Machine, repo: &Path, work: &Path) -> String {
+/// `relay`: the host loopback port of a user-mode guest's [`Relay`] (its forwarded ports).
+fn guest_script(
+    spec: &VmSpec,
+    machine: Machine,
+    repo: &Path,
+    work: &Path,
+    relay: Option<u16>,
+) -> String {
     let mut s =
         String::from("export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n");
     s.push_str("export HOME=/root LC_ALL=C TMPDIR=/tmp LVM_SYSTEM_DIR=/run/lvm-etc LVMS_IN_VM=1\n");
@@ -429,13 +445,27 @@ udevadm trigger --action=add --subsystem-match=block
 udevadm settle --timeout=30 >/dev/null 2>&1
 "#,
     );
-    if spec.net {
-        s.push_str(
+    match (spec.net, machine) {
+        (false, _) => {}
+        (true, Machine::Qemu) => s.push_str(
             // udev renames eth0 (enp0s…): take whichever interface is not loopback.
             "modprobe virtio_net 2>/dev/null\nudevadm settle --timeout=30 >/dev/null 2>&1\n\
              ifc=$(ls /sys/class/net | grep -v '^lo$' | head -n 1)\nbusybox ip link set lo up\n\
              busybox ip link set \"$ifc\" up\nbusybox ip addr add 10.0.2.15/24 dev \"$ifc\"\n\
              busybox ip route add default via 10.0.2.2\n",
+        ),
+        // slirp's SLIP link: no ARP, so the default route is the link itself.
+        (true, Machine::Uml) => s.push_str(
+            "busybox ip link set lo up\nbusybox ip link set eth0 up\n\
+             busybox ip addr add 10.0.2.15/24 dev eth0\nbusybox ip route add default dev eth0\n",
+        ),
+    }
+    if let Some(port) = relay {
+        let xtask = std::env::current_exe().unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "{} guest-relay 10.0.2.2:{port} </dev/null >/dev/null 2>&1 &",
+            shell_quote(&xtask.to_string_lossy())
         );
     }
     // Where a guest's CPU goes: with LVMS_VM_ACCT=DIR on the host, the kernel's process
@@ -505,6 +535,8 @@ pub struct RunningVm {
     child: Child,
     console: thread::JoinHandle<Vec<String>>,
     started: Instant,
+    /// A user-mode guest's forwarded ports, while it runs.
+    _relay: Option<Relay>,
 }
 
 #[derive(Debug)]
@@ -574,6 +606,10 @@ fn newest(entries: impl Iterator<Item = fs::DirEntry>) -> Option<String> {
 const UML_INIT: &str = r#"#!/bin/busybox sh
 B=/bin/busybox
 $B mount -t proc proc /proc
+# A user-mode kernel restarts itself on reboot (a watchdog's reset): power off instead, as qemu's
+# -no-reboot does.
+[ -e "@WORK@/booted" ] && echo o > /proc/sysrq-trigger
+: > "@WORK@/booted"
 $B mount -t sysfs sysfs /sys
 $B mount -t tmpfs -o mode=0755 tmpfs /run
 $B mount -t tmpfs tmpfs /lib/modules
@@ -583,14 +619,22 @@ exec /bin/sh "@SCRIPT@"
 "#;
 
 pub fn start(repo: &Path, kernel: &Kernel, spec: VmSpec) -> Result<RunningVm> {
-    let machine = Machine::for_spec(&spec, kernel)?;
+    let machine = Machine::for_host(kernel)?;
     let work = vm_dir(repo).join(format!("{}-{}", spec.name, std::process::id()));
     if work.exists() {
         fs::remove_dir_all(&work)?;
     }
     fs::create_dir_all(&work)?;
+    // A user-mode guest's forwarded ports are connections it opens to the host (ADR 0027).
+    let relay = match machine {
+        Machine::Uml if !spec.forwards.is_empty() => Some(Relay::start(&spec.forwards)?),
+        _ => None,
+    };
     let script = work.join("guest.sh");
-    fs::write(&script, guest_script(&spec, machine, repo, &work))?;
+    fs::write(
+        &script,
+        guest_script(&spec, machine, repo, &work, relay.as_ref().map(Relay::port)),
+    )?;
     let mut cmd = match machine {
         Machine::Qemu => qemu_command(&spec, kernel, &script),
         Machine::Uml => uml_command(&spec, kernel, &script, &work)?,
@@ -620,6 +664,7 @@ pub fn start(repo: &Path, kernel: &Kernel, spec: VmSpec) -> Result<RunningVm> {
         child,
         console,
         started: Instant::now(),
+        _relay: relay,
     })
 }
 
@@ -628,17 +673,7 @@ impl RunningVm {
     /// guest's processes in (its children). The machine stays in this task's process group, so an
     /// interrupt of the task reaches it as before.
     pub fn kill(&mut self) {
-        let pid = self.child.id();
-        let children: Vec<String> = fs::read_dir(format!("/proc/{pid}/task"))
-            .into_iter()
-            .flatten()
-            .filter_map(|t| t.ok())
-            .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
-            .flat_map(|c| c.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
-            .collect();
-        if !children.is_empty() {
-            let _ = Command::new("kill").arg("-KILL").args(&children).status();
-        }
+        lvms_testkit::guest::kill_machine(self.child.id());
         let _ = self.child.kill();
     }
 
@@ -758,7 +793,8 @@ fn uml_command(spec: &VmSpec, kernel: &Kernel, script: &Path, work: &Path) -> Re
         UML_INIT
             .replace("@VERSION@", version)
             .replace("@MODULES@", UML_MODULES)
-            .replace("@SCRIPT@", &script.to_string_lossy()),
+            .replace("@SCRIPT@", &script.to_string_lossy())
+            .replace("@WORK@", &work.to_string_lossy()),
     )?;
     fs::set_permissions(&init, fs::Permissions::from_mode(0o755))?;
     let mut cmd = Command::new(UML_BINARY);
@@ -786,6 +822,10 @@ fn uml_command(spec: &VmSpec, kernel: &Kernel, script: &Path, work: &Path) -> Re
             if d.shared { "c" } else { "" }
         );
         cmd.arg(format!("ubd{i}{flags}={},,{}", d.image.display(), d.serial));
+    }
+    if spec.net {
+        // User-mode networking, as qemu's: the guest is 10.0.2.15, the host's loopback 10.0.2.2.
+        cmd.arg(format!("eth0=slirp,,{SLIRP}"));
     }
     Ok(cmd)
 }
@@ -818,28 +858,18 @@ mod tests {
     }
 
     #[test]
-    fn guests_without_a_network_run_as_user_mode_linux_when_it_is_installed() {
-        assert_eq!(Machine::choose(None, true, false).unwrap(), Machine::Uml);
-        assert_eq!(
-            Machine::choose(Some(""), true, false).unwrap(),
-            Machine::Uml
-        );
-        assert_eq!(Machine::choose(None, true, true).unwrap(), Machine::Qemu);
-        assert_eq!(Machine::choose(None, false, false).unwrap(), Machine::Qemu);
-        assert_eq!(
-            Machine::choose(Some("qemu"), true, false).unwrap(),
-            Machine::Qemu
-        );
-        assert_eq!(
-            Machine::choose(Some("uml"), true, true).unwrap(),
-            Machine::Uml
-        );
-        let missing = Machine::choose(Some("uml"), false, false).unwrap_err();
+    fn guests_run_as_user_mode_linux_when_it_is_installed_unless_the_user_says_qemu() {
+        assert_eq!(Machine::choose(None, true).unwrap(), Machine::Uml);
+        assert_eq!(Machine::choose(Some(""), true).unwrap(), Machine::Uml);
+        assert_eq!(Machine::choose(None, false).unwrap(), Machine::Qemu);
+        assert_eq!(Machine::choose(Some("qemu"), true).unwrap(), Machine::Qemu);
+        assert_eq!(Machine::choose(Some("uml"), true).unwrap(), Machine::Uml);
+        let missing = Machine::choose(Some("uml"), false).unwrap_err();
         assert!(
             missing.to_string().contains("install user-mode-linux"),
             "{missing}"
         );
-        let typo = Machine::choose(Some("kvm"), true, false).unwrap_err();
+        let typo = Machine::choose(Some("kvm"), true).unwrap_err();
         assert!(typo.to_string().contains("expected qemu or uml"), "{typo}");
     }
 

@@ -799,14 +799,14 @@ impl Node {
         assert!(daemon.contains("use_watchdog=1"), "{}: {daemon}", self.name);
     }
 
-    /// Whether the guest's command server answers (false once qemu is gone).
+    /// Whether the guest's command server answers (false once its machine is gone).
     fn alive(&self) -> bool {
         self.guest.alive()
     }
 }
 
-/// The qemu process ids of the two guests.
-fn qemu_pids() -> [u32; 2] {
+/// The machines' process ids (qemu or user-mode kernel) of the two guests.
+fn machine_pids() -> [u32; 2] {
     let pids = std::env::var("LVMS_SHARED_PIDS").expect("LVMS_SHARED_PIDS (cargo xtask vm-shared)");
     let mut it = pids.split(',').map(|p| p.parse().unwrap());
     [it.next().unwrap(), it.next().unwrap()]
@@ -960,14 +960,10 @@ fn fencing_power_loss_frees_the_volumes_after_the_host_dead_time_with_their_data
         n2.ok("sanlock client host_status -s lvm_san -D")
     );
     // Power loss.
-    let [pid1, _] = qemu_pids();
+    let [pid1, _] = machine_pids();
     let killed = Instant::now();
-    let status = std::process::Command::new("kill")
-        .args(["-9", &pid1.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    assert!(!n1.alive(), "node 1's qemu is gone");
+    lvms_testkit::guest::kill_machine(pid1);
+    assert!(!n1.alive(), "node 1's machine is gone");
 
     // Node 2's stages wait in the call (the default 90 s), so the host-dead time is reached in
     // at most two calls, the last of which waits for the lock and then succeeds.

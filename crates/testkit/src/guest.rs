@@ -141,6 +141,50 @@ impl Guest {
     }
 }
 
+/// Kills a machine at once, as a power loss would: the process `pid` (qemu, or a user-mode kernel)
+/// and every process under it. A user-mode guest's processes are host processes under its
+/// kernel's; killed alone, the kernel would leave them running unsupervised.
+pub fn kill_machine(pid: u32) {
+    // Stopped first, so that none forks between the listing and the kill.
+    let mut tree = vec![pid];
+    for _ in 0..3 {
+        tree = descendants(pid);
+        signal("STOP", &tree);
+    }
+    signal("KILL", &tree);
+}
+
+/// `pid` and the processes under it, from `/proc/<pid>/task/*/children`.
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let mut all = vec![pid];
+    let mut i = 0;
+    while let Some(&p) = all.get(i) {
+        let tasks = std::fs::read_dir(format!("/proc/{p}/task"))
+            .into_iter()
+            .flatten();
+        for t in tasks.filter_map(Result::ok) {
+            let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            all.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<u32>().ok()),
+            );
+        }
+        i += 1;
+    }
+    all.sort_unstable();
+    all.dedup();
+    all
+}
+
+fn signal(name: &str, pids: &[u32]) {
+    let _ = Command::new("kill")
+        .arg(format!("-{name}"))
+        .args(pids.iter().map(u32::to_string))
+        .stderr(Stdio::null())
+        .status();
+}
+
 /// The server, in the guest: answers requests on `port` (all addresses) until the VM stops.
 pub fn serve(port: u16) -> io::Result<()> {
     let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))?;
@@ -198,6 +242,30 @@ mod tests {
             }
         });
         Guest::new("test", format!("127.0.0.1:{port}"))
+    }
+
+    #[test]
+    fn a_killed_machine_leaves_none_of_its_processes() {
+        // A parent whose children and grandchildren would outlive it, as a user-mode guest's do.
+        let mut parent = Command::new("sh")
+            .args(["-c", "sleep 300 & sh -c 'sleep 300 & wait' & wait"])
+            .spawn()
+            .unwrap();
+        let pid = parent.id();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while descendants(pid).len() < 4 && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(20));
+        }
+        let tree = descendants(pid);
+        assert_eq!(tree.len(), 4, "{tree:?}");
+        kill_machine(pid);
+        let _ = parent.wait();
+        thread::sleep(Duration::from_millis(100));
+        for p in &tree[1..] {
+            let state = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            // Gone, or a zombie until init reaps it.
+            assert!(state.is_empty() || state.contains(") Z "), "{p}: {state}");
+        }
     }
 
     #[test]

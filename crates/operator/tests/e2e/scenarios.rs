@@ -135,12 +135,15 @@ async fn stack_an_lvmcluster_renders_its_objects_and_the_agent_builds_the_volume
         .iter()
         .find(|s| s.name == CLASS)
         .unwrap_or_else(|| panic!("no {CLASS} in {status:?}"));
+    // The disk the LVMCluster names, as the node reports it (its kernel name: vda under qemu,
+    // ubda under user-mode Linux).
+    let disk = stack.vm.ok(&format!("readlink -f {DEVICE}")).await;
     assert!(
         entry
             .devices
             .iter()
-            .any(|d| d.contains("vd") || d == DEVICE),
-        "{entry:?}"
+            .any(|d| d == disk.trim() || d == DEVICE),
+        "{entry:?} names neither {DEVICE} nor {disk}"
     );
     assert!(stack.vm.lvs(CLASS).await.contains(&POOL.to_owned()));
     let state = cluster.status.as_ref().and_then(|s| s.state);
