@@ -29,7 +29,7 @@ pub const CONTROL_PLANE: &[&str] = &[
     "kube-scheduler",
 ];
 
-/// The address the test VM reaches the host's loopback at (qemu user-mode networking); the API
+/// The address the test VM reaches the host's loopback at (user-mode networking); the API
 /// server's certificate names it so the node agent in the VM can verify it.
 pub const VM_HOST_ADDR: &str = "10.0.2.2";
 

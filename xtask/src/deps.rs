@@ -9,7 +9,7 @@ use crate::vm;
 /// Commands the VM suite and the tests need, and the Debian package that brings each.
 const DEPS: &[(&str, &str)] = &[
     ("/usr/bin/qemu-system-x86_64", "qemu-system-x86"),
-    // Guests without a network run as user-mode Linux (ADR 0026).
+    // Guests run as user-mode Linux (ADR 0026, 0027).
     ("/usr/bin/linux.uml", "user-mode-linux"),
     // Their network, when they need one (ADR 0027).
     ("/usr/bin/slirp-fullbolt", "slirp"),

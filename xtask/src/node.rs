@@ -76,7 +76,7 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
     let connect_port = cluster::free_port()?;
     let egress = dir.join("egress-selector.yaml");
     // The API server speaks HTTP CONNECT without TLS only over a Unix socket: this process
-    // forwards the socket to the node's proxy (qemu's port forward).
+    // forwards the socket to the node's proxy (a forwarded port).
     let egress_socket = dir.join("egress.sock");
     fs::write(
         &egress,

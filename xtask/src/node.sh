@@ -121,7 +121,7 @@ EOF
 setsid "$KUBELET" --config /run/node/kubelet.yaml --kubeconfig "$NODE_DIR/kubelet.kubeconfig" \
   --hostname-override "$NODE_NAME" --node-ip 10.0.2.15 >"$log/kubelet.log" 2>&1 </dev/null &
 # The API server reaches pods (the webhook's endpoint) and kubelet through this, as through
-# konnectivity: an HTTP CONNECT proxy behind a qemu port forward.
+# konnectivity: an HTTP CONNECT proxy behind a forwarded port.
 setsid "$XTASK" guest-connect "$CONNECT_PORT" >"$log/connect.log" 2>&1 </dev/null &
 echo "node: containerd and kubelet started"
 exec "$XTASK" guest-serve "$EXEC_PORT"

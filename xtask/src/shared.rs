@@ -54,7 +54,7 @@ fn pair(repo: &Path, kernel: &vm::Kernel, exe: &Path, args: &[&str]) -> Result<(
     }
     let join = |v: Vec<String>| v.join(",");
     let nodes = join(ports.iter().map(|p| format!("127.0.0.1:{p}")).collect());
-    // The fencing tests end a guest by killing its qemu (power loss).
+    // The fencing tests end a guest by killing its machine (power loss).
     let pids = join(vms.iter().map(|vm| vm.pid().to_string()).collect());
     let mut child = Command::new(exe)
         .args([

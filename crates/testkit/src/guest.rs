@@ -1,6 +1,6 @@
 //! The test VM's command protocol, both ends: the server a guest runs (`xtask guest-serve`, what
 //! `kubectl exec` would be to a node) and the one client every test and task uses to reach it
-//! through qemu's user-mode port forward on loopback.
+//! through a forwarded port on host loopback (qemu's hostfwd, or a user-mode guest's relay).
 //!
 //! One request per connection: a JSON line `{"cmd": "…", "stdin": "…"}`, answered by one JSON
 //! object `{"code": N, "out": "…", "err": "…"}` (code -1 when the command died by a signal). The
@@ -109,7 +109,7 @@ impl Guest {
         r.out
     }
 
-    /// Whether the command server answers a trivial command (false once qemu is gone).
+    /// Whether the command server answers a trivial command (false once its machine is gone).
     pub fn alive(&self) -> bool {
         self.try_run("true", "", Duration::from_secs(20))
             .is_ok_and(|r| r.code == 0)
