@@ -200,7 +200,7 @@ pub struct SharedConfig {
     /// `Required` (default): the class is ready only where fencing is armed (watchdog and the
     /// `lvms fence` kill hook); `Disabled`: the admin opted out.
     #[serde(default)]
-    pub watchdog: crate::shared::fencing::Policy,
+    pub watchdog: WatchdogPolicy,
 }
 
 impl Default for SharedConfig {
@@ -209,7 +209,7 @@ impl Default for SharedConfig {
             volume_mode: SharedVolumeMode::default(),
             wipe_policy: WipePolicy::default(),
             io_timeout_seconds: DEFAULT_IO_TIMEOUT_SECONDS,
-            watchdog: crate::shared::fencing::Policy::default(),
+            watchdog: WatchdogPolicy::default(),
         }
     }
 }
@@ -325,4 +325,14 @@ pub enum Fstype {
     #[default]
     Xfs,
     Ext4,
+}
+
+/// Whether a shared class needs armed fencing (`sharedConfig.watchdog`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum WatchdogPolicy {
+    /// Fencing must be armed for the class to be Ready.
+    #[default]
+    Required,
+    /// The admin opted out.
+    Disabled,
 }

@@ -16,6 +16,7 @@ pub mod fs;
 pub mod lvm;
 pub mod runner;
 pub mod sanlock;
+pub mod scope;
 pub mod shared;
 pub mod shell;
 pub mod validate;

@@ -50,6 +50,7 @@ pub use self::{
 use crate::{
     error::{Error, Result},
     runner::{Command, DEFAULT_TIMEOUT, Output, Runner},
+    scope::LockScope,
     validate,
 };
 
@@ -103,7 +104,7 @@ pub struct LvSpec {
 ///
 /// # Shared volume groups
 /// Volume groups named in [`Lvm::with_shared`] belong to shared classes: a command on one of them
-/// carries [`crate::shared::SharedLvm::scope_args`] (lvmlockd and the class's devices file) right after
+/// carries its [`LockScope::args`] (lvmlockd and the class's devices file) right after
 /// its subcommand. The volume group a command acts on is its last argument (`vg` or `vg/lv`): every
 /// method here builds its command that way, except those that end in device paths (`pvcreate`,
 /// `vgcreate`, `vgextend`, `vgreduce`), which shared classes never run through this type. The
@@ -268,12 +269,13 @@ impl<R: Runner> Lvm<R> {
             .and_then(|a| a.split('/').next())
             .filter(|vg| self.shared.contains(*vg))
             .map(str::to_owned);
-        if let (Some(vg), true) = (target, args.len() > 1) {
-            let scope = crate::shared::SharedLvm::<R>::scope_args(&vg, None);
-            args.splice(1..1, scope);
-            return Command::new(LVM, args).timeout(crate::shared::LOCK_TIMEOUT);
-        }
-        Command::new(LVM, args).timeout(self.timeout)
+        let scope = match target {
+            Some(vg) if args.len() > 1 => LockScope::shared(&vg, None),
+            _ => LockScope::Local,
+        };
+        let timeout = scope.timeout(self.timeout);
+        args.splice(1..1, scope.args());
+        Command::new(LVM, args).timeout(timeout)
     }
 
     /// `report` of each shared volume group that exists, appended to `out`.

@@ -1,7 +1,7 @@
 //! Shared volume groups on the machine: `lvmlockd` + `sanlock`, one devices file per class, and the
 //! node side of [`lvms_core::shared`] (observe, execute, converge).
 //!
-//! Every LVM command of a shared class carries [`SharedLvm::scope_args`]: `--config
+//! Every LVM command of a shared class carries its [`LockScope::args`]: `--config
 //! "global/use_lvmlockd=1 local/host_id=<id>"` (the host id reaches lvmlockd with the lock-start; no host
 //! file is edited) and `--devicesfile lvms-<class>.devices`, so the class's commands see only its LUNs and
 //! the local classes' commands (run without lvmlockd) skip the shared volume group altogether. These
@@ -41,12 +41,9 @@ use crate::{
     lvm::{LVM, classify, split_tags},
     runner::{Command, DEFAULT_TIMEOUT, Output, Runner},
     sanlock::{self, FencingSeen, Renewals},
+    scope::{LOCK_TIMEOUT, LockScope},
     validate,
 };
-
-/// Lock-start and `vgcreate --shared` wait for sanlock to acquire the host's lease: 20 s to 3 min
-/// (measured 23–30 s in the test VM).
-pub const LOCK_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Plans executed at most per converge (devices file, volume group, lockspace, and spare rounds for a
 /// host that changes meanwhile).
@@ -156,22 +153,8 @@ impl<R: Runner> SharedLvm<R> {
         Self { runner }
     }
 
-    /// The arguments that scope an LVM command to shared class `class` (see the module docs).
     pub fn runner(&self) -> &R {
         &self.runner
-    }
-
-    pub fn scope_args(class: &str, host_id: Option<u16>) -> Vec<String> {
-        let mut config = "global/use_lvmlockd=1".to_owned();
-        if let Some(id) = host_id {
-            config.push_str(&format!(" local/host_id={id}"));
-        }
-        vec![
-            "--config".to_owned(),
-            config,
-            "--devicesfile".to_owned(),
-            shared::devices_file(class),
-        ]
     }
 
     async fn run(&self, program: &str, args: Vec<String>, timeout: Duration) -> Result<Output> {
@@ -189,7 +172,7 @@ impl<R: Runner> SharedLvm<R> {
     ) -> Result<Output> {
         validate::lvm_name(class)?;
         let mut args = vec![subcommand.to_owned()];
-        args.extend(Self::scope_args(class, host_id));
+        args.extend(LockScope::shared(class, host_id).args());
         args.extend(rest.iter().map(|s| (*s).to_owned()));
         let cmd = Command::new(LVM, args).timeout(timeout);
         let out = self.runner.run(&cmd).await?;

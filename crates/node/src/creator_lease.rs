@@ -15,7 +15,7 @@
 //! A node asks for the Lease only while its next step would be `vgcreate` (see
 //! [`crate::volume_group::needs_creator`]), at the end of the observation the plan reads, so the
 //! renewal is immediately before the command. The Lease lasts [`DURATION`], longer than `vgcreate
-//! --shared` may run ([`lvms_host::shared::LOCK_TIMEOUT`]), so nobody takes it over while the holder's
+//! --shared` may run ([`lvms_host::scope::LOCK_TIMEOUT`]), so nobody takes it over while the holder's
 //! command runs. Expiry compares the holder's `renewTime` with the reader's clock: node clocks must
 //! agree to well within the margin (60 s).
 //!
@@ -37,7 +37,7 @@ use kube::{
 };
 
 /// How long a creator Lease lasts after each renewal: `vgcreate --shared`'s timeout and a minute.
-pub const DURATION: Duration = Duration::from_secs(lvms_host::shared::LOCK_TIMEOUT.as_secs() + 60);
+pub const DURATION: Duration = Duration::from_secs(lvms_host::scope::LOCK_TIMEOUT.as_secs() + 60);
 
 /// What to do about the Lease, as [`decide`] finds it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -70,15 +70,8 @@ pub struct WatchdogSeen {
     pub kill_command: String,
 }
 
-/// The admin's choice (`sharedConfig.watchdog`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub enum Policy {
-    /// Fencing must be armed for the class to be Ready.
-    #[default]
-    Required,
-    /// The admin opted out.
-    Disabled,
-}
+/// The admin's choice (`sharedConfig.watchdog`): part of the class's configuration.
+pub use crate::config::WatchdogPolicy as Policy;
 
 /// The watchdog's state on a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

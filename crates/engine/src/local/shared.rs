@@ -677,9 +677,7 @@ mod tests {
     /// `lvm <sub> <scope of the shared class> <args...>`.
     fn lvm_san(sub: &str, args: &[&str]) -> Vec<String> {
         let mut argv = vec!["lvm".to_owned(), sub.to_owned()];
-        argv.extend(lvms_host::shared::SharedLvm::<FakeRunner>::scope_args(
-            SAN, None,
-        ));
+        argv.extend(lvms_host::scope::LockScope::shared(SAN, None).args());
         argv.extend(args.iter().map(|a| (*a).to_owned()));
         argv
     }

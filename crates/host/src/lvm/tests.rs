@@ -1332,8 +1332,8 @@ async fn commands_on_a_shared_volume_group_carry_lvmlockd_and_its_devices_file()
     .succeeds();
     lvm.lv_add_tag("san", "v1", "t1").await.unwrap();
     let calls = fake.calls();
-    assert_eq!(calls[2].timeout, crate::shared::LOCK_TIMEOUT);
-    assert_ne!(calls[1].timeout, crate::shared::LOCK_TIMEOUT);
+    assert_eq!(calls[2].timeout, crate::scope::LOCK_TIMEOUT);
+    assert_ne!(calls[1].timeout, crate::scope::LOCK_TIMEOUT);
     fake.assert_done();
 }
 
@@ -1363,7 +1363,7 @@ async fn all_group_reports_add_each_existing_shared_group() {
         .collect();
     assert_eq!(names, ["vg1", "san"]);
     let timeouts: Vec<_> = fake.calls().iter().map(|c| c.timeout).collect();
-    assert_eq!(timeouts[1], crate::shared::LOCK_TIMEOUT);
+    assert_eq!(timeouts[1], crate::scope::LOCK_TIMEOUT);
     fake.assert_done();
 }
 

@@ -97,7 +97,7 @@ fn a_lease_nobody_holds_or_without_times_is_taken_over() {
 
 #[test]
 fn the_lease_outlasts_vgcreate() {
-    assert!(DURATION > lvms_host::shared::LOCK_TIMEOUT + Duration::from_secs(30));
+    assert!(DURATION > lvms_host::scope::LOCK_TIMEOUT + Duration::from_secs(30));
 }
 
 fn creator(api: &FakeApi, node: &str) -> CreatorLease {

@@ -45,7 +45,7 @@ const START_LOCK_DAEMONS: &str = "mkdir -p /run/sanlock /run/lvm; \
      for i in $(seq 50); do lvmlockctl --info >/dev/null 2>&1 && break; sleep 0.2; done; \
      sanlock client status >/dev/null && lvmlockctl --info >/dev/null";
 
-/// An LVM command on the class as the agent runs it (`lvms_host::shared` `scope_args`): lvmlockd
+/// An LVM command on the class as the agent runs it (`lvms_host::scope::LockScope::args`): lvmlockd
 /// on, the class's devices file.
 fn scoped(command: &str) -> String {
     format!(
