@@ -1,18 +1,18 @@
 //! `lvms csi-controller`: the CSI Controller (and Identity) service of the cluster, beside the CSI
 //! sidecars (external-provisioner, -resizer, -snapshotter) in the operator's pod. Volumes are
-//! `LogicalVolume` objects the node agents answer (see `lvms_controller`).
+//! `LogicalVolume` objects the node agents answer (see `lvms_csi_controller`).
 
 use std::{path::PathBuf, sync::Arc};
 
 use anyhow::{Context, Result, bail};
 use kube::Api;
 use lvms_api::topolvm::LogicalVolume;
-use lvms_controller::{
-    backend::NodeBackend, gc::ControllerCollector, service::ClusterController, view::View,
-};
 use lvms_csi::{
     identity::{Converged, IdentityService},
     server::{self, NoNode, Services},
+};
+use lvms_csi_controller::{
+    backend::NodeBackend, gc::ControllerCollector, service::ClusterController, view::View,
 };
 
 /// `lvms csi-controller`'s flags.

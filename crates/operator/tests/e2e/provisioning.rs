@@ -12,7 +12,6 @@ use kube::{Api, api::PostParams};
 use lvms_api::{
     LOGICAL_VOLUME_FINALIZER, LVMVolumeGroup, LVMVolumeGroupNodeStatus, topolvm::LogicalVolume,
 };
-use lvms_controller::{backend::NodeBackend, service::ClusterController, view::View};
 use lvms_core::layout::Layout;
 use lvms_csi::{
     csi::{
@@ -25,6 +24,7 @@ use lvms_csi::{
     params as ids_param,
     server::{self, NoNode, Services},
 };
+use lvms_csi_controller::{backend::NodeBackend, service::ClusterController, view::View};
 use lvms_engine::ids;
 use lvms_node::{capacity::Publisher, lv_reconciler};
 use lvms_testkit::{

@@ -7,7 +7,6 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use kube::Api;
 use lvms_api::topolvm::LogicalVolume;
-use lvms_controller::{backend::NodeBackend, service::ClusterController, view::View};
 use lvms_csi::{
     csi::{
         CapacityRange, ControllerExpandVolumeRequest, CreateSnapshotRequest, DeleteSnapshotRequest,
@@ -19,6 +18,7 @@ use lvms_csi::{
     identity::{Converged, IdentityService},
     server::{self, Services},
 };
+use lvms_csi_controller::{backend::NodeBackend, service::ClusterController, view::View};
 use lvms_engine::ids;
 use lvms_node::lv_reconciler;
 use lvms_testkit::{
@@ -502,7 +502,7 @@ async fn the_collector_reports_unclaimed_volumes_and_deletes_them_after_the_wind
     let unclaimed = ids::volume_lv_name("unclaimed");
 
     let mut report =
-        lvms_controller::gc::ControllerCollector::new(c.view.clone(), lvs.clone(), None);
+        lvms_csi_controller::gc::ControllerCollector::new(c.view.clone(), lvs.clone(), None);
     let s = report.sweep_once().await.unwrap();
     assert_eq!(
         s.orphans.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(),
@@ -522,9 +522,12 @@ async fn the_collector_reports_unclaimed_volumes_and_deletes_them_after_the_wind
     let metrics = Arc::new(lvms_k8s::metrics::GcMetrics::new(
         "unclaimed_logical_volumes",
     ));
-    let mut collect =
-        lvms_controller::gc::ControllerCollector::new(c.view.clone(), lvs, Some(Duration::ZERO))
-            .with_metrics(metrics.clone());
+    let mut collect = lvms_csi_controller::gc::ControllerCollector::new(
+        c.view.clone(),
+        lvs,
+        Some(Duration::ZERO),
+    )
+    .with_metrics(metrics.clone());
     let s = collect.sweep_once().await.unwrap();
     assert_eq!(s.delete, std::slice::from_ref(&unclaimed));
     assert_eq!((metrics.orphans.get(), metrics.removed.get()), (1, 1));
