@@ -13,6 +13,8 @@ use std::{
 use lvms_core::lvattr::LvHealth;
 use lvms_host::fake::FakeRunner;
 
+use tonic::Code;
+
 use super::*;
 use crate::csi::{
     CapacityRange, VolumeCapability,
