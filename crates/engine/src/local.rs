@@ -78,7 +78,7 @@ use lvms_core::{
     config::{SharedVolumeMode, WipePolicy},
     layout::FreeSpace,
     lvattr::{LvAttr, LvHealth},
-    model::{LogicalVolume, PhysicalVolume, VolumeGroup},
+    model::LogicalVolume,
     size::{ByteSize, round_up_to_extent},
 };
 use lvms_host::{
@@ -87,6 +87,7 @@ use lvms_host::{
 };
 use tokio::{sync::Mutex, time::Instant};
 
+use self::report::{Changed, Report, ReportCache};
 use crate::{
     backend::{
         Backend, BackendError, Capacity, ClassInfo, Layout, NewSnapshot, NewVolume, PoolUsage,
@@ -166,101 +167,6 @@ fn to_volume(lv: &LogicalVolume) -> Volume {
         device: format!("/dev/{}/{}", lv.vg_name, lv.name),
         ephemeral: ids::EphemeralOwner::from_tags(&lv.tags),
         open: LvAttr::parse(&lv.attr).is_ok_and(|a| a.is_open()),
-    }
-}
-
-/// What LVM reported about the classes' volume groups.
-#[derive(Debug, Clone)]
-struct Report {
-    /// The classes' volume groups that exist.
-    vgs: Vec<VolumeGroup>,
-    /// The visible logical volumes of those volume groups (ours and others).
-    lvs: Vec<LogicalVolume>,
-    /// The LVM physical volumes of every group, read the first time a thick class's capacity per
-    /// device is asked for ([`LocalBackend::free_space`]) and dropped when a group's free space
-    /// changes.
-    pvs: Option<Vec<PhysicalVolume>>,
-    taken: Instant,
-}
-
-impl Report {
-    fn vg(&self, name: &str) -> Option<&VolumeGroup> {
-        self.vgs.iter().find(|vg| vg.name == name)
-    }
-
-    fn lv(&self, vg: &str, name: &str) -> Option<&LogicalVolume> {
-        self.lvs
-            .iter()
-            .find(|lv| lv.vg_name == vg && lv.name == name)
-    }
-
-    /// The LV called `name` in any of the classes' volume groups.
-    fn find(&self, name: &str) -> Option<&LogicalVolume> {
-        self.lvs.iter().find(|lv| lv.name == name)
-    }
-
-    /// The thin pool of a thin class, if it exists.
-    fn pool(&self, class: &ClassInfo) -> Option<&LogicalVolume> {
-        let pool = class.thin_pool.as_deref()?;
-        self.lv(&class.name, pool)
-            .filter(|lv| lv.segtype == THIN_POOL)
-    }
-
-    /// Whether the class's volume group (and pool) exist.
-    fn converged(&self, class: &ClassInfo) -> bool {
-        self.vg(&class.name).is_some() && (class.thin_pool.is_none() || self.pool(class).is_some())
-    }
-
-    /// Puts `lv` in the place of the LV of that name, or adds it.
-    fn put_lv(&mut self, lv: LogicalVolume) {
-        match self
-            .lvs
-            .iter_mut()
-            .find(|l| l.vg_name == lv.vg_name && l.name == lv.name)
-        {
-            Some(slot) => *slot = lv,
-            None => self.lvs.push(lv),
-        }
-    }
-
-    fn remove_lv(&mut self, vg: &str, name: &str) {
-        self.lvs.retain(|l| !(l.vg_name == vg && l.name == name));
-    }
-
-    /// Puts `vg` in the place of the volume group of that name, or adds it.
-    fn put_vg(&mut self, vg: VolumeGroup) {
-        match self.vgs.iter_mut().find(|v| v.name == vg.name) {
-            Some(slot) => *slot = vg,
-            None => self.vgs.push(vg),
-        }
-    }
-}
-
-/// What a successful mutation changed, to be read from LVM and put into the cached report.
-#[derive(Debug, Default)]
-struct Changed<'a> {
-    /// LVs that were made or changed.
-    lvs: Vec<&'a str>,
-    /// An LV that was removed.
-    removed: Option<&'a str>,
-    /// Whether the volume group's free space changed.
-    vg: bool,
-}
-
-/// The cached [`Report`] and the mutation counter that makes it stale.
-#[derive(Debug)]
-struct ReportCache {
-    ttl: Duration,
-    /// Counts finished mutations.
-    mutations: AtomicU64,
-    /// The last report and the value of `mutations` when it was started. A tokio mutex: one refresh at a
-    /// time, readers that find it stale wait for that refresh instead of starting their own.
-    slot: Mutex<Option<(u64, Arc<Report>)>>,
-}
-
-impl ReportCache {
-    fn invalidate(&self) {
-        self.mutations.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -1260,6 +1166,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
     }
 }
 
+mod report;
 mod shared;
 
 #[cfg(test)]
