@@ -13,7 +13,7 @@ use lvms_core::lvattr::LvHealth;
 use tonic::{Code, Request, Response, Status};
 
 use crate::{
-    DEVICE_CLASS_KEY, TOPOLOGY_NODE_KEY,
+    DEVICE_CLASS_KEY, TOPOLOGY_NODE_KEY, chain,
     csi::{
         self, CapacityRange, ControllerExpandVolumeRequest, ControllerExpandVolumeResponse,
         ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
@@ -104,21 +104,6 @@ impl From<RpcError> for Status {
     fn from(e: RpcError) -> Self {
         Status::new(e.code, e.message)
     }
-}
-
-/// The error and its sources, joined with ": ".
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut next = e.source();
-    while let Some(s) = next {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        next = s.source();
-    }
-    out
 }
 
 /// The default mapping of a backend failure.

@@ -20,5 +20,20 @@ pub use lvms_csi_proto::v1 as csi;
 pub const DEFAULT_DRIVER_NAME: &str = "topolvm.io";
 /// The topology key of the node a volume lives on.
 pub const TOPOLOGY_NODE_KEY: &str = "topology.topolvm.io/node";
+/// The message of an error and its causes, each once, joined with ": " (what a gRPC status says).
+pub(crate) fn chain(err: &dyn std::error::Error) -> String {
+    let mut msg = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        source = s.source();
+    }
+    msg
+}
+
 /// Volume context key naming the device class.
 pub const DEVICE_CLASS_KEY: &str = "topolvm.io/device-class";

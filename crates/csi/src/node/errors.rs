@@ -6,22 +6,8 @@ use std::io;
 use tonic::{Code, Status};
 
 use super::{MAX_STACKED_MOUNTS, request::Invalid};
+use crate::chain;
 use lvms_engine::backend::BackendError;
-
-/// The message of an error and all its causes, each once.
-fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut msg = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(": ");
-            msg.push_str(&text);
-        }
-        source = s.source();
-    }
-    msg
-}
 
 fn host_code(e: &lvms_host::Error) -> Code {
     use lvms_host::Error as E;
