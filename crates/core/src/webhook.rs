@@ -1191,8 +1191,10 @@ fn is_label_name_syntax(s: &str) -> bool {
     }
 }
 
-/// A lowercase RFC 1123 subdomain of at most 253 characters.
-fn is_dns1123_subdomain(s: &str) -> bool {
+/// A lowercase RFC 1123 subdomain of at most 253 characters: dot-separated labels of lowercase
+/// letters, digits and `-`, each starting and ending with a letter or digit. The one check of it
+/// (the webhook's label prefixes, the operator's CSI driver name).
+pub fn is_dns1123_subdomain(s: &str) -> bool {
     s.len() <= DNS_SUBDOMAIN_MAX
         && s.split('.').all(|label| {
             let bytes = label.as_bytes();

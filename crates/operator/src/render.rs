@@ -36,6 +36,7 @@ use lvms_api::{
     OPERATOR_FIELD_MANAGER, StorageClassOptions, VOLUME_MODE_PARAMETER,
     csi_driver_lvm_storage_class_name, is_reserved_storage_class_label, storage_class_name,
 };
+use lvms_core::webhook::is_dns1123_subdomain;
 use serde::{Deserialize, Serialize, Serializer};
 
 // ---------------------------------------------------------------------------------------------
@@ -169,7 +170,7 @@ impl RenderConfig {
                 "is empty: set it to the namespace the operator runs in".into(),
             );
         }
-        if !is_dns_subdomain(&self.driver_name) || self.driver_name.len() > 63 {
+        if !is_dns1123_subdomain(&self.driver_name) || self.driver_name.len() > 63 {
             return bad(
                 "driver_name",
                 format!(
@@ -973,17 +974,6 @@ fn daemon_set(owner: &Owner<'_>, cfg: &RenderConfig, cluster: &LVMCluster) -> Da
         }),
         status: None,
     }
-}
-
-/// Whether `s` is a DNS-1123 subdomain (lowercase alphanumerics, `-` and `.`, alphanumeric at both
-/// ends, at most 253 characters).
-fn is_dns_subdomain(s: &str) -> bool {
-    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-    !s.is_empty()
-        && s.len() <= 253
-        && s.chars().all(|c| alnum(c) || c == '-' || c == '.')
-        && s.starts_with(alnum)
-        && s.ends_with(alnum)
 }
 
 #[cfg(test)]

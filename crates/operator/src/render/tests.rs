@@ -997,6 +997,14 @@ fn unusable_configuration_is_refused_naming_the_field() {
             "driver_name",
         ),
         (
+            // An empty label: not a DNS subdomain.
+            RenderConfig {
+                driver_name: "lvm..example.com".into(),
+                ..cfg()
+            },
+            "driver_name",
+        ),
+        (
             RenderConfig {
                 image: " ".into(),
                 ..cfg()
