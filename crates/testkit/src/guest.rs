@@ -146,7 +146,7 @@ impl Guest {
 /// kernel's; killed alone, the kernel would leave them running unsupervised.
 pub fn kill_machine(pid: u32) {
     // Stopped first, so that none forks between the listing and the kill.
-    let mut tree = vec![pid];
+    let mut tree = Vec::new();
     for _ in 0..3 {
         tree = descendants(pid);
         signal("STOP", &tree);
