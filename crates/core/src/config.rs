@@ -100,66 +100,248 @@ impl Claims {
     }
 }
 
-/// One device class: a volume group (named after the class) with an optional thin pool or RAID layout.
+/// One device class, the model every role uses: a volume group (named after the class) on this node's
+/// disks or on LUNs several nodes see ([`Access`]), with an optional thin pool or RAID layout.
+///
+/// The standalone config file deserializes into it (through [`wire::DeviceClassFile`], which keeps
+/// LVMS's field names); an `LVMVolumeGroup` converts into it once, in [`crate::from_api`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(try_from = "wire::DeviceClassFile", into = "wire::DeviceClassFile")]
 pub struct DeviceClassConfig {
     /// Device class name; also the volume group's name.
     pub name: String,
-    #[serde(default)]
     pub device_selector: DeviceSelector,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thin_pool_config: Option<ThinPoolConfig>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub raid_config: Option<RaidConfig>,
-    #[serde(default)]
     pub default: bool,
     /// The filesystem of a blank volume whose request names none; the driver's default when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fstype: Option<Fstype>,
     /// Without device paths: whether disks attached later are added (`Dynamic`) or only those found
     /// when the volume group is made (`Static`). No effect when paths are listed.
-    #[serde(default)]
     pub device_discovery_policy: DiscoveryPolicy,
-    /// `nodeLocal` (the default; `local` is accepted too) or `shared`: one volume group on LUNs that
-    /// several nodes see, under lvmlockd and sanlock.
-    #[serde(default, skip_serializing_if = "AccessPolicy::is_node_local")]
-    pub device_access_policy: AccessPolicy,
-    /// Settings of a shared class (defaults when absent).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shared_config: Option<SharedConfig>,
+    /// Where the volume group lives; a shared class carries its settings.
+    pub access: Access,
     /// Take over the volume group of this class's name that another driver made (tagged as that
     /// driver tags it) instead of creating one: it is tagged ours, and nothing on its devices is
     /// wiped or created. Its logical volumes stay, reported as foreign (ADR 0023).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adopt: Option<Adopt>,
 }
 
+/// Where a device class's volume group lives. The shared settings exist only on the shared variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Access {
+    /// On this node's own disks (`deviceAccessPolicy: nodeLocal`, the default).
+    #[default]
+    NodeLocal,
+    /// On LUNs several nodes see, under lvmlockd and sanlock (`deviceAccessPolicy: shared`).
+    Shared(SharedConfig),
+}
+
 impl DeviceClassConfig {
+    /// A node-local, linear class named `name` that discovers its disks: the start of a class
+    /// built in code (tests, benchmarks).
+    pub fn named(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            device_selector: DeviceSelector::default(),
+            thin_pool_config: None,
+            raid_config: None,
+            default: false,
+            fstype: None,
+            device_discovery_policy: DiscoveryPolicy::default(),
+            access: Access::NodeLocal,
+            adopt: None,
+        }
+    }
+
+    /// The class with thin pool `pool`, overprovisioned up to `ratio` times.
+    pub fn with_thin_pool(mut self, pool: &str, ratio: u32) -> Self {
+        self.thin_pool_config = Some(ThinPoolConfig {
+            name: pool.to_owned(),
+            size_percent: default_size_percent(),
+            overprovision_ratio: ratio,
+            chunk_size_calculation_policy: CalculationPolicy::default(),
+            chunk_size: None,
+            metadata_size_calculation_policy: CalculationPolicy::default(),
+            metadata_size: None,
+        });
+        self
+    }
+
+    /// The class made shared, with `shared` settings.
+    pub fn with_shared(mut self, shared: SharedConfig) -> Self {
+        self.access = Access::Shared(shared);
+        self
+    }
+
+    /// The class marked as the default one.
+    pub fn as_default(mut self) -> Self {
+        self.default = true;
+        self
+    }
+
     /// Whether the class is a shared-LUN class.
     pub fn is_shared(&self) -> bool {
-        self.device_access_policy == AccessPolicy::Shared
+        self.shared().is_some()
     }
 
-    /// The shared settings in effect (defaults when absent).
-    pub fn shared_or_default(&self) -> SharedConfig {
-        self.shared_config.unwrap_or_default()
+    /// A shared class's settings; `None` for a class on this node's own disks.
+    pub fn shared(&self) -> Option<&SharedConfig> {
+        match &self.access {
+            Access::NodeLocal => None,
+            Access::Shared(s) => Some(s),
+        }
+    }
+
+    /// The thin pool volumes are made in; `None` for a thick class.
+    pub fn thin_pool(&self) -> Option<&str> {
+        self.thin_pool_config.as_ref().map(|t| t.name.as_str())
+    }
+
+    /// Thin classes: how far the pool may be overprovisioned (virtual size ÷ pool size); 1 otherwise.
+    pub fn overprovision_ratio(&self) -> u32 {
+        self.thin_pool_config
+            .as_ref()
+            .map_or(1, |t| t.overprovision_ratio)
+    }
+
+    /// Thick classes: the layout of a volume whose request names none (linear, or the RAID layout
+    /// of the class's `raidConfig`).
+    pub fn layout(&self) -> crate::layout::Layout {
+        self.raid_config.as_ref().map_or(
+            crate::layout::Layout::Linear,
+            crate::layout::Layout::of_raid_config,
+        )
+    }
+
+    /// The class as a volume of volume mode `mode` sees it: a shared class with the request's mode
+    /// in place of its `sharedConfig.volumeMode`; other classes, or no mode, unchanged.
+    pub fn with_volume_mode(&self, mode: Option<SharedVolumeMode>) -> Self {
+        let mut out = self.clone();
+        if let (Access::Shared(shared), Some(mode)) = (&mut out.access, mode) {
+            shared.volume_mode = mode;
+        }
+        out
+    }
+
+    /// Whether the class's volumes are thin (a thin pool, or a shared class in thin mode), so that
+    /// they can be snapshotted and cloned.
+    pub fn makes_thin(&self) -> bool {
+        self.thin_pool_config.is_some()
+            || self
+                .shared()
+                .is_some_and(|s| s.volume_mode == SharedVolumeMode::Thin)
+    }
+
+    /// Whether volumes of the class can be active on several nodes at once (shared linear): the
+    /// only ones that may be staged MULTI_NODE_* (block only).
+    pub fn multi_node(&self) -> bool {
+        self.shared()
+            .is_some_and(|s| s.volume_mode == SharedVolumeMode::Linear)
+            && self.thin_pool_config.is_none()
     }
 }
 
-/// Whether a class's volume group is on one node's disks or on LUNs many nodes see.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub enum AccessPolicy {
-    #[default]
-    #[serde(rename = "nodeLocal", alias = "local")]
-    NodeLocal,
-    #[serde(rename = "shared")]
-    Shared,
-}
+/// The config file's form of a device class: LVMS's field names, with `deviceAccessPolicy` and
+/// `sharedConfig` beside each other. Converted to [`DeviceClassConfig`] on reading, where a
+/// `sharedConfig` on a node-local class is refused.
+mod wire {
+    use serde::{Deserialize, Serialize};
 
-impl AccessPolicy {
-    pub fn is_node_local(&self) -> bool {
-        *self == Self::NodeLocal
+    use super::{
+        Access, Adopt, DeviceClassConfig, DeviceSelector, DiscoveryPolicy, Fstype, RaidConfig,
+        SharedConfig, ThinPoolConfig,
+    };
+
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    pub struct DeviceClassFile {
+        name: String,
+        #[serde(default)]
+        device_selector: DeviceSelector,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        thin_pool_config: Option<ThinPoolConfig>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        raid_config: Option<RaidConfig>,
+        #[serde(default)]
+        default: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fstype: Option<Fstype>,
+        #[serde(default)]
+        device_discovery_policy: DiscoveryPolicy,
+        /// `nodeLocal` (the default; `local` is accepted too) or `shared`.
+        #[serde(default, skip_serializing_if = "AccessPolicy::is_node_local")]
+        device_access_policy: AccessPolicy,
+        /// Settings of a shared class (defaults when absent).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        shared_config: Option<SharedConfig>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        adopt: Option<Adopt>,
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+    enum AccessPolicy {
+        #[default]
+        #[serde(rename = "nodeLocal", alias = "local")]
+        NodeLocal,
+        #[serde(rename = "shared")]
+        Shared,
+    }
+
+    impl AccessPolicy {
+        fn is_node_local(&self) -> bool {
+            *self == Self::NodeLocal
+        }
+    }
+
+    impl TryFrom<DeviceClassFile> for DeviceClassConfig {
+        type Error = String;
+
+        fn try_from(f: DeviceClassFile) -> Result<Self, String> {
+            let access = match (f.device_access_policy, f.shared_config) {
+                (AccessPolicy::NodeLocal, Some(_)) => {
+                    return Err(format!(
+                        "device class {:?}: sharedConfig applies only to shared device classes: \
+                         set deviceAccessPolicy: shared or remove sharedConfig",
+                        f.name
+                    ));
+                }
+                (AccessPolicy::NodeLocal, None) => Access::NodeLocal,
+                (AccessPolicy::Shared, shared) => Access::Shared(shared.unwrap_or_default()),
+            };
+            Ok(DeviceClassConfig {
+                name: f.name,
+                device_selector: f.device_selector,
+                thin_pool_config: f.thin_pool_config,
+                raid_config: f.raid_config,
+                default: f.default,
+                fstype: f.fstype,
+                device_discovery_policy: f.device_discovery_policy,
+                access,
+                adopt: f.adopt,
+            })
+        }
+    }
+
+    impl From<DeviceClassConfig> for DeviceClassFile {
+        fn from(c: DeviceClassConfig) -> Self {
+            let (device_access_policy, shared_config) = match c.access {
+                Access::NodeLocal => (AccessPolicy::NodeLocal, None),
+                Access::Shared(s) => (AccessPolicy::Shared, Some(s)),
+            };
+            Self {
+                name: c.name,
+                device_selector: c.device_selector,
+                thin_pool_config: c.thin_pool_config,
+                raid_config: c.raid_config,
+                default: c.default,
+                fstype: c.fstype,
+                device_discovery_policy: c.device_discovery_policy,
+                device_access_policy,
+                shared_config,
+                adopt: c.adopt,
+            }
+        }
     }
 }
 
@@ -335,4 +517,74 @@ pub enum WatchdogPolicy {
     Required,
     /// The admin opted out.
     Disabled,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(yaml: &str) -> Result<DeviceClassConfig, String> {
+        serde_norway::from_str(yaml).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_shared_class_reads_into_the_shared_variant_and_writes_back_the_same_fields() {
+        let c = class("name: san\ndeviceAccessPolicy: shared\nsharedConfig:\n  volumeMode: Thin\n")
+            .unwrap();
+        assert_eq!(
+            c.access,
+            Access::Shared(SharedConfig {
+                volume_mode: SharedVolumeMode::Thin,
+                ..SharedConfig::default()
+            })
+        );
+        assert!(c.makes_thin() && !c.multi_node());
+        let back = serde_json::to_value(&c).unwrap();
+        assert_eq!(back["deviceAccessPolicy"], "shared");
+        assert_eq!(back["sharedConfig"]["volumeMode"], "Thin");
+        assert_eq!(class(&serde_json::to_string(&back).unwrap()).unwrap(), c);
+    }
+
+    #[test]
+    fn a_shared_class_without_settings_gets_the_defaults() {
+        let c = class("name: san\ndeviceAccessPolicy: shared\n").unwrap();
+        assert_eq!(c.shared(), Some(&SharedConfig::default()));
+        assert!(c.multi_node());
+    }
+
+    #[test]
+    fn a_node_local_class_has_no_shared_settings_and_writes_no_policy() {
+        for yaml in ["name: vg1\n", "name: vg1\ndeviceAccessPolicy: local\n"] {
+            let c = class(yaml).unwrap();
+            assert_eq!(c.access, Access::NodeLocal, "{yaml}");
+            let back = serde_json::to_value(&c).unwrap();
+            assert!(back.get("deviceAccessPolicy").is_none(), "{back}");
+            assert!(back.get("sharedConfig").is_none(), "{back}");
+        }
+    }
+
+    #[test]
+    fn shared_settings_on_a_node_local_class_are_refused_naming_the_field_and_the_fix() {
+        let err = class("name: vg1\nsharedConfig:\n  volumeMode: Thin\n").unwrap_err();
+        assert!(err.contains("sharedConfig"), "{err}");
+        assert!(
+            err.contains("set deviceAccessPolicy: shared or remove sharedConfig"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_class_answers_for_its_pool_ratio_and_layout() {
+        let thin = DeviceClassConfig::named("vg1").with_thin_pool("pool", 5);
+        assert_eq!(
+            (thin.thin_pool(), thin.overprovision_ratio()),
+            (Some("pool"), 5)
+        );
+        let thick = DeviceClassConfig::named("vg2");
+        assert_eq!((thick.thin_pool(), thick.overprovision_ratio()), (None, 1));
+        assert_eq!(thick.layout(), crate::layout::Layout::Linear);
+        let shared = thick.with_shared(SharedConfig::default());
+        let as_thin = shared.with_volume_mode(Some(SharedVolumeMode::Thin));
+        assert!(!shared.makes_thin() && as_thin.makes_thin());
+    }
 }

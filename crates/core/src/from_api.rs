@@ -8,7 +8,7 @@ use lvms_api::{
 
 use crate::{
     config::{
-        AccessPolicy, Adopt, CalculationPolicy, DEFAULT_IO_TIMEOUT_SECONDS, DeviceClassConfig,
+        Access, Adopt, CalculationPolicy, DEFAULT_IO_TIMEOUT_SECONDS, DeviceClassConfig,
         DeviceSelector, DiscoveryPolicy, RaidConfig, RaidType, SharedConfig, SharedVolumeMode,
         ThinPoolConfig, WipePolicy,
     },
@@ -119,14 +119,9 @@ pub fn device_class_config(vg: &LVMVolumeGroup) -> Result<DeviceClassConfig, Str
             Some(DeviceDiscoveryPolicy::Dynamic) => DiscoveryPolicy::Dynamic,
             Some(DeviceDiscoveryPolicy::Static) | None => DiscoveryPolicy::Static,
         },
-        device_access_policy: if spec.is_shared() {
-            AccessPolicy::Shared
-        } else {
-            AccessPolicy::NodeLocal
-        },
-        shared_config: spec.is_shared().then(|| {
+        access: if spec.is_shared() {
             let c = spec.shared_config.clone().unwrap_or_default();
-            SharedConfig {
+            Access::Shared(SharedConfig {
                 volume_mode: match c.volume_mode_or_default() {
                     lvms_api::SharedVolumeMode::Linear => SharedVolumeMode::Linear,
                     lvms_api::SharedVolumeMode::Thin => SharedVolumeMode::Thin,
@@ -142,8 +137,10 @@ pub fn device_class_config(vg: &LVMVolumeGroup) -> Result<DeviceClassConfig, Str
                 } else {
                     fencing::Policy::Required
                 },
-            }
-        }),
+            })
+        } else {
+            Access::NodeLocal
+        },
         adopt: spec.adopt.map(|a| match a {
             lvms_api::AdoptFrom::CsiDriverLvm => Adopt::CsiDriverLvm,
         }),

@@ -8,6 +8,7 @@ pub mod filter;
 pub mod from_api;
 pub mod glob;
 pub mod layout;
+pub mod leave;
 pub mod lvattr;
 pub mod model;
 pub mod names;

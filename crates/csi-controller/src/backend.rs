@@ -22,8 +22,8 @@ use lvms_api::topolvm::{LogicalVolume, LogicalVolumeSpec};
 use lvms_core::{lvattr::LvHealth, size::ByteSize};
 use lvms_engine::{
     backend::{
-        Backend, BackendError, Capacity, ClassInfo, Layout, NewSnapshot, NewVolume, Result, Source,
-        Volume,
+        Backend, BackendError, Capacity, DeviceClassConfig, Layout, NewSnapshot, NewVolume, Result,
+        Source, Volume,
     },
     ids,
 };
@@ -75,7 +75,7 @@ impl NodeBackend {
     }
 
     /// The volume `lv` holds, once the agent recorded it.
-    fn volume(&self, lv: &LogicalVolume, classes: &[ClassInfo]) -> Option<Volume> {
+    fn volume(&self, lv: &LogicalVolume, classes: &[DeviceClassConfig]) -> Option<Volume> {
         let status = lv.status.as_ref()?;
         if status.volume_id.is_empty() || status.code != 0 {
             return None;
@@ -109,7 +109,7 @@ impl NodeBackend {
             snapshot,
             thin: classes
                 .iter()
-                .any(|c| c.name == class && c.thin_pool.is_some()),
+                .any(|c| c.name == class && c.thin_pool().is_some()),
             created: lv
                 .metadata
                 .creation_timestamp
@@ -200,7 +200,7 @@ impl Backend for NodeBackend {
         &self.node
     }
 
-    fn classes(&self) -> Vec<ClassInfo> {
+    fn classes(&self) -> Vec<DeviceClassConfig> {
         self.view.node_classes(&self.node)
     }
 
@@ -324,9 +324,9 @@ impl Backend for NodeBackend {
     /// nothing, rather than a number that might not fit).
     async fn capacity(&self, class: &str, layout: &Layout) -> Result<Capacity> {
         let info = self.classes().into_iter().find(|c| c.name == class);
-        let own = info
-            .as_ref()
-            .is_none_or(|c| c.thin_pool.is_some() || c.shared.is_some() || c.layout == *layout);
+        let own = info.as_ref().is_none_or(|c| {
+            c.thin_pool().is_some() || c.shared().is_some() || c.layout() == *layout
+        });
         if own {
             let available = self.view.available(&self.node, Some(class)).unwrap_or(0);
             return Ok(Capacity {

@@ -28,13 +28,8 @@ pub struct ControllerCollector {
 
 impl ControllerCollector {
     pub fn new(view: Arc<View>, api: Api<LogicalVolume>, window: Option<Duration>) -> Self {
-        let recorder = kube::runtime::events::Recorder::new(
-            api.clone().into_client(),
-            kube::runtime::events::Reporter {
-                controller: "lvms-csi-controller".into(),
-                instance: None,
-            },
-        );
+        let recorder =
+            lvms_k8s::reconciler::recorder(api.clone().into_client(), "lvms-csi-controller");
         Self {
             view,
             api,

@@ -21,7 +21,7 @@ use lvms_api::{
 };
 use lvms_core::from_api::device_class_config;
 use lvms_core::layout::FreeSpace;
-use lvms_engine::backend::ClassInfo;
+use lvms_engine::backend::DeviceClassConfig;
 use serde::de::DeserializeOwned;
 
 /// The stores, and the names needed to read them.
@@ -87,7 +87,7 @@ impl View {
     }
 
     /// The classes `node` reports `Ready`, as the CSI backend serves them.
-    pub fn node_classes(&self, node: &str) -> Vec<ClassInfo> {
+    pub fn node_classes(&self, node: &str) -> Vec<DeviceClassConfig> {
         let Some(status) = self
             .node_statuses
             .get(&ObjectRef::new(node).within(&self.namespace))
@@ -103,9 +103,7 @@ impl View {
                 let vg = self
                     .volume_groups
                     .get(&ObjectRef::new(&s.name).within(&self.namespace))?;
-                device_class_config(&vg)
-                    .ok()
-                    .map(|c| ClassInfo::from_config(&c))
+                device_class_config(&vg).ok()
             })
             .collect()
     }

@@ -36,7 +36,9 @@ use crate::{
     params,
 };
 use lvms_engine::{
-    backend::{Backend, BackendError, ClassInfo, Layout, NewSnapshot, NewVolume, Source, Volume},
+    backend::{
+        Backend, BackendError, DeviceClassConfig, Layout, NewSnapshot, NewVolume, Source, Volume,
+    },
     ids::{self, MAX_STRING_BYTES},
     locks::InFlight,
 };
@@ -144,7 +146,7 @@ pub fn check_capability(cap: &VolumeCapability) -> Result<(), String> {
 /// MULTI_NODE_* (RWX block, as KubeVirt live migration needs); filesystems are always single-node.
 pub fn check_capability_for(
     cap: &VolumeCapability,
-    class: Option<&ClassInfo>,
+    class: Option<&DeviceClassConfig>,
 ) -> Result<(), String> {
     let mode = cap
         .access_mode
@@ -161,7 +163,7 @@ pub fn check_capability_for(
         | Mode::SingleNodeSingleWriter
         | Mode::SingleNodeMultiWriter => {}
         Mode::Unknown => return Err("access mode UNKNOWN is not supported".to_owned()),
-        other if class.is_some_and(ClassInfo::multi_node) => {
+        other if class.is_some_and(DeviceClassConfig::multi_node) => {
             if !block {
                 return Err(format!(
                     "access mode {} is not supported for a filesystem: filesystem volumes are \
@@ -170,7 +172,7 @@ pub fn check_capability_for(
                 ));
             }
         }
-        other if class.is_some_and(|c| c.shared.is_some()) => {
+        other if class.is_some_and(|c| c.shared().is_some()) => {
             return Err(format!(
                 "access mode {} is not supported: thin volumes of shared device class {} are active \
                  on one node at a time; use a linear shared class for multi-node block volumes",
@@ -214,7 +216,7 @@ fn is_multi_node(cap: &VolumeCapability) -> bool {
 
 fn check_capabilities(
     caps: &[VolumeCapability],
-    class: Option<&ClassInfo>,
+    class: Option<&DeviceClassConfig>,
 ) -> Result<(), RpcError> {
     if caps.is_empty() {
         return Err(RpcError::invalid("volume_capabilities is required"));
@@ -365,7 +367,7 @@ impl<B: Backend> ControllerService<B> {
         }
     }
 
-    fn class(&self, asked: Option<&str>) -> Result<ClassInfo, RpcError> {
+    fn class(&self, asked: Option<&str>) -> Result<DeviceClassConfig, RpcError> {
         let classes = self.backend.classes();
         let known = || {
             classes
@@ -424,7 +426,7 @@ impl<B: Backend> ControllerService<B> {
         self.backend
             .classes()
             .iter()
-            .any(|c| c.name == class && c.shared.is_some())
+            .any(|c| c.name == class && c.shared().is_some())
     }
 
     /// Whether `segments` names this node (a segment without our key matches any node).
@@ -494,7 +496,7 @@ impl<B: Backend> ControllerService<B> {
         }
         let params = params::parse(&req.parameters).map_err(RpcError::invalid)?;
         let class = self.class(params.class.as_deref())?;
-        if params.volume_mode.is_some() && class.shared.is_none() {
+        if params.volume_mode.is_some() && class.shared().is_none() {
             return Err(RpcError::invalid(format!(
                 "parameter {} applies to shared device classes only, and device class {} is not \
                  shared",
@@ -511,7 +513,7 @@ impl<B: Backend> ControllerService<B> {
                 .iter()
                 .any(|t| self.reaches(t, &class.name))
         {
-            let shared = if class.shared.is_some() {
+            let shared = if class.shared().is_some() {
                 format!(
                     ", nor the nodes of shared device class {} ({}: \"true\")",
                     class.name,
@@ -580,14 +582,14 @@ impl<B: Backend> ControllerService<B> {
         };
         // A shared class's clone or restore is thin whatever the volume mode (it lives in its
         // source's pool): the backend checks that the source is a thin volume.
-        if source.is_some() && !class.makes_thin() && class.shared.is_none() {
+        if source.is_some() && !class.makes_thin() && class.shared().is_none() {
             return Err(RpcError::invalid(format!(
                 "device class {} is thick: cloning and restoring from snapshots need a thin class (or \
                  volume mode thin on a shared class)",
                 class.name
             )));
         }
-        if params.lv_type.is_some() && class.thin_pool.is_some() {
+        if params.lv_type.is_some() && class.thin_pool().is_some() {
             return Err(RpcError::invalid(format!(
                 "parameter {} applies to thick classes only, and device class {} is thin",
                 params::LV_TYPE,
@@ -641,7 +643,7 @@ impl<B: Backend> ControllerService<B> {
                 ));
             }
         }
-        let layout = params.lv_type.unwrap_or(class.layout);
+        let layout = params.lv_type.unwrap_or(class.layout());
         let capacity = self
             .backend
             .capacity(&class.name, &layout)
@@ -692,7 +694,7 @@ impl<B: Backend> ControllerService<B> {
     fn compatible(
         &self,
         req: &CreateVolumeRequest,
-        class: &ClassInfo,
+        class: &DeviceClassConfig,
         source: Option<&Source>,
         existing: Volume,
     ) -> Result<csi::Volume, RpcError> {
@@ -929,14 +931,14 @@ impl<B: Backend> Controller for ControllerService<B> {
             .map_err(RpcError::invalid)?;
         let params = params::parse(&req.parameters).map_err(RpcError::invalid)?;
         let class = self.class(params.class.as_deref())?;
-        if params.lv_type.is_some() && class.thin_pool.is_some() {
+        if params.lv_type.is_some() && class.thin_pool().is_some() {
             return Err(RpcError::invalid(format!(
                 "the layout parameters apply to thick classes only, and device class {} is thin",
                 class.name
             ))
             .into());
         }
-        let layout = params.lv_type.unwrap_or(class.layout);
+        let layout = params.lv_type.unwrap_or(class.layout());
         let class = class.name;
         // A shared class's capacity is the volume group's, for every node that joined it.
         let elsewhere = req
@@ -1014,7 +1016,7 @@ impl<B: Backend> Controller for ControllerService<B> {
             .await?;
         let class = self.class(Some(&source.class))?;
         // A shared class's volume may be thin (its own pool): the backend looks at the volume.
-        if class.thin_pool.is_none() && class.shared.is_none() {
+        if class.thin_pool().is_none() && class.shared().is_none() {
             return Err(RpcError::invalid(format!(
                 "volume {} is in thick device class {}: snapshots need a thin class",
                 source.id, class.name

@@ -42,7 +42,7 @@ use crate::csi::{
     node_service_capability, volume_usage::Unit,
 };
 use lvms_engine::{
-    backend::{Backend, BackendError, ClassInfo, NewVolume, Volume},
+    backend::{Backend, BackendError, DeviceClassConfig, NewVolume, Volume},
     locks::{Guard, InFlight},
 };
 
@@ -53,7 +53,7 @@ const MAX_STACKED_MOUNTS: usize = 8;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NodeOptions {
     /// The filesystem made on a blank volume when neither the capability nor the volume's class
-    /// ([`lvms_engine::backend::ClassInfo::fstype`]) names one.
+    /// ([`lvms_engine::backend::DeviceClassConfig::fstype`]) names one.
     pub default_fstype: Fstype,
 }
 
@@ -519,7 +519,7 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
 
     /// The class of an inline ephemeral volume: the one its attributes name, else the default class,
     /// else the only class.
-    fn ephemeral_class(&self, asked: Option<&str>) -> Result<ClassInfo, PublishError> {
+    fn ephemeral_class(&self, asked: Option<&str>) -> Result<DeviceClassConfig, PublishError> {
         let classes = self.backend.classes();
         if classes.is_empty() {
             return Err(PublishError::Ephemeral {
@@ -560,7 +560,7 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
                 }),
         }
         .map_err(Invalid::Argument)?;
-        if found.shared.is_some() {
+        if found.shared().is_some() {
             return Err(Invalid::Argument(format!(
                 "volume attribute {}: device class {} is shared, and inline ephemeral volumes live \
                  on one node's own disks: use a local class",

@@ -25,7 +25,7 @@ use lvms_csi::{
     node::{NodeOptions, NodeService},
     server::{self, Services},
 };
-use lvms_engine::{backend::ClassInfo, local::LocalBackend};
+use lvms_engine::{backend::DeviceClassConfig, local::LocalBackend};
 use lvms_host::{
     fs::Filesystems,
     lvm::{Lvm, PoolSize, ThinPoolSpec},
@@ -92,25 +92,14 @@ async fn start(s: &Setup, socket: &std::path::Path) -> Driver {
     let backend: Arc<Backend> = Arc::new(LocalBackend::new(
         "vm-node",
         vec![
-            ClassInfo {
-                name: s.thin.clone(),
-                thin_pool: Some("pool".into()),
-                overprovision_ratio: 4,
-                default: true,
-                layout: lvms_engine::backend::Layout::Linear,
-                fstype: None,
-                shared: None,
-            },
-            ClassInfo {
-                name: s.thick.clone(),
-                thin_pool: None,
-                overprovision_ratio: 1,
-                default: false,
-                layout: lvms_engine::backend::Layout::Linear,
+            DeviceClassConfig::named(&s.thin)
+                .with_thin_pool("pool", 4)
+                .as_default(),
+            DeviceClassConfig {
                 // A blank volume whose capability names no filesystem gets the class's, not the
                 // driver's default (xfs below).
                 fstype: Some(Fstype::Ext4),
-                shared: None,
+                ..DeviceClassConfig::named(&s.thick)
             },
         ],
         Lvm::new(Arc::new(LvmShell::new())),

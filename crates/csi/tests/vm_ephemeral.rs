@@ -18,11 +18,7 @@ mod vm_ephemeral {
         },
         node::{NodeOptions, NodeService},
     };
-    use lvms_engine::{
-        backend::{ClassInfo, Layout},
-        ids,
-        local::LocalBackend,
-    };
+    use lvms_engine::{backend::DeviceClassConfig, ids, local::LocalBackend};
     use lvms_host::{fs::Filesystems, lvm::Lvm, runner::RealRunner, shell::LvmShell};
     use lvms_testkit::{Scratch, lvs_field, sh, sh_status, unique};
     use tonic::{Code, Request, Status};
@@ -48,15 +44,7 @@ mod vm_ephemeral {
 
         /// A fresh Node service over a fresh backend, as after a restart of the driver.
         fn service(&self) -> Svc {
-            let class = ClassInfo {
-                name: self.vg.clone(),
-                thin_pool: None,
-                overprovision_ratio: 1,
-                default: true,
-                layout: Layout::Linear,
-                fstype: None,
-                shared: None,
-            };
+            let class = DeviceClassConfig::named(&self.vg).as_default();
             let backend = LocalBackend::new("vm-node", vec![class], Lvm::new(LvmShell::new()));
             NodeService::new(
                 Arc::new(backend),

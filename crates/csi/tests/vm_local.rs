@@ -15,7 +15,8 @@ mod vm_local {
     };
     use lvms_engine::{
         backend::{
-            Backend, BackendError, ClassInfo, Layout, NewSnapshot, NewVolume, Source, Volume,
+            Backend, BackendError, DeviceClassConfig, Layout, NewSnapshot, NewVolume, Source,
+            Volume,
         },
         ids,
         local::LocalBackend,
@@ -27,32 +28,18 @@ mod vm_local {
     const EXTENT: u64 = 4 * MIB;
 
     /// The backend as `lvms standalone` runs it: LVM commands in one long-lived shell process.
-    fn backend(classes: Vec<ClassInfo>) -> LocalBackend<LvmShell> {
+    fn backend(classes: Vec<DeviceClassConfig>) -> LocalBackend<LvmShell> {
         LocalBackend::new("vm-node", classes, Lvm::new(LvmShell::new()))
     }
 
-    fn thin_class(vg: &str) -> ClassInfo {
-        ClassInfo {
-            name: vg.to_owned(),
-            thin_pool: Some("pool".to_owned()),
-            overprovision_ratio: 10,
-            default: true,
-            layout: Layout::Linear,
-            fstype: None,
-            shared: None,
-        }
+    fn thin_class(vg: &str) -> DeviceClassConfig {
+        DeviceClassConfig::named(vg)
+            .with_thin_pool("pool", 10)
+            .as_default()
     }
 
-    fn thick_class(vg: &str) -> ClassInfo {
-        ClassInfo {
-            name: vg.to_owned(),
-            thin_pool: None,
-            overprovision_ratio: 1,
-            default: false,
-            layout: Layout::Linear,
-            fstype: None,
-            shared: None,
-        }
+    fn thick_class(vg: &str) -> DeviceClassConfig {
+        DeviceClassConfig::named(vg)
     }
 
     /// A volume group on the scratch disks, made with `lvm vgcreate`.

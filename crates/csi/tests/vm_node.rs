@@ -32,8 +32,8 @@ mod vm_node {
     };
     use lvms_engine::{
         backend::{
-            Backend, BackendError, Capacity, ClassInfo, NewSnapshot, NewVolume, Result as BResult,
-            Volume,
+            Backend, BackendError, Capacity, DeviceClassConfig, NewSnapshot, NewVolume,
+            Result as BResult, Volume,
         },
         ids::volume_lv_name,
     };
@@ -64,7 +64,7 @@ mod vm_node {
         fn node_id(&self) -> &str {
             "vm-node"
         }
-        fn classes(&self) -> Vec<ClassInfo> {
+        fn classes(&self) -> Vec<DeviceClassConfig> {
             vec![]
         }
         async fn ready(&self) -> BResult<bool> {

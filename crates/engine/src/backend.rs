@@ -5,82 +5,10 @@
 
 use std::future::Future;
 
-pub use lvms_core::layout::Layout;
 use lvms_core::lvattr::LvHealth;
+pub use lvms_core::{config::DeviceClassConfig, layout::Layout};
 
 pub use crate::ids::{EphemeralOwner, Source};
-
-/// One device class as the driver serves it: a volume group, with or without a thin pool.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClassInfo {
-    /// The class name, which is also the volume group's name.
-    pub name: String,
-    /// The thin pool volumes are made in; `None` for a thick class.
-    pub thin_pool: Option<String>,
-    /// Thin classes: how far the pool may be overprovisioned (virtual size ÷ pool size).
-    pub overprovision_ratio: u32,
-    /// Used when a request names no class.
-    pub default: bool,
-    /// Thick classes: the layout of a volume whose request names none (linear, or the RAID layout of
-    /// the class's `raidConfig`).
-    pub layout: Layout,
-    /// The filesystem made on a blank volume of the class whose request names none (`None`: the
-    /// driver's default).
-    pub fstype: Option<lvms_core::config::Fstype>,
-    /// A shared class's settings; `None` for a class on this node's own disks.
-    pub shared: Option<lvms_core::config::SharedConfig>,
-}
-
-impl ClassInfo {
-    /// The class as a volume of volume mode `mode` sees it: a shared class with the request's mode
-    /// in place of its `sharedConfig.volumeMode`; other classes, or no mode, unchanged.
-    pub fn with_volume_mode(&self, mode: Option<lvms_core::config::SharedVolumeMode>) -> Self {
-        let mut out = self.clone();
-        if let (Some(shared), Some(mode)) = (out.shared.as_mut(), mode) {
-            shared.volume_mode = mode;
-        }
-        out
-    }
-
-    /// Whether the class's volumes are thin (a thin pool, or a shared class in thin mode), so
-    /// that they can be snapshotted and cloned.
-    pub fn makes_thin(&self) -> bool {
-        self.thin_pool.is_some()
-            || self
-                .shared
-                .is_some_and(|s| s.volume_mode == lvms_core::config::SharedVolumeMode::Thin)
-    }
-
-    /// Whether volumes of the class can be active on several nodes at once (shared linear): the
-    /// only ones that may be staged MULTI_NODE_* (block only).
-    pub fn multi_node(&self) -> bool {
-        self.shared
-            .is_some_and(|s| s.volume_mode == lvms_core::config::SharedVolumeMode::Linear)
-            && self.thin_pool.is_none()
-    }
-}
-
-impl ClassInfo {
-    /// The class as configured for the node engine: thin when it has a thin pool, RAID volumes when it
-    /// has a `raidConfig`, else linear.
-    pub fn from_config(c: &lvms_core::config::DeviceClassConfig) -> Self {
-        Self {
-            name: c.name.clone(),
-            thin_pool: c.thin_pool_config.as_ref().map(|t| t.name.clone()),
-            overprovision_ratio: c
-                .thin_pool_config
-                .as_ref()
-                .map_or(1, |t| t.overprovision_ratio),
-            default: c.default,
-            layout: c
-                .raid_config
-                .as_ref()
-                .map_or(Layout::Linear, Layout::of_raid_config),
-            fstype: c.fstype,
-            shared: c.is_shared().then(|| c.shared_or_default()),
-        }
-    }
-}
 
 /// A volume or snapshot as found on disk.
 #[derive(Debug, Clone, PartialEq)]
@@ -123,7 +51,7 @@ pub struct NewVolume {
     /// Bytes, already rounded as the backend needs.
     pub size: u64,
     /// Thick classes: the layout.
-    /// The layout asked for; `None`: the class's [`ClassInfo::layout`].
+    /// The layout asked for; `None`: the class's [`DeviceClassConfig::layout`].
     pub lv_type: Option<Layout>,
     /// Shared classes: linear or thin volume; `None`: the class's `sharedConfig.volumeMode`.
     pub volume_mode: Option<lvms_core::config::SharedVolumeMode>,
@@ -191,7 +119,7 @@ pub trait Backend: Send + Sync + 'static {
     fn node_id(&self) -> &str;
 
     /// The classes served (owned: the node agent's set changes as device classes become ready).
-    fn classes(&self) -> Vec<ClassInfo>;
+    fn classes(&self) -> Vec<DeviceClassConfig>;
 
     /// Whether every class is ready to serve (volume group and pool exist).
     fn ready(&self) -> impl Future<Output = Result<bool>> + Send;

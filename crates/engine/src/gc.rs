@@ -109,11 +109,11 @@ impl Tracker {
 /// among `classes`) (see the module documentation).
 pub fn by_kind(
     volumes: Vec<crate::backend::Volume>,
-    classes: &[crate::backend::ClassInfo],
+    classes: &[crate::backend::DeviceClassConfig],
 ) -> (Vec<String>, Vec<String>) {
     let shared: BTreeSet<&str> = classes
         .iter()
-        .filter(|c| c.shared.is_some())
+        .filter(|c| c.shared().is_some())
         .map(|c| c.name.as_str())
         .collect();
     let (shared, local): (Vec<_>, Vec<_>) = volumes
@@ -262,15 +262,14 @@ mod tests {
 
     #[test]
     fn volumes_of_shared_classes_are_told_apart_and_never_removed() {
-        use crate::backend::{ClassInfo, Layout, Volume};
-        let class = |name: &str, shared: bool| ClassInfo {
-            name: name.into(),
-            thin_pool: None,
-            overprovision_ratio: 1,
-            default: false,
-            layout: Layout::Linear,
-            fstype: None,
-            shared: shared.then(lvms_core::config::SharedConfig::default),
+        use crate::backend::{DeviceClassConfig, Volume};
+        let class = |name: &str, shared: bool| {
+            let class = DeviceClassConfig::named(name);
+            if shared {
+                class.with_shared(lvms_core::config::SharedConfig::default())
+            } else {
+                class
+            }
         };
         let volume = |id: &str, class: &str| Volume {
             id: id.into(),

@@ -90,8 +90,8 @@ use tokio::{sync::Mutex, time::Instant};
 use self::report::{Changed, Report, ReportCache};
 use crate::{
     backend::{
-        Backend, BackendError, Capacity, ClassInfo, Layout, NewSnapshot, NewVolume, PoolUsage,
-        Result, Source, Usage, Volume,
+        Backend, BackendError, Capacity, DeviceClassConfig, Layout, NewSnapshot, NewVolume,
+        PoolUsage, Result, Source, Usage, Volume,
     },
     ids,
 };
@@ -174,7 +174,7 @@ fn to_volume(lv: &LogicalVolume) -> Volume {
 #[derive(Debug)]
 pub struct LocalBackend<R> {
     node_id: String,
-    classes: Vec<ClassInfo>,
+    classes: Vec<DeviceClassConfig>,
     lvm: Lvm<R>,
     /// One per class volume group: mutations of one volume group run one at a time.
     vg_locks: HashMap<String, Mutex<()>>,
@@ -187,7 +187,7 @@ pub struct LocalBackend<R> {
 
 impl<R: Runner> LocalBackend<R> {
     /// A backend serving `classes` on node `node_id` through `lvm`.
-    pub fn new(node_id: impl Into<String>, classes: Vec<ClassInfo>, lvm: Lvm<R>) -> Self {
+    pub fn new(node_id: impl Into<String>, classes: Vec<DeviceClassConfig>, lvm: Lvm<R>) -> Self {
         let vg_locks = classes
             .iter()
             .map(|c| (c.name.clone(), Mutex::new(())))
@@ -245,7 +245,7 @@ impl<R: Runner> LocalBackend<R> {
 
     /// Whether a class is shared (its volume group changes under other nodes' hands).
     fn has_shared(&self) -> bool {
-        self.classes.iter().any(|c| c.shared.is_some())
+        self.classes.iter().any(|c| c.shared().is_some())
     }
 
     /// The LVM commands this backend runs.
@@ -253,7 +253,7 @@ impl<R: Runner> LocalBackend<R> {
         &self.lvm
     }
 
-    fn class(&self, name: &str) -> Result<&ClassInfo> {
+    fn class(&self, name: &str) -> Result<&DeviceClassConfig> {
         self.classes.iter().find(|c| c.name == name).ok_or_else(|| {
             BackendError::NotFound(format!(
                 "device class {name} is not served on node {}",
@@ -288,7 +288,7 @@ impl<R: Runner> LocalBackend<R> {
     async fn fetch(&self) -> Result<Report> {
         let taken = Instant::now();
         let ours = |vg: &str| self.classes.iter().any(|c| c.name == vg);
-        let local = self.classes.iter().any(|c| c.shared.is_none());
+        let local = self.classes.iter().any(|c| c.shared().is_none());
         let (vgs, lvs) = self.lvm.groups(local).await.map_err(host)?;
         tracing::debug!(
             node = %self.node_id,
@@ -384,7 +384,11 @@ impl<R: Runner> LocalBackend<R> {
     /// The free extents of each LVM physical volume of `class`'s group, from `report`'s physical
     /// volumes; when it has none yet they are read (one `pvs`) and kept in the cached report until
     /// a group's free space changes.
-    async fn free_space_in(&self, report: &Arc<Report>, class: &ClassInfo) -> Result<FreeSpace> {
+    async fn free_space_in(
+        &self,
+        report: &Arc<Report>,
+        class: &DeviceClassConfig,
+    ) -> Result<FreeSpace> {
         let extent = self.extent_size(report, &class.name)?;
         let pvs = match &report.pvs {
             Some(pvs) => pvs.clone(),
@@ -412,12 +416,12 @@ impl<R: Runner> LocalBackend<R> {
     fn is_thick(&self, vg: &str) -> bool {
         self.classes
             .iter()
-            .any(|c| c.name == vg && c.thin_pool.is_none())
+            .any(|c| c.name == vg && c.thin_pool().is_none())
     }
 
     /// The report with `class`'s volume group (and pool) in it, taking it again when they are missing
     /// from a report older than [`NOT_READY_RECHECK`]; `Unavailable` if they are still missing.
-    async fn converged_report(&self, class: &ClassInfo) -> Result<Arc<Report>> {
+    async fn converged_report(&self, class: &DeviceClassConfig) -> Result<Arc<Report>> {
         let mut report = self.report().await?;
         if !report.converged(class) && report.taken.elapsed() >= NOT_READY_RECHECK {
             report = self.fresh_report().await?;
@@ -428,7 +432,7 @@ impl<R: Runner> LocalBackend<R> {
                 class.name, class.name, self.node_id
             )));
         }
-        if let Some(pool) = &class.thin_pool
+        if let Some(pool) = &class.thin_pool()
             && report.pool(class).is_none()
         {
             return Err(BackendError::Unavailable(format!(
@@ -485,14 +489,19 @@ impl<R: Runner> LocalBackend<R> {
     }
 
     /// Refuses to promise `more` bytes of a thin class's pool beyond what its overprovision ratio allows.
-    fn check_thin_space(&self, report: &Report, class: &ClassInfo, more: u64) -> Result<()> {
+    fn check_thin_space(
+        &self,
+        report: &Report,
+        class: &DeviceClassConfig,
+        more: u64,
+    ) -> Result<()> {
         let Some(pool) = report.pool(class) else {
             return Err(BackendError::Unavailable(format!(
                 "the thin pool of device class {} does not exist on node {} (yet)",
                 class.name, self.node_id
             )));
         };
-        let usage = ThinPoolUsage::from_lvs(pool, &report.lvs, class.overprovision_ratio);
+        let usage = ThinPoolUsage::from_lvs(pool, &report.lvs, class.overprovision_ratio());
         let available = thin_capacity(&usage).available;
         if more > available {
             return Err(BackendError::InsufficientSpace(format!(
@@ -502,7 +511,7 @@ impl<R: Runner> LocalBackend<R> {
                 pool.name,
                 self.node_id,
                 Bytes(available),
-                class.overprovision_ratio,
+                class.overprovision_ratio(),
                 Bytes(pool.size),
                 usage.data_percent,
                 Bytes(usage.virtual_used),
@@ -582,7 +591,7 @@ impl<R: Runner> LocalBackend<R> {
     async fn restore(
         &self,
         mut report: Arc<Report>,
-        class: &ClassInfo,
+        class: &DeviceClassConfig,
         req: &NewVolume,
         source: &Source,
         lv_name: &str,
@@ -612,7 +621,7 @@ impl<R: Runner> LocalBackend<R> {
                 class.name
             )));
         }
-        if class.thin_pool.is_none() && class.shared.is_none() {
+        if class.thin_pool().is_none() && class.shared().is_none() {
             return Err(BackendError::InvalidArgument(format!(
                 "device class {} is thick: restoring a snapshot or cloning a volume needs a thin device \
                  class",
@@ -637,7 +646,7 @@ impl<R: Runner> LocalBackend<R> {
             )));
         }
         let pool = src.pool_lv.clone().unwrap_or_default();
-        if class.shared.is_some() {
+        if class.shared().is_some() {
             // The clone lives in its source's pool, which grows to hold it.
             let report = self.fresh_report().await?;
             self.cover(&report, &class.name, &pool, size).await?;
@@ -664,7 +673,7 @@ impl<R: Runner> LocalBackend<R> {
         } else {
             vol
         };
-        if class.shared.is_some() {
+        if class.shared().is_some() {
             self.park(&class.name, Some(lv_name), &pool).await;
         }
         Ok(vol)
@@ -710,7 +719,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
         &self.node_id
     }
 
-    fn classes(&self) -> Vec<ClassInfo> {
+    fn classes(&self) -> Vec<DeviceClassConfig> {
         self.classes.clone()
     }
 
@@ -769,7 +778,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
             tags.extend(owner.tags());
         }
         if let Some(lv) = report.find(&lv_name) {
-            if lv.tags.is_empty() && class.shared.is_some() {
+            if lv.tags.is_empty() && class.shared().is_some() {
                 // Perhaps a shared thin volume a crash left untagged beside its pool.
                 return self
                     .finish_shared_thin(&class.name, &lv_name, &req.name, &tags)
@@ -795,7 +804,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
                 .restore(report, class, req, source, &lv_name, size)
                 .await;
         }
-        match &class.thin_pool {
+        match &class.thin_pool() {
             Some(pool) => {
                 self.check_thin_space(&report, class, size)?;
                 self.create_or_adopt(
@@ -807,8 +816,8 @@ impl<R: Runner> Backend for LocalBackend<R> {
                 )
                 .await
             }
-            None if class.shared.is_some() => {
-                let shared = class.shared.unwrap_or_default();
+            None if class.shared().is_some() => {
+                let shared = class.shared().copied().unwrap_or_default();
                 if req.lv_type.is_some_and(|t| t != Layout::Linear) {
                     return Err(BackendError::InvalidArgument(format!(
                         "device class {} is shared: its volumes are linear or thin (striped and RAID \
@@ -846,7 +855,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
             }
             None => {
                 let devices = report.vg(&class.name).map_or(0, |vg| vg.pv_count);
-                let layout = req.lv_type.unwrap_or(class.layout).resolved(devices);
+                let layout = req.lv_type.unwrap_or(class.layout()).resolved(devices);
                 let needed = layout.devices_needed(devices);
                 if needed > devices {
                     // RESOURCE_EXHAUSTED: a node with more disks in the class may make it.
@@ -891,10 +900,10 @@ impl<R: Runner> Backend for LocalBackend<R> {
             .await?
             .ok_or_else(|| self.source_not_found(&source))?;
         let class = self.class(&src.vg_name)?;
-        if class.shared.is_some() {
+        if class.shared().is_some() {
             return self.snapshot_shared(req, &src, &lv_name, &source).await;
         }
-        let Some(pool) = &class.thin_pool else {
+        let Some(pool) = &class.thin_pool() else {
             return Err(BackendError::InvalidArgument(format!(
                 "volume {} is in device class {}, which is thick: snapshots need a thin device class",
                 req.source_volume, class.name
@@ -945,7 +954,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
         let shared_pool = report
             .find(id)
             .and_then(|lv| lv.pool_lv.clone())
-            .filter(|_| self.class(&vg).is_ok_and(|c| c.shared.is_some()));
+            .filter(|_| self.class(&vg).is_ok_and(|c| c.shared().is_some()));
         let _queued = self.lock_vg(&vg).await?;
         // The removal looks at the LV itself first: never remove an LV that is not ours.
         match self
@@ -972,7 +981,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
             self.drop_pool_if_empty(&vg, pool).await;
         }
         // A thin pool's data usage falls, a thick volume group's free space grows.
-        let pool = self.class(&vg)?.thin_pool.clone();
+        let pool = self.class(&vg)?.thin_pool().map(str::to_owned);
         let changed = Changed {
             lvs: pool.as_deref().into_iter().collect(),
             removed: Some(id),
@@ -1008,7 +1017,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
         if size <= lv.size {
             return Ok(lv.size);
         }
-        if class.shared.is_some() {
+        if class.shared().is_some() {
             if let Some(pool) = lv.pool_lv.as_deref() {
                 let fresh = self.fresh_report().await?;
                 self.cover(&fresh, &class.name, pool, size - lv.size)
@@ -1019,7 +1028,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
                 .map_err(shared::in_use_elsewhere(id, "grow"))?;
             return Ok(self.read_back(&class.name, id).await?.size);
         }
-        if class.thin_pool.is_some() {
+        if class.thin_pool().is_some() {
             self.check_thin_space(&report, class, size - lv.size)?;
         }
         Ok(self.grow(&class.name, id, size).await?.size)
@@ -1034,10 +1043,10 @@ impl<R: Runner> Backend for LocalBackend<R> {
         // `converged_report` made sure the volume group (and a thin class's pool) exist.
         let available = match report.pool(class) {
             Some(pool) => {
-                let usage = ThinPoolUsage::from_lvs(pool, &report.lvs, class.overprovision_ratio);
+                let usage = ThinPoolUsage::from_lvs(pool, &report.lvs, class.overprovision_ratio());
                 thin_capacity(&usage).available
             }
-            None if class.shared.is_some() || *layout == Layout::Linear => {
+            None if class.shared().is_some() || *layout == Layout::Linear => {
                 report.vg(&class.name).map_or(0, thick_available)
             }
             // A thick layout other than linear: what fits device by device.
@@ -1053,7 +1062,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
             }
         };
         // A shared thin volume brings its own pool: its metadata (and LVM's spare) come off the top.
-        if class.makes_thin() && class.thin_pool.is_none() {
+        if class.makes_thin() && class.thin_pool().is_none() {
             let largest = shared::max_thin_volume(available, extent);
             return Ok(Capacity {
                 available: largest,
@@ -1072,7 +1081,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
 
     async fn free_space(&self, class: &str) -> Result<Option<FreeSpace>> {
         let class = self.class(class)?;
-        if class.thin_pool.is_some() || class.shared.is_some() {
+        if class.thin_pool().is_some() || class.shared().is_some() {
             return Ok(None);
         }
         let report = self.converged_report(class).await?;
@@ -1086,7 +1095,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
             return Ok(None);
         };
         let pool = report.pool(class).map(|pool| {
-            let usage = ThinPoolUsage::from_lvs(pool, &report.lvs, class.overprovision_ratio);
+            let usage = ThinPoolUsage::from_lvs(pool, &report.lvs, class.overprovision_ratio());
             PoolUsage {
                 size: pool.size,
                 data_percent: pool.data_percent,
@@ -1109,7 +1118,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
                 self.node_id
             ))
         })?;
-        if self.class(&lv.vg_name)?.shared.is_some() {
+        if self.class(&lv.vg_name)?.shared().is_some() {
             return self.activate_shared(&lv, multi_node).await;
         }
         if multi_node {
@@ -1128,7 +1137,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
         };
         self.classes
             .iter()
-            .filter(|c| c.shared.is_some() && report.vg(&c.name).is_some())
+            .filter(|c| c.shared().is_some() && report.vg(&c.name).is_some())
             .map(|c| c.name.clone())
             .collect()
     }
@@ -1138,7 +1147,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
         let Some(lv) = self.locate(id).await? else {
             return Ok(());
         };
-        if self.class(&lv.vg_name)?.shared.is_none() {
+        if self.class(&lv.vg_name)?.shared().is_none() {
             return Ok(());
         }
         self.release_shared(&lv).await

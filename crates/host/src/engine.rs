@@ -7,6 +7,7 @@ use std::{collections::BTreeMap, future::Future};
 
 use lvms_core::{
     config::{Claims, DeviceClassConfig},
+    leave::{LocalStep, LocalVg, plan_local},
     model::{LogicalVolume, PhysicalVolume, VolumeGroup},
     plan::{
         Action, ClassPlan, ClassState, Observed, foreign_volumes, matched_by, plan_device_class,
@@ -16,6 +17,7 @@ use serde::Serialize;
 
 use crate::{
     Error, Result,
+    class::LeaveReport,
     devices::Devices,
     lvm::{Lvm, PoolSize, ThinPoolSpec},
     runner::Runner,
@@ -145,6 +147,44 @@ pub async fn converge_among<H: NodeHost>(
     })
 }
 
+/// What leaving a node-local class needs from the machine.
+pub trait LocalLeaveHost: Send + Sync {
+    /// The class's volume group on this node, if there is one.
+    fn observe_leave(&self, class: &str) -> impl Future<Output = Result<Option<LocalVg>>> + Send;
+    /// Executes one planned step.
+    fn execute_leave(&self, step: &LocalStep) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// Leaves node-local class `class` on this node ([`lvms_core::leave::plan_local`]): plan, execute,
+/// observe again, until the plan stops (`Left`, or `Refused` while something not ours remains).
+#[tracing::instrument(skip_all, fields(device_class = %class.name))]
+pub async fn leave<H: LocalLeaveHost>(
+    host: &H,
+    class: &DeviceClassConfig,
+) -> Result<LeaveReport<LocalStep>> {
+    let mut executed = Vec::new();
+    for _ in 0..MAX_ROUNDS {
+        let vg = host.observe_leave(&class.name).await?;
+        let plan = plan_local(class, vg.as_ref());
+        if plan.actions.is_empty() {
+            return Ok(LeaveReport {
+                device_class: class.name.clone(),
+                executed,
+                plan,
+            });
+        }
+        for step in plan.actions {
+            tracing::info!(?step, "executing");
+            host.execute_leave(&step).await?;
+            executed.push(step);
+        }
+    }
+    Err(Error::NotConverged {
+        device_class: class.name.clone(),
+        rounds: MAX_ROUNDS,
+    })
+}
+
 /// [`NodeHost`] on the real machine.
 pub struct RealNodeHost<R> {
     lvm: Lvm<R>,
@@ -229,12 +269,49 @@ impl<R: Runner> NodeHost for RealNodeHost<R> {
     }
 }
 
+impl<R: Runner> LocalLeaveHost for RealNodeHost<R> {
+    async fn observe_leave(&self, class: &str) -> Result<Option<LocalVg>> {
+        let Some(vg) = self.lvm.vg(class).await? else {
+            return Ok(None);
+        };
+        let lvs = self.lvm.lvs(Some(class)).await?;
+        let pvs = self.lvm.pvs().await?;
+        Ok(Some(LocalVg {
+            tags: vg.tags,
+            lvs: lvs
+                .into_iter()
+                .map(|lv| lv.name)
+                .filter(|n| !n.starts_with('['))
+                .collect(),
+            pvs: pvs
+                .into_iter()
+                .filter(|pv| pv.vg_name.as_deref() == Some(class))
+                .map(|pv| pv.name)
+                .collect(),
+        }))
+    }
+
+    async fn execute_leave(&self, step: &LocalStep) -> Result<()> {
+        match step {
+            LocalStep::RemovePool { vg, pool } => self.lvm.lv_remove(vg, pool).await,
+            LocalStep::RemoveVolumeGroup { vg } => self.lvm.vg_remove(vg).await,
+            LocalStep::RemovePhysicalVolumes { pvs } => {
+                for pv in pvs {
+                    self.lvm.pv_remove(pv).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;
 
     use lvms_core::{
         config::{DeviceSelector, Fstype, ThinPoolConfig, VG_OWNER_TAG},
+        leave::LeaveState,
         model::{BlockDevice, DeviceKind, PhysicalVolume},
         size::{GIB, MIB},
     };
@@ -291,6 +368,64 @@ mod tests {
                 fail_at: Mutex::new(None),
                 calls: Mutex::new(0),
             }
+        }
+    }
+
+    impl LocalLeaveHost for SimHost {
+        async fn observe_leave(&self, class: &str) -> Result<Option<LocalVg>> {
+            let state = self.state.lock().unwrap();
+            Ok(state
+                .vgs
+                .iter()
+                .find(|vg| vg.name == class)
+                .map(|vg| LocalVg {
+                    tags: vg.tags.clone(),
+                    lvs: state
+                        .lvs
+                        .iter()
+                        .filter(|lv| lv.vg_name == class)
+                        .map(|lv| lv.name.clone())
+                        .collect(),
+                    pvs: state
+                        .pvs
+                        .iter()
+                        .filter(|pv| pv.vg_name.as_deref() == Some(class))
+                        .map(|pv| pv.name.clone())
+                        .collect(),
+                }))
+        }
+
+        async fn execute_leave(&self, step: &LocalStep) -> Result<()> {
+            let mut state = self.state.lock().unwrap();
+            match step {
+                LocalStep::RemovePool { vg, pool } => {
+                    state
+                        .lvs
+                        .retain(|lv| !(lv.vg_name == *vg && lv.name == *pool));
+                }
+                LocalStep::RemoveVolumeGroup { vg } => {
+                    assert!(
+                        !state.lvs.iter().any(|lv| lv.vg_name == *vg),
+                        "vgremove of a group with volumes"
+                    );
+                    state.vgs.retain(|g| g.name != *vg);
+                    for pv in state
+                        .pvs
+                        .iter_mut()
+                        .filter(|pv| pv.vg_name.as_deref() == Some(vg))
+                    {
+                        pv.vg_name = None;
+                    }
+                }
+                LocalStep::RemovePhysicalVolumes { pvs } => {
+                    // `pvremove` wipes the label: the disk is blank again.
+                    state.pvs.retain(|pv| !pvs.contains(&pv.name));
+                    for d in state.devices.iter_mut().filter(|d| pvs.contains(&d.path)) {
+                        d.fstype = None;
+                    }
+                }
+            }
+            Ok(())
         }
     }
 
@@ -413,8 +548,7 @@ mod tests {
             }),
             raid_config: None,
             device_discovery_policy: Default::default(),
-            device_access_policy: Default::default(),
-            shared_config: None,
+            access: Default::default(),
             adopt: None,
             default: true,
             fstype: Some(Fstype::Xfs),
@@ -514,5 +648,49 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn leave_removes_an_empty_class_to_the_bare_disks_and_converge_builds_it_again() {
+        let host = SimHost::new(vec![disk("vdb", 2 * GIB), disk("vdc", 2 * GIB)]);
+        let class = thin_class(&["/dev/vdb", "/dev/vdc"]);
+        assert!(block_on(converge(&host, &class)).unwrap().is_ready());
+        let report = block_on(leave(&host, &class)).unwrap();
+        assert!(report.has_left(), "{:?}", report.plan);
+        let steps: Vec<&str> = report
+            .executed
+            .iter()
+            .map(|s| match s {
+                LocalStep::RemovePool { .. } => "pool",
+                LocalStep::RemoveVolumeGroup { .. } => "vg",
+                LocalStep::RemovePhysicalVolumes { .. } => "pvs",
+            })
+            .collect();
+        assert_eq!(steps, ["pool", "vg", "pvs"]);
+        {
+            let state = host.state.lock().unwrap();
+            assert!(state.vgs.is_empty() && state.lvs.is_empty() && state.pvs.is_empty());
+        }
+        // Leaving again does nothing; converging again starts over.
+        assert!(block_on(leave(&host, &class)).unwrap().executed.is_empty());
+        assert!(block_on(converge(&host, &class)).unwrap().is_ready());
+    }
+
+    #[test]
+    fn leave_refuses_while_a_volume_remains_and_removes_nothing() {
+        let host = SimHost::new(vec![disk("vdb", 2 * GIB)]);
+        let class = thin_class(&["/dev/vdb"]);
+        assert!(block_on(converge(&host, &class)).unwrap().is_ready());
+        let mut volume = host.state.lock().unwrap().lvs[0].clone();
+        volume.name = "pvc-1".into();
+        host.state.lock().unwrap().lvs.push(volume);
+        let report = block_on(leave(&host, &class)).unwrap();
+        assert!(report.executed.is_empty());
+        assert!(
+            matches!(&report.plan.state, LeaveState::Refused { reason } if reason.contains("pvc-1")),
+            "{:?}",
+            report.plan.state
+        );
+        assert_eq!(host.state.lock().unwrap().vgs.len(), 1);
     }
 }

@@ -81,6 +81,11 @@ pub enum Error {
     )]
     SignatureExists { device: String, signature: String },
 
+    /// What has to happen before a removal (the caller's record of it) failed, so the removal did
+    /// not run.
+    #[error("{step} did not run: {reason}")]
+    NotPrepared { step: String, reason: String },
+
     /// A wipe was not done because the record that it happens (kept so a device is wiped only once)
     /// could not be written.
     #[error("{device} was not wiped: recording the wipe first failed: {reason}")]

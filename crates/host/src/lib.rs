@@ -6,6 +6,7 @@
 //! never shell strings.
 #![forbid(unsafe_code)]
 
+pub mod class;
 pub mod devices;
 pub mod engine;
 pub mod error;

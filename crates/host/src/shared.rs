@@ -30,7 +30,7 @@ use lvms_core::{
     shared::{
         self, Action, Daemon, Daemons, Observed, Plan, SharedVg, State,
         fencing::{self, Fencing},
-        leave::{self, LeaveAction, LeaveObserved, LeavePlan, LeaveState, SharedLv},
+        leave::{self, LeaveAction, LeaveObserved, LeavePlan, SharedLv},
     },
 };
 use serde::{Deserialize, Serialize};
@@ -772,7 +772,13 @@ async fn fencing_report<H: SharedHost>(
     class: &DeviceClassConfig,
 ) -> Option<FencingReport> {
     let seen = host.observe_fencing(&class.name).await?;
-    let mut verdict = fencing::judge(class.shared_or_default().watchdog, &seen.watchdog);
+    let mut verdict = fencing::judge(
+        // Only shared classes get here; a node-local one would be held to the safe policy.
+        class
+            .shared()
+            .map_or(fencing::Policy::Required, |s| s.watchdog),
+        &seen.watchdog,
+    );
     if seen.fenced {
         verdict.ready = false;
         verdict.message = fencing::fenced_message(&class.name);
@@ -794,22 +800,7 @@ async fn fencing_report<H: SharedHost>(
 }
 
 /// What [`leave`] ended with, for one shared class on this node.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LeaveReport {
-    pub device_class: String,
-    /// Actions executed, in order.
-    pub executed: Vec<LeaveAction>,
-    /// The last plan.
-    pub plan: LeavePlan,
-}
-
-impl LeaveReport {
-    /// Whether nothing of the class is left on this node.
-    pub fn has_left(&self) -> bool {
-        self.plan.state == LeaveState::Left
-    }
-}
+pub type LeaveReport = crate::class::LeaveReport<LeaveAction>;
 
 /// What leaving a shared class needs from the machine.
 pub trait SharedLeaveHost: Send + Sync {

@@ -1,9 +1,12 @@
 //! What the Kubernetes roles share beside the API types (`lvms-api`): the node agent (`lvms-node`) and
-//! the CSI controller on Kubernetes (`lvms-csi-controller`) both collect garbage and serve metrics.
+//! the CSI controller on Kubernetes (`lvms-csi-controller`) both collect garbage and serve metrics,
+//! and every role with a reconciler (those two and the operator) runs it the same way.
 //!
 //! - [`gc`]: the garbage collectors' Kubernetes side (PersistentVolumes' handles, Warning events);
-//! - [`metrics`]: their Prometheus metrics (and the node's storage numbers) on `/metrics`.
+//! - [`metrics`]: their Prometheus metrics (and the node's storage numbers) on `/metrics`;
+//! - [`reconciler`]: the event recorder and the run loop every reconciler shares.
 #![forbid(unsafe_code)]
 
 pub mod gc;
 pub mod metrics;
+pub mod reconciler;

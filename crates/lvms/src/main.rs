@@ -12,14 +12,16 @@ use clap::{Parser, Subcommand, ValueEnum};
 use lvms_core::{
     config::NodeConfig,
     filter::{FilterContext, Verdict, evaluate},
+    leave::LeaveState,
     lvattr::LvAttr,
     model::BlockDevice,
     plan::{ClassState, DeviceVerdict},
-    shared::{State as SharedState, leave::LeaveState},
+    shared::State as SharedState,
     size::ByteSize,
 };
 use lvms_host::{
-    engine::{ConvergeReport, NodeHost, RealNodeHost, converge_among},
+    class::{Converged, Hosts, Left},
+    engine::{ConvergeReport, NodeHost, RealNodeHost},
     runner::RealRunner,
     shared::{RealSharedHost, SharedReport},
 };
@@ -59,14 +61,16 @@ enum Cmd {
         #[arg(long, value_enum, default_value_t = Output::Plain)]
         output: Output,
     },
-    /// Leave a shared device class of the config on this node: stop its lockspace; on the node
-    /// configured with `createVolumeGroups` (the remover), also remove the volume group, its LUNs'
-    /// labels and the devices file once the group holds no volume and the other nodes have left.
-    /// Exits non-zero until nothing of the class is left on this node (run it again).
+    /// Leave a device class of the config on this node. A node-local class: remove its volume
+    /// group (tagged lvms) and the labels of its devices once it holds no volume but its thin pool.
+    /// A shared class: stop its lockspace; on the node configured with `createVolumeGroups` (the
+    /// remover), also remove the volume group, its LUNs' labels and the devices file once the group
+    /// holds no volume and the other nodes have left. Exits non-zero until nothing of the class is
+    /// left on this node (run it again).
     Leave {
         #[arg(long, env = "LVMS_CONFIG")]
         config: PathBuf,
-        /// The shared device class to leave.
+        /// The device class to leave.
         #[arg(long)]
         class: String,
         #[arg(long, value_enum, default_value_t = Output::Plain)]
@@ -371,33 +375,31 @@ pub(crate) async fn bind_metrics(port: u16) -> Result<tokio::net::TcpListener> {
         .with_context(|| format!("binding the metrics port {addr}"))
 }
 
+/// Both engines on the real machine.
+fn real_hosts() -> Hosts<RealNodeHost<Arc<RealRunner>>, RealSharedHost<Arc<RealRunner>>> {
+    Hosts {
+        local: RealNodeHost::new(Arc::new(RealRunner)),
+        shared: RealSharedHost::new(Arc::new(RealRunner)),
+    }
+}
+
 async fn cmd_converge(config: &std::path::Path, output: Output) -> Result<()> {
     let config = load_config(config)?;
-    let host = RealNodeHost::new(Arc::new(RealRunner));
-    let shared_host = RealSharedHost::new(Arc::new(RealRunner));
+    let hosts = real_hosts();
     let mut json = Vec::new();
     let mut failed: Vec<&str> = Vec::new();
     for class in &config.device_classes {
-        let ready = if class.is_shared() {
-            let r =
-                lvms_host::shared::converge(&shared_host, class, config.shared.as_ref()).await?;
-            if output == Output::Json {
-                json.push(serde_json::to_value(&r)?);
-            } else {
-                print_shared_report(&r);
-            }
-            r.is_ready()
+        let others = config.claims_of_others(&class.name);
+        let r = lvms_host::class::converge(&hosts, class, &others, config.shared.as_ref()).await?;
+        if output == Output::Json {
+            json.push(serde_json::to_value(&r)?);
         } else {
-            let others = config.claims_of_others(&class.name);
-            let r = converge_among(&host, class, &others).await?;
-            if output == Output::Json {
-                json.push(serde_json::to_value(&r)?);
-            } else {
-                print_report(&r);
+            match &r {
+                Converged::Local(r) => print_report(r),
+                Converged::Shared(r) => print_shared_report(r),
             }
-            r.is_ready()
-        };
-        if !ready {
+        }
+        if !r.is_ready() {
             failed.push(&class.name);
         }
     }
@@ -456,29 +458,31 @@ async fn cmd_leave(config: &std::path::Path, class: &str, output: Output) -> Res
                 .join(", ")
         );
     };
-    anyhow::ensure!(
-        class.is_shared(),
-        "device class {} is not shared: `lvms leave` is for deviceAccessPolicy: shared",
-        class.name
-    );
-    let host = RealSharedHost::new(Arc::new(RealRunner));
-    let r = lvms_host::shared::leave(&host, class, config.shared.as_ref()).await?;
+    let r = lvms_host::class::leave(&real_hosts(), class, config.shared.as_ref()).await?;
     if output == Output::Json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
-        let state = match &r.plan.state {
+        let state = match r.state() {
             LeaveState::Left => "Left".to_owned(),
             LeaveState::Waiting { reason } => format!("Waiting: {reason}"),
             LeaveState::Refused { reason } => format!("Refused: {reason}"),
             LeaveState::Failed { reason } => format!("Failed: {reason}"),
         };
-        println!("device class {} (shared): {state}", r.device_class);
-        print_actions(&r.executed, "none");
+        match &r {
+            Left::Local(r) => {
+                println!("device class {}: {state}", r.device_class);
+                print_actions(&r.executed, "none");
+            }
+            Left::Shared(r) => {
+                println!("device class {} (shared): {state}", r.device_class);
+                print_actions(&r.executed, "none");
+            }
+        }
     }
     anyhow::ensure!(
-        r.has_left(),
+        *r.state() == LeaveState::Left,
         "device class {} is not left yet on this node",
-        r.device_class
+        class.name
     );
     Ok(())
 }

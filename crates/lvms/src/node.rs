@@ -91,7 +91,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
         Box::new(move |classes| {
             let shared: Vec<String> = classes
                 .iter()
-                .filter(|c| c.shared.is_some())
+                .filter(|c| c.shared().is_some())
                 .map(|c| c.name.clone())
                 .collect();
             LocalBackend::new(

@@ -16,13 +16,14 @@ use lvms_csi::{
     node::{NodeOptions, NodeService},
     server::{self, Services},
 };
-use lvms_engine::{backend::ClassInfo, local::LocalBackend};
+use lvms_engine::local::LocalBackend;
 use lvms_host::{
-    engine::{RealNodeHost, converge_among},
+    class::{self as engines, Hosts},
+    engine::RealNodeHost,
     fs::Filesystems,
     lvm::Lvm,
     runner::RealRunner,
-    shared::{self, RealSharedHost},
+    shared::RealSharedHost,
     shell::LvmShell,
 };
 
@@ -68,11 +69,7 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
         args.config.display()
     );
     let node_id = args.node_id.unwrap_or_else(host_name);
-    let classes: Vec<ClassInfo> = config
-        .device_classes
-        .iter()
-        .map(ClassInfo::from_config)
-        .collect();
+    let classes = config.device_classes.clone();
     // A capability without a filesystem gets its volume's class's (see `NodeService`), and when the
     // class names none the default class's, else xfs.
     let default_fstype = config
@@ -118,31 +115,23 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
         let runner = runner.clone();
         let config = config.clone();
         tokio::spawn(async move {
-            let host = RealNodeHost::new(runner.clone());
-            let shared_host = RealSharedHost::new(runner);
+            let hosts = Hosts {
+                local: RealNodeHost::new(runner.clone()),
+                shared: RealSharedHost::new(runner),
+            };
             loop {
                 let mut ready = true;
                 for class in &config.device_classes {
-                    if class.is_shared() {
-                        match shared::converge(&shared_host, class, config.shared.as_ref()).await {
-                            Ok(report) if report.is_ready() => {}
-                            Ok(report) => {
-                                ready = false;
-                                let fencing =
-                                    report.fencing.as_ref().map(|f| f.verdict.message.as_str());
-                                tracing::warn!(device_class = %class.name, state = ?report.plan.state, ?fencing, "shared device class not ready");
-                            }
-                            Err(e) => {
-                                ready = false;
-                                tracing::warn!(device_class = %class.name, error = %e, "converging the shared class failed");
-                            }
-                        }
-                        continue;
-                    }
                     let others = config.claims_of_others(&class.name);
-                    match converge_among(&host, class, &others).await {
+                    match engines::converge(&hosts, class, &others, config.shared.as_ref()).await {
                         Ok(report) if report.is_ready() => {}
-                        Ok(report) => {
+                        Ok(engines::Converged::Shared(report)) => {
+                            ready = false;
+                            let fencing =
+                                report.fencing.as_ref().map(|f| f.verdict.message.as_str());
+                            tracing::warn!(device_class = %class.name, state = ?report.plan.state, ?fencing, "shared device class not ready");
+                        }
+                        Ok(engines::Converged::Local(report)) => {
                             ready = false;
                             tracing::warn!(device_class = %class.name, state = ?report.plan.state, "device class not ready");
                         }

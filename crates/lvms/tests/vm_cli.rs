@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use lvms_testkit::{Scratch, sh};
+use lvms_testkit::{Scratch, sh, sh_status};
 
 fn lvms(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_lvms"))
@@ -62,6 +62,62 @@ fn lvms_converge_json_second_run_executes_nothing() {
     assert_eq!(
         sh(&format!("lvm lvs --noheadings -o lv_name {vg}")).trim(),
         "pool"
+    );
+}
+
+#[test]
+#[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+fn lvms_leave_of_a_local_class_refuses_while_a_volume_remains_then_removes_group_and_labels() {
+    let mut s = Scratch::new(1, 1200);
+    let disk = s.disks[0].clone();
+    let (vg, config) = write_config(&mut s, |vg, disks| {
+        format!(
+            "deviceClasses:\n  - name: {vg}\n    deviceSelector:\n      paths: [{}]\n    \
+             thinPoolConfig:\n      name: pool\n      overprovisionRatio: 10\n      metadataSize: 16Mi\n",
+            disks[0]
+        )
+    });
+    let (ok, _, err) = lvms(&["converge", "--config", &config]);
+    assert!(ok, "{err}");
+    sh(&format!("lvm lvcreate -q -V 8m -T {vg}/pool -n vol1"));
+
+    // A volume remains: nothing is removed, and the refusal names it.
+    let (ok, out, err) = lvms(&["leave", "--config", &config, "--class", &vg]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("Refused: ManualCleanupRequired") && out.contains("vol1"),
+        "{out}"
+    );
+    assert!(err.contains("not left yet"), "{err}");
+    assert_eq!(sh_status(&format!("lvm lvs {vg}/vol1")).0, 0, "volume kept");
+
+    // Once it is gone: pool, group and the disk's label go, in that order.
+    sh(&format!("lvm lvremove -q -y {vg}/vol1"));
+    let (ok, out, err) = lvms(&[
+        "leave", "--config", &config, "--class", &vg, "--output", "json",
+    ]);
+    assert!(ok, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["plan"]["state"]["state"], "left");
+    let steps: Vec<&str> = report["executed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        steps,
+        ["removePool", "removeVolumeGroup", "removePhysicalVolumes"]
+    );
+    assert_ne!(sh_status(&format!("lvm vgs {vg}")).0, 0, "group removed");
+    assert_ne!(sh_status(&format!("lvm pvs {disk}")).0, 0, "label removed");
+
+    // Leaving again finds nothing to do.
+    let (ok, out, err) = lvms(&["leave", "--config", &config, "--class", &vg]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("Left") && out.contains("actions: none"),
+        "{out}"
     );
 }
 

@@ -166,7 +166,7 @@ impl<B: Backend> Publisher<B> {
         if let Some(b) = backend {
             for class in b.classes() {
                 let c = b
-                    .capacity(&class.name, &class.layout)
+                    .capacity(&class.name, &class.layout())
                     .await
                     .map_err(|e| format!("capacity of {}: {e}", class.name))?;
                 if let Some(f) = b

@@ -32,13 +32,7 @@ impl<B: lvms_engine::backend::Backend> NodeCollector<B> {
         backend: tokio::sync::watch::Receiver<Option<std::sync::Arc<B>>>,
         window: Option<Duration>,
     ) -> Self {
-        let recorder = kube::runtime::events::Recorder::new(
-            client.clone(),
-            kube::runtime::events::Reporter {
-                controller: "lvms-node".into(),
-                instance: None,
-            },
-        );
+        let recorder = lvms_k8s::reconciler::recorder(client.clone(), "lvms-node");
         Self {
             client,
             node: node.into(),

@@ -15,7 +15,6 @@
 
 use std::{fmt::Debug, sync::Arc, time::Duration};
 
-use futures::StreamExt;
 use kube::{
     Api, Client, ResourceExt,
     api::{Patch, PatchParams},
@@ -105,15 +104,14 @@ pub async fn run<B: Backend>(ctx: Arc<Context<B>>) {
     let config = watcher::Config::default()
         .any_semantic()
         .fields(&node_selector(&ctx.node));
-    Controller::new(api, config)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            match res {
-                Ok((obj, _)) => debug!(logical_volume = %obj.name, "reconciled"),
-                Err(e) => warn!(error = %e, "logical volume reconcile failed"),
-            }
-        })
-        .await;
+    lvms_k8s::reconciler::drive(
+        Controller::new(api, config),
+        "LogicalVolume",
+        reconcile,
+        error_policy,
+        ctx,
+    )
+    .await;
 }
 
 pub fn error_policy<B>(lv: Arc<LogicalVolume>, error: &Error, _ctx: Arc<Context<B>>) -> Action {

@@ -11,8 +11,8 @@ use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use lvms_core::layout::FreeSpace;
 use lvms_engine::backend::{
-    Backend, BackendError, Capacity, ClassInfo, Layout, NewSnapshot, NewVolume, Result, Usage,
-    Volume,
+    Backend, BackendError, Capacity, DeviceClassConfig, Layout, NewSnapshot, NewVolume, Result,
+    Usage, Volume,
 };
 use tokio::sync::watch;
 
@@ -89,7 +89,7 @@ impl<B: Backend> Backend for Switch<B> {
         &self.node
     }
 
-    fn classes(&self) -> Vec<ClassInfo> {
+    fn classes(&self) -> Vec<DeviceClassConfig> {
         self.current().map(|b| b.classes()).unwrap_or_default()
     }
 

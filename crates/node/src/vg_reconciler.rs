@@ -35,7 +35,6 @@ use std::{
     time::Duration,
 };
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::{
     Api, Client, ResourceExt,
@@ -47,18 +46,20 @@ use lvms_api::{
     NODE_STATUS_FINALIZER, SANLOCK_HOST_IDS_CONFIGMAP, VGStatus, VGStatusType,
 };
 use lvms_core::{
-    config::{Claims, DeviceClassConfig, SharedNodeConfig, VG_OWNER_TAG},
+    config::{Claims, DeviceClassConfig, SharedConfig, SharedNodeConfig},
+    leave::{LeaveState, LocalStep, LocalVg},
     plan::{Action as HostAction, Observed},
-    shared::{self, leave::LeaveState},
+    shared,
 };
-use lvms_engine::backend::{Backend, ClassInfo};
+use lvms_engine::backend::Backend;
 use lvms_host::{
-    engine::{ConvergeReport, NodeHost, RealNodeHost, converge_among},
+    class::{Converged, Hosts},
+    engine::{ConvergeReport, LocalLeaveHost, NodeHost, RealNodeHost},
     runner::Runner,
-    shared::{RealSharedHost, SharedHost, SharedLeaveHost},
+    shared::{RealSharedHost, SharedHost, SharedLeaveHost, SharedReport},
 };
 use tokio::sync::{Mutex, watch};
-use tracing::{debug, info, instrument, warn};
+use tracing::{info, instrument, warn};
 
 use crate::{
     creator_lease::{CreatorLease, Holding},
@@ -107,7 +108,7 @@ fn host_err(action: impl Into<String>) -> impl FnOnce(lvms_host::Error) -> Error
 }
 
 /// Makes the CSI backend for a set of classes.
-pub type MakeBackend<B> = Box<dyn Fn(Vec<ClassInfo>) -> B + Send + Sync>;
+pub type MakeBackend<B> = Box<dyn Fn(Vec<DeviceClassConfig>) -> B + Send + Sync>;
 
 /// What the reconciler works with, and what it remembers between objects.
 pub struct Context<R, B> {
@@ -128,7 +129,7 @@ pub struct Context<R, B> {
 #[derive(Default)]
 struct State {
     statuses: BTreeMap<String, VGStatus>,
-    ready: BTreeMap<String, ClassInfo>,
+    ready: BTreeMap<String, DeviceClassConfig>,
 }
 
 impl<R: Runner, B: Backend> Context<R, B> {
@@ -202,7 +203,7 @@ impl<R: Runner, B: Backend> Context<R, B> {
         &self,
         class: &str,
         status: Option<VGStatus>,
-        ready: Option<ClassInfo>,
+        ready: Option<DeviceClassConfig>,
     ) -> Result<()> {
         let mut st = self.state.lock().await;
         // The wipe record outlives every status the class goes through on this node.
@@ -236,7 +237,7 @@ impl<R: Runner, B: Backend> Context<R, B> {
             None => st.ready.remove(class),
         };
         if classes_changed {
-            let classes: Vec<ClassInfo> = st.ready.values().cloned().collect();
+            let classes: Vec<DeviceClassConfig> = st.ready.values().cloned().collect();
             info!(classes = ?classes.iter().map(|c| &c.name).collect::<Vec<_>>(), "serving classes");
             let backend = (!classes.is_empty()).then(|| Arc::new((self.make_backend)(classes)));
             self.backend.send_replace(backend);
@@ -412,15 +413,7 @@ pub async fn run<R: Runner, B: Backend>(ctx: Arc<Context<R, B>>) {
                 .collect::<Vec<_>>()
         },
     );
-    controller
-        .run(reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            match res {
-                Ok((obj, _)) => debug!(volume_group = %obj.name, "reconciled"),
-                Err(e) => warn!(error = %e, "volume group reconcile failed"),
-            }
-        })
-        .await;
+    lvms_k8s::reconciler::drive(controller, "LVMVolumeGroup", reconcile, error_policy, ctx).await;
 }
 
 /// Whether `node`'s labels differ from those `last` remembers (the first look counts as a change);
@@ -496,139 +489,169 @@ pub async fn reconcile<R: Runner, B: Backend>(
             ctx.record(&class, Some(status), None).await?;
             Ok(Action::await_change())
         }
-        Step::Converge(config) if config.is_shared() => {
-            reconcile_shared(&ctx, &ctx.shared_host, &vg, &config).await
-        }
         Step::Converge(config) => {
-            // A class that discovers or matches devices must not take those the other classes list
-            // or match.
-            let others = if lvms_core::plan::takes_unlisted(&config) {
-                let all = api
-                    .list(&Default::default())
-                    .await
-                    .map_err(kube_err("list LVMVolumeGroups"))?;
-                volume_group::claims_of_others(&all.items, &class, &node)
-            } else {
-                Claims::default()
-            };
-            let report = match converge_class(&ctx, &ctx.host, &config, &others).await {
-                Ok(report) => report,
-                Err(e) => {
-                    let status = VGStatus {
-                        name: class.clone(),
-                        status: Some(VGStatusType::Failed),
-                        reason: e.to_string(),
-                        ..VGStatus::default()
-                    };
-                    ctx.record(&class, Some(status), None).await?;
-                    return Err(host_err(format!("converge {class}"))(e));
-                }
-            };
-            let mut status = vg_status(&vg, &report.plan);
-            status.foreign_volumes = report.foreign_volumes.clone();
-            let raid = config.raid_config.is_some() && report.volume_group.is_some();
-            if raid {
-                status.raid_status = Some(volume_group::raid_status(
-                    &report.logical_volumes,
-                    &report.physical_volumes,
-                ));
-            }
-            let ready = report.is_ready().then(|| ClassInfo::from_config(&config));
-            // RAID health is looked at again as often as Dynamic discovery runs.
-            let requeue = match (ready.is_some(), vg.spec.device_discovery_policy) {
-                (false, _) => Action::requeue(RETRY),
-                (true, Some(DeviceDiscoveryPolicy::Dynamic)) => Action::requeue(DYNAMIC_REQUEUE),
-                (true, _) if raid => Action::requeue(DYNAMIC_REQUEUE),
-                (true, _) => Action::await_change(),
-            };
-            if !report.executed.is_empty() {
-                info!(
-                    actions = report.executed.len(),
-                    ready = ready.is_some(),
-                    "converged"
-                );
-            }
-            ctx.record(&class, Some(status), ready).await?;
-            Ok(requeue)
+            converge(&ctx, &ctx.host, &ctx.shared_host, &api, &vg, &node, &config).await
         }
-        Step::Cleanup if vg.spec.is_shared() => {
-            cleanup_shared(&ctx, &ctx.shared_host, &api, &vg).await
-        }
-        Step::Cleanup => cleanup(&ctx, &api, &vg).await,
+        Step::Cleanup => leave(&ctx, &ctx.shared_host, &api, &vg).await,
     }
 }
 
-/// Takes shared class `vg` as far as it goes now on this node, over `host` (see the module
-/// documentation), and reports it.
-async fn reconcile_shared<R: Runner, B: Backend, H: SharedHost>(
+/// Takes class `vg` as far as it goes now on this node, through the engine of its kind
+/// ([`lvms_host::class::converge`]) over `local` or `shared`, and reports it (see the module
+/// documentation).
+async fn converge<R: Runner, B: Backend, L: NodeHost, S: SharedHost>(
     ctx: &Context<R, B>,
-    host: &H,
+    local: &L,
+    shared: &S,
+    api: &Api<LVMVolumeGroup>,
     vg: &LVMVolumeGroup,
+    node: &Node,
     config: &DeviceClassConfig,
 ) -> Result<Action> {
     let class = vg.name_any();
+    // A class that discovers or matches devices must not take those the other classes list or
+    // match.
+    let others = if lvms_core::plan::takes_unlisted(config) {
+        let all = api
+            .list(&Default::default())
+            .await
+            .map_err(kube_err("list LVMVolumeGroups"))?;
+        volume_group::claims_of_others(&all.items, &class, node)
+    } else {
+        Claims::default()
+    };
+    // A shared class joins with this node's sanlock host id (`Err`: why there is none).
+    let host_id = match config.shared() {
+        Some(settings) => Some(joining(ctx, &class, settings).await?),
+        None => None,
+    };
+    // The creator is whoever holds the Lease, decided per observation (`CreatorHost`), never this
+    // flag.
+    let node_config = host_id
+        .as_ref()
+        .and_then(|id| id.as_ref().ok())
+        .map(|id| SharedNodeConfig {
+            host_id: *id,
+            create_volume_groups: false,
+        });
+    let lease = CreatorLease::new(ctx.client.clone(), &ctx.namespace, &class, &ctx.node);
+    let hosts = Hosts {
+        local: ClassHost {
+            inner: local,
+            ctx,
+            class: &class,
+        },
+        shared: CreatorHost {
+            inner: shared,
+            lease: &lease,
+            note: std::sync::Mutex::new(None),
+        },
+    };
+    let report =
+        match lvms_host::class::converge(&hosts, config, &others, node_config.as_ref()).await {
+            Ok(report) => report,
+            Err(e) => {
+                let reason = e.to_string();
+                let status = VGStatus {
+                    name: class.clone(),
+                    status: Some(VGStatusType::Failed),
+                    reason: reason.clone(),
+                    shared: config.shared().map(|s| {
+                        Box::new(lvms_api::SharedVGStatus {
+                            host_id: node_config.map(|n| i32::from(n.host_id)),
+                            io_timeout_seconds: Some(i32::from(s.io_timeout_seconds)),
+                            reason,
+                            ..lvms_api::SharedVGStatus::default()
+                        })
+                    }),
+                    ..VGStatus::default()
+                };
+                ctx.record(&class, Some(status), None).await?;
+                return Err(host_err(format!("converge {class}"))(e));
+            }
+        };
+    let (status, requeue) = match &report {
+        Converged::Local(report) => local_outcome(vg, config, report),
+        Converged::Shared(report) => {
+            let creator = hosts.shared.note();
+            let no_host_id = host_id.as_ref().and_then(|id| id.as_ref().err());
+            shared_outcome(vg, config, report, no_host_id, creator.as_deref())
+        }
+    };
+    let ready = report.is_ready().then(|| config.clone());
+    ctx.record(&class, Some(status), ready).await?;
+    Ok(requeue)
+}
+
+/// This node's sanlock host id for shared class `class` (`Err`: why there is none). A class new
+/// to this node says it is joining before the join runs (lock-start can take minutes), so its
+/// status shows it and `NodeGetInfo` waits for it (`Context::settling`).
+async fn joining<R: Runner, B: Backend>(
+    ctx: &Context<R, B>,
+    class: &str,
+    settings: &SharedConfig,
+) -> Result<std::result::Result<u16, String>> {
     let host_id = ctx.host_id().await?;
-    // A class new to this node says it is joining before the join runs (lock-start can take
-    // minutes), so its status shows it and `NodeGetInfo` waits for it (`Context::settling`).
-    if let (Ok(id), false) = (&host_id, ctx.has_status(&class).await) {
+    if let (Ok(id), false) = (&host_id, ctx.has_status(class).await) {
         let reason = format!("joining shared volume group {class}");
         let status = VGStatus {
-            name: class.clone(),
+            name: class.to_owned(),
             status: Some(VGStatusType::Progressing),
             reason: reason.clone(),
             shared: Some(Box::new(lvms_api::SharedVGStatus {
                 lockspace: lvms_api::LockspaceState::Joining,
                 host_id: Some(i32::from(*id)),
-                io_timeout_seconds: Some(i32::from(config.shared_or_default().io_timeout_seconds)),
+                io_timeout_seconds: Some(i32::from(settings.io_timeout_seconds)),
                 reason,
                 ..lvms_api::SharedVGStatus::default()
             })),
             ..VGStatus::default()
         };
-        ctx.record(&class, Some(status), None).await?;
+        ctx.record(class, Some(status), None).await?;
     }
-    // The creator is whoever holds the Lease, decided per observation (`CreatorHost`), never this
-    // flag.
-    let node_config = host_id.as_ref().ok().map(|id| SharedNodeConfig {
-        host_id: *id,
-        create_volume_groups: false,
-    });
-    let lease = CreatorLease::new(ctx.client.clone(), &ctx.namespace, &class, &ctx.node);
-    let host = CreatorHost {
-        inner: host,
-        lease: &lease,
-        note: std::sync::Mutex::new(None),
+    Ok(host_id)
+}
+
+/// A node-local class's status after converging, and when to look again: RAID health as often as
+/// `Dynamic` discovery runs.
+fn local_outcome(
+    vg: &LVMVolumeGroup,
+    config: &DeviceClassConfig,
+    report: &ConvergeReport,
+) -> (VGStatus, Action) {
+    let mut status = vg_status(vg, &report.plan);
+    status.foreign_volumes = report.foreign_volumes.clone();
+    let raid = config.raid_config.is_some() && report.volume_group.is_some();
+    if raid {
+        status.raid_status = Some(volume_group::raid_status(
+            &report.logical_volumes,
+            &report.physical_volumes,
+        ));
+    }
+    let ready = report.is_ready();
+    let requeue = match (ready, vg.spec.device_discovery_policy) {
+        (false, _) => Action::requeue(RETRY),
+        (true, Some(DeviceDiscoveryPolicy::Dynamic)) => Action::requeue(DYNAMIC_REQUEUE),
+        (true, _) if raid => Action::requeue(DYNAMIC_REQUEUE),
+        (true, _) => Action::await_change(),
     };
-    let report = match lvms_host::shared::converge(&host, config, node_config.as_ref()).await {
-        Ok(report) => report,
-        Err(e) => {
-            let reason = e.to_string();
-            let status = VGStatus {
-                name: class.clone(),
-                status: Some(VGStatusType::Failed),
-                reason: reason.clone(),
-                shared: Some(Box::new(lvms_api::SharedVGStatus {
-                    host_id: host_id.as_ref().ok().map(|id| i32::from(*id)),
-                    io_timeout_seconds: Some(i32::from(
-                        config.shared_or_default().io_timeout_seconds,
-                    )),
-                    reason,
-                    ..lvms_api::SharedVGStatus::default()
-                })),
-                ..VGStatus::default()
-            };
-            ctx.record(&class, Some(status), None).await?;
-            return Err(host_err(format!("converge shared class {class}"))(e));
-        }
-    };
-    let creator = host.note();
-    let status = volume_group::shared_vg_status(
-        vg,
-        config,
-        &report,
-        host_id.as_ref().err().map(String::as_str),
-        creator.as_deref(),
-    );
+    if !report.executed.is_empty() {
+        info!(actions = report.executed.len(), ready, "converged");
+    }
+    (status, requeue)
+}
+
+/// A shared class's status after converging (`no_host_id`: why this node has no sanlock host id;
+/// `creator`: who holds the creator Lease, when this node wanted it), and when to look again.
+fn shared_outcome(
+    vg: &LVMVolumeGroup,
+    config: &DeviceClassConfig,
+    report: &SharedReport,
+    no_host_id: Option<&String>,
+    creator: Option<&str>,
+) -> (VGStatus, Action) {
+    let status =
+        volume_group::shared_vg_status(vg, config, report, no_host_id.map(String::as_str), creator);
     let requeue = match &report.plan.state {
         shared::State::Joined => Action::requeue(DYNAMIC_REQUEUE),
         shared::State::Waiting { .. } => Action::requeue(SHARED_WAIT),
@@ -641,9 +664,7 @@ async fn reconcile_shared<R: Runner, B: Backend, H: SharedHost>(
     } else {
         warn!(reason = %status.reason, "shared device class not joined");
     }
-    let ready = report.is_ready().then(|| ClassInfo::from_config(config));
-    ctx.record(&class, Some(status), ready).await?;
-    Ok(requeue)
+    (status, requeue)
 }
 
 /// The shared-class engine's host for one class on this node: an observation whose next step would
@@ -763,13 +784,16 @@ impl<H: SharedLeaveHost> SharedLeaveHost for CreatorHost<'_, H> {
     }
 }
 
-/// A shared class leaves this node ([`lvms_core::shared::leave`]): the lockspace stops here, and the
-/// holder of the class's creator Lease, once the group holds no volume, removes the group after
-/// every other node has left. While volumes remain the class stays served (their claims can still
-/// be deleted) and the status says `ManualCleanupRequired`, naming them.
-async fn cleanup_shared<R: Runner, B: Backend, H: SharedLeaveHost>(
+/// The class leaves this node ([`lvms_host::class::leave`]), then its finalizer goes. A node-local
+/// class: its volume group (tagged ours) and the labels of its devices are removed once it holds
+/// nothing but its thin pool; this node stops serving the class before the first removal
+/// ([`ServingHost`]). A shared class: the lockspace stops here, and the holder of the class's
+/// creator Lease, once the group holds no volume, removes the group after every other node has
+/// left ([`lvms_core::shared::leave`]). While volumes remain the class stays served (their claims
+/// can still be deleted) and the status says `ManualCleanupRequired`, naming them.
+async fn leave<R: Runner, B: Backend, H: SharedLeaveHost>(
     ctx: &Context<R, B>,
-    host: &H,
+    shared_host: &H,
     api: &Api<LVMVolumeGroup>,
     vg: &LVMVolumeGroup,
 ) -> Result<Action> {
@@ -778,38 +802,46 @@ async fn cleanup_shared<R: Runner, B: Backend, H: SharedLeaveHost>(
         Ok(config) => config,
         Err(reason) => {
             // Nothing was ever made from a spec the engine cannot read.
-            warn!(%reason, "shared class removed with a spec that does not convert; leaving it");
+            warn!(%reason, "class removed with a spec that does not convert; leaving it");
             release(ctx, api, vg, &class).await?;
             return Ok(Action::await_change());
         }
     };
-    let node_config = ctx.host_id().await?.ok().map(|id| SharedNodeConfig {
-        host_id: id,
-        create_volume_groups: false,
-    });
-    let lease = CreatorLease::new(ctx.client.clone(), &ctx.namespace, &class, &ctx.node);
-    let host = CreatorHost {
-        inner: host,
-        lease: &lease,
-        note: std::sync::Mutex::new(None),
+    let node_config = match config.shared() {
+        Some(_) => ctx.host_id().await?.ok().map(|id| SharedNodeConfig {
+            host_id: id,
+            create_volume_groups: false,
+        }),
+        None => None,
     };
-    let report = lvms_host::shared::leave(&host, &config, node_config.as_ref())
+    let lease = CreatorLease::new(ctx.client.clone(), &ctx.namespace, &class, &ctx.node);
+    let hosts = Hosts {
+        local: ServingHost {
+            inner: &ctx.host,
+            ctx,
+            class: &class,
+        },
+        shared: CreatorHost {
+            inner: shared_host,
+            lease: &lease,
+            note: std::sync::Mutex::new(None),
+        },
+    };
+    let left = lvms_host::class::leave(&hosts, &config, node_config.as_ref())
         .await
-        .map_err(host_err(format!("leave shared class {class}")))?;
-    let (status, reason, ready, requeue) = match &report.plan.state {
+        .map_err(host_err(format!("leave device class {class}")))?;
+    let (status, reason, ready, requeue) = match left.state() {
         LeaveState::Left => {
             release(ctx, api, vg, &class).await?;
-            info!(
-                actions = report.executed.len(),
-                "shared device class left this node"
-            );
+            info!(actions = left.executed(), "device class left this node");
             return Ok(Action::await_change());
         }
-        // Still served: the remaining volumes can be deleted through their claims.
+        // Still served (a restarted agent too): the remaining volumes can be deleted through
+        // their claims.
         LeaveState::Refused { reason } => (
             VGStatusType::Failed,
             reason.clone(),
-            Some(ClassInfo::from_config(&config)),
+            Some(config.clone()),
             RETRY,
         ),
         LeaveState::Waiting { reason } => {
@@ -817,36 +849,55 @@ async fn cleanup_shared<R: Runner, B: Backend, H: SharedLeaveHost>(
         }
         LeaveState::Failed { reason } => (VGStatusType::Failed, reason.clone(), None, RETRY),
     };
-    warn!(%reason, "shared device class not left yet");
+    warn!(%reason, "device class not left yet");
     let status = VGStatus {
         name: class.clone(),
         status: Some(status),
         reason: reason.clone(),
-        shared: Some(Box::new(lvms_api::SharedVGStatus {
-            host_id: node_config.map(|n| i32::from(n.host_id)),
-            reason,
-            ..lvms_api::SharedVGStatus::default()
-        })),
+        shared: config.shared().map(|_| {
+            Box::new(lvms_api::SharedVGStatus {
+                host_id: node_config.map(|n| i32::from(n.host_id)),
+                reason,
+                ..lvms_api::SharedVGStatus::default()
+            })
+        }),
         ..VGStatus::default()
     };
     ctx.record(&class, Some(status), ready).await?;
     Ok(Action::requeue(requeue))
 }
 
-/// Runs the node engine for `config` over `host`, with the class's wipe record (see [`ClassHost`]);
-/// `others` are the device paths other classes list.
-async fn converge_class<R: Runner, B: Backend, H: NodeHost>(
-    ctx: &Context<R, B>,
-    host: &H,
-    config: &DeviceClassConfig,
-    others: &Claims,
-) -> lvms_host::Result<ConvergeReport> {
-    let host = ClassHost {
-        inner: host,
-        ctx,
-        class: &config.name,
-    };
-    converge_among(&host, config, others).await
+/// The local engine's host while a class leaves: before the first removal this node stops serving
+/// the class (its status kept), so no volume is made in a group being removed.
+struct ServingHost<'a, H, R, B> {
+    inner: &'a H,
+    ctx: &'a Context<R, B>,
+    class: &'a str,
+}
+
+impl<H: LocalLeaveHost, R: Runner, B: Backend> LocalLeaveHost for ServingHost<'_, H, R, B> {
+    async fn observe_leave(&self, class: &str) -> lvms_host::Result<Option<LocalVg>> {
+        self.inner.observe_leave(class).await
+    }
+
+    async fn execute_leave(&self, step: &LocalStep) -> lvms_host::Result<()> {
+        let current = self
+            .ctx
+            .state
+            .lock()
+            .await
+            .statuses
+            .get(self.class)
+            .cloned();
+        self.ctx
+            .record(self.class, current, None)
+            .await
+            .map_err(|e| lvms_host::Error::NotPrepared {
+                step: format!("{step:?}"),
+                reason: format!("could not stop serving device class {}: {e}", self.class),
+            })?;
+        self.inner.execute_leave(step).await
+    }
 }
 
 /// The node engine's host for one class: observations carry the class's wipe record, and a wipe
@@ -876,93 +927,6 @@ impl<H: NodeHost, R: Runner, B: Backend> NodeHost for ClassHost<'_, H, R, B> {
         }
         self.inner.execute(action).await
     }
-}
-
-/// Removes the class from this node when nothing of value remains in it, then the finalizer.
-async fn cleanup<R: Runner, B: Backend>(
-    ctx: &Context<R, B>,
-    api: &Api<LVMVolumeGroup>,
-    vg: &LVMVolumeGroup,
-) -> Result<Action> {
-    let class = vg.name_any();
-    let lvm = ctx.host.lvm();
-    if let Some(group) = lvm
-        .vg(&class)
-        .await
-        .map_err(host_err(format!("read volume group {class}")))?
-    {
-        let pool = vg.spec.thin_pool_config.as_ref().map(|tp| tp.name.as_str());
-        let lvs = lvm
-            .lvs(Some(&class))
-            .await
-            .map_err(host_err(format!("list logical volumes of {class}")))?;
-        let remaining: Vec<&str> = lvs
-            .iter()
-            .map(|lv| lv.name.as_str())
-            .filter(|n| Some(*n) != pool && !n.starts_with('['))
-            .collect();
-        let refusal = if !group.tags.iter().any(|t| t == VG_OWNER_TAG) {
-            Some(format!(
-                "ManualCleanupRequired: volume group {class} is not tagged {VG_OWNER_TAG}, so lvms \
-                 leaves it alone; remove it by hand"
-            ))
-        } else if !remaining.is_empty() {
-            Some(format!(
-                "ManualCleanupRequired: logical volumes remain in volume group {class}: {}; delete \
-                 their PersistentVolumeClaims (or remove them with lvremove) and cleanup continues",
-                remaining.join(", ")
-            ))
-        } else {
-            None
-        };
-        if let Some(reason) = refusal {
-            warn!(%reason, "cleanup waits");
-            let status = VGStatus {
-                name: class.clone(),
-                status: Some(VGStatusType::Failed),
-                reason,
-                ..VGStatus::default()
-            };
-            // Still served (a restarted agent too), so the remaining volumes can be deleted through
-            // their claims.
-            let ready = volume_group::device_class_config(vg)
-                .ok()
-                .map(|c| ClassInfo::from_config(&c));
-            ctx.record(&class, Some(status), ready).await?;
-            return Ok(Action::requeue(RETRY));
-        }
-        // Stop serving before anything is removed.
-        let current = ctx.state.lock().await.statuses.get(&class).cloned();
-        ctx.record(&class, current, None).await?;
-        let pvs: Vec<String> = lvm
-            .pvs()
-            .await
-            .map_err(host_err("list physical volumes"))?
-            .into_iter()
-            .filter(|pv| pv.vg_name.as_deref() == Some(class.as_str()))
-            .map(|pv| pv.name)
-            .collect();
-        if let Some(pool) = pool
-            && lvs.iter().any(|lv| lv.name == pool)
-        {
-            info!(pool, "removing thin pool");
-            lvm.lv_remove(&class, pool)
-                .await
-                .map_err(host_err(format!("remove thin pool {class}/{pool}")))?;
-        }
-        info!("removing volume group");
-        lvm.vg_remove(&class)
-            .await
-            .map_err(host_err(format!("remove volume group {class}")))?;
-        for pv in &pvs {
-            lvm.pv_remove(pv)
-                .await
-                .map_err(host_err(format!("remove physical volume label of {pv}")))?;
-        }
-    }
-    release(ctx, api, vg, &class).await?;
-    info!("device class removed from this node");
-    Ok(Action::await_change())
 }
 
 /// Forgets `class` in this node's status and removes this node's cleanup finalizer from `vg`.

@@ -307,7 +307,7 @@ pub fn shared_vg_status(
             devices_visible: report.plan.devices_visible,
             lockspace,
             host_id: report.host_id.map(i32::from),
-            io_timeout_seconds: Some(i32::from(class.shared_or_default().io_timeout_seconds)),
+            io_timeout_seconds: class.shared().map(|s| i32::from(s.io_timeout_seconds)),
             reason,
             fencing: report.fencing.as_ref().map(fencing_status),
             live_host_ids: report

@@ -8,7 +8,8 @@ use std::{collections::BTreeMap, sync::Mutex, time::Duration};
 use lvms_core::{layout::FreeSpace, lvattr::LvHealth};
 use lvms_engine::{
     backend::{
-        Backend, BackendError, Capacity, ClassInfo, NewSnapshot, NewVolume, Result, Source, Volume,
+        Backend, BackendError, Capacity, DeviceClassConfig, NewSnapshot, NewVolume, Result, Source,
+        Volume,
     },
     ids,
 };
@@ -34,7 +35,7 @@ pub struct State {
 }
 
 pub struct FakeBackend {
-    classes: Vec<ClassInfo>,
+    classes: Vec<DeviceClassConfig>,
     pub state: Mutex<State>,
 }
 
@@ -52,24 +53,10 @@ impl FakeBackend {
         state.thick_free.insert("thick".into(), 1 << 30);
         Self {
             classes: vec![
-                ClassInfo {
-                    name: "thin".into(),
-                    thin_pool: Some("pool".into()),
-                    overprovision_ratio: 2,
-                    default: true,
-                    layout: lvms_engine::backend::Layout::Linear,
-                    fstype: None,
-                    shared: None,
-                },
-                ClassInfo {
-                    name: "thick".into(),
-                    thin_pool: None,
-                    overprovision_ratio: 1,
-                    default: false,
-                    layout: lvms_engine::backend::Layout::Linear,
-                    fstype: None,
-                    shared: None,
-                },
+                DeviceClassConfig::named("thin")
+                    .with_thin_pool("pool", 2)
+                    .as_default(),
+                DeviceClassConfig::named("thick"),
             ],
             state: Mutex::new(state),
         }
@@ -108,7 +95,7 @@ impl FakeBackend {
     /// The same backend with `class` shared (volume mode `mode`), and this node joined to it.
     pub fn with_shared(mut self, class: &str, mode: lvms_core::config::SharedVolumeMode) -> Self {
         for c in self.classes.iter_mut().filter(|c| c.name == class) {
-            c.shared = Some(lvms_core::config::SharedConfig {
+            c.access = lvms_core::config::Access::Shared(lvms_core::config::SharedConfig {
                 volume_mode: mode,
                 ..lvms_core::config::SharedConfig::default()
             });
@@ -123,7 +110,7 @@ impl FakeBackend {
     fn thin(&self, class: &str) -> bool {
         self.classes
             .iter()
-            .any(|c| c.name == class && c.thin_pool.is_some())
+            .any(|c| c.name == class && c.thin_pool().is_some())
     }
 
     /// Whether `id` is a volume of a shared class.
@@ -138,7 +125,7 @@ impl FakeBackend {
         class.is_some_and(|class| {
             self.classes
                 .iter()
-                .any(|c| c.name == class && c.shared.is_some())
+                .any(|c| c.name == class && c.shared().is_some())
         })
     }
 
@@ -179,7 +166,7 @@ impl Backend for FakeBackend {
         NODE
     }
 
-    fn classes(&self) -> Vec<ClassInfo> {
+    fn classes(&self) -> Vec<DeviceClassConfig> {
         self.classes.clone()
     }
 
@@ -299,7 +286,7 @@ impl Backend for FakeBackend {
     async fn joined_shared(&self) -> Vec<String> {
         self.classes
             .iter()
-            .filter(|c| c.shared.is_some())
+            .filter(|c| c.shared().is_some())
             .map(|c| c.name.clone())
             .collect()
     }

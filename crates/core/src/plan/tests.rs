@@ -168,8 +168,7 @@ fn class(name: &str, paths: &[String]) -> DeviceClassConfig {
         default: false,
         fstype: Some(Fstype::Xfs),
         device_discovery_policy: DiscoveryPolicy::Static,
-        device_access_policy: Default::default(),
-        shared_config: None,
+        access: Default::default(),
         adopt: None,
     }
 }

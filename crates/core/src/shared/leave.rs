@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Daemon, Daemons, SharedVg, daemon_problem, devices_file};
 use crate::config::VG_OWNER_TAG;
+pub use crate::leave::LeaveState;
 
 /// A logical volume of the shared group, as a lockd-enabled `lvs` reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,44 +83,8 @@ pub enum LeaveAction {
     RemoveDevicesFile { file: String },
 }
 
-/// Where leaving stands on this node.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "state", rename_all = "camelCase")]
-pub enum LeaveState {
-    /// Nothing of the class is left on this node: its finalizer can go.
-    Left,
-    /// Steps are under way, or other nodes have to leave first.
-    Waiting { reason: String },
-    /// Something lvms-rs will not remove remains; `reason` starts with `ManualCleanupRequired`
-    /// and names it.
-    Refused { reason: String },
-    /// Cannot go on until someone fixes what `reason` says.
-    Failed { reason: String },
-}
-
-/// The next steps and the state they lead from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LeavePlan {
-    pub actions: Vec<LeaveAction>,
-    pub state: LeaveState,
-}
-
-impl LeavePlan {
-    fn stop(state: LeaveState) -> Self {
-        Self {
-            actions: Vec::new(),
-            state,
-        }
-    }
-
-    fn act(actions: Vec<LeaveAction>, reason: String) -> Self {
-        Self {
-            actions,
-            state: LeaveState::Waiting { reason },
-        }
-    }
-}
+/// The plan of a shared class's leaving.
+pub type LeavePlan = crate::leave::LeavePlan<LeaveAction>;
 
 /// The logical volumes that keep the group: all but thin pools no thin volume uses.
 pub fn remaining(lvs: &[SharedLv]) -> Vec<&str> {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::config::{AccessPolicy, DeviceSelector, DiscoveryPolicy};
+use crate::config::{Access, DeviceSelector, DiscoveryPolicy, SharedConfig};
 
 const LUN: &str = "/dev/disk/by-id/wwn-0x600a";
 const DEV: &str = "/dev/sdc";
@@ -16,8 +16,7 @@ fn class() -> DeviceClassConfig {
         default: false,
         fstype: None,
         device_discovery_policy: DiscoveryPolicy::Static,
-        device_access_policy: AccessPolicy::Shared,
-        shared_config: None,
+        access: Access::Shared(SharedConfig::default()),
         adopt: None,
     }
 }

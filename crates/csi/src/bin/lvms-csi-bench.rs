@@ -40,7 +40,7 @@ use lvms_csi::{
     server::{self, Services},
 };
 use lvms_engine::{
-    backend::{Backend, ClassInfo},
+    backend::{Backend, DeviceClassConfig},
     local::LocalBackend,
 };
 use lvms_host::{lvm::Lvm, runner::Runner};
@@ -91,16 +91,12 @@ fn create(name: &str) -> CreateVolumeRequest {
     }
 }
 
-fn classes() -> Vec<ClassInfo> {
-    vec![ClassInfo {
-        name: VG.into(),
-        thin_pool: Some(POOL.into()),
-        overprovision_ratio: 100,
-        default: true,
-        layout: lvms_engine::backend::Layout::Linear,
-        fstype: None,
-        shared: None,
-    }]
+fn classes() -> Vec<DeviceClassConfig> {
+    vec![
+        DeviceClassConfig::named(VG)
+            .with_thin_pool(POOL, 100)
+            .as_default(),
+    ]
 }
 
 /// The Controller service over `runner` on a socket; returns a client and the stop signal.

@@ -22,7 +22,7 @@ use crate::csi::{
     volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume, access_mode::Mode},
 };
 use lvms_engine::{
-    backend::{Capacity, ClassInfo, NewSnapshot, NewVolume},
+    backend::{Capacity, DeviceClassConfig, NewSnapshot, NewVolume},
     ids::volume_lv_name,
 };
 
@@ -36,7 +36,7 @@ struct TestBackend {
     volumes: Mutex<HashMap<String, Volume>>,
     activations: AtomicUsize,
     /// What `classes` answers (none unless a test sets them).
-    classes: Mutex<Vec<ClassInfo>>,
+    classes: Mutex<Vec<DeviceClassConfig>>,
 }
 
 fn volume(id: &str) -> Volume {
@@ -67,7 +67,7 @@ impl Backend for TestBackend {
     fn node_id(&self) -> &str {
         "node-1"
     }
-    fn classes(&self) -> Vec<ClassInfo> {
+    fn classes(&self) -> Vec<DeviceClassConfig> {
         self.classes.lock().unwrap().clone()
     }
     async fn ready(&self) -> lvms_engine::backend::Result<bool> {
@@ -530,14 +530,9 @@ async fn stage_default_fstype_is_a_constructor_option_and_the_capability_wins() 
 #[tokio::test]
 async fn stage_without_a_capability_fstype_formats_with_the_volume_class_fstype_before_the_default()
 {
-    let class = |fstype| ClassInfo {
-        name: "vg1".into(),
-        thin_pool: None,
-        overprovision_ratio: 1,
-        default: false,
-        layout: lvms_engine::backend::Layout::Linear,
+    let class = |fstype| DeviceClassConfig {
         fstype,
-        shared: None,
+        ..DeviceClassConfig::named("vg1")
     };
     // (the class's fstype, the driver default, the capability's fs_type) -> what is made.
     for (class_fs, default, asked, made) in [
@@ -1351,15 +1346,11 @@ async fn a_missing_field_is_invalid_argument_whatever_the_volume_id_and_a_path_w
 #[tokio::test]
 async fn ephemeral_publish_with_a_bad_attribute_is_invalid_argument_naming_it() {
     let s = Setup::new(NodeOptions::default());
-    s.backend.classes.lock().unwrap().push(ClassInfo {
-        name: "vg1".into(),
-        thin_pool: None,
-        overprovision_ratio: 1,
-        default: true,
-        layout: lvms_engine::backend::Layout::Linear,
-        fstype: None,
-        shared: None,
-    });
+    s.backend
+        .classes
+        .lock()
+        .unwrap()
+        .push(DeviceClassConfig::named("vg1").as_default());
     let target = s.path("target");
     for (key, value) in [
         ("size", "huge"),

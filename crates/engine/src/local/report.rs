@@ -14,7 +14,7 @@ use lvms_core::model::{LogicalVolume, PhysicalVolume, VolumeGroup};
 use tokio::{sync::Mutex, time::Instant};
 
 use super::THIN_POOL;
-use crate::backend::ClassInfo;
+use crate::backend::DeviceClassConfig;
 
 /// What LVM reported about the classes' volume groups.
 #[derive(Debug, Clone)]
@@ -47,15 +47,16 @@ impl Report {
     }
 
     /// The thin pool of a thin class, if it exists.
-    pub(super) fn pool(&self, class: &ClassInfo) -> Option<&LogicalVolume> {
-        let pool = class.thin_pool.as_deref()?;
+    pub(super) fn pool(&self, class: &DeviceClassConfig) -> Option<&LogicalVolume> {
+        let pool = class.thin_pool()?;
         self.lv(&class.name, pool)
             .filter(|lv| lv.segtype == THIN_POOL)
     }
 
     /// Whether the class's volume group (and pool) exist.
-    pub(super) fn converged(&self, class: &ClassInfo) -> bool {
-        self.vg(&class.name).is_some() && (class.thin_pool.is_none() || self.pool(class).is_some())
+    pub(super) fn converged(&self, class: &DeviceClassConfig) -> bool {
+        self.vg(&class.name).is_some()
+            && (class.thin_pool().is_none() || self.pool(class).is_some())
     }
 
     /// Puts `lv` in the place of the LV of that name, or adds it.

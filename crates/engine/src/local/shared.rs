@@ -29,7 +29,7 @@ use lvms_host::{
 
 use super::{Bytes, LocalBackend, Report, THIN, THIN_POOL, has_tag, host, is_ours};
 use crate::{
-    backend::{BackendError, ClassInfo, NewSnapshot, Result, Source, Volume},
+    backend::{BackendError, DeviceClassConfig, NewSnapshot, Result, Source, Volume},
     ids,
 };
 
@@ -108,7 +108,7 @@ impl<R: Runner> LocalBackend<R> {
     pub(super) async fn create_shared_thin(
         &self,
         fresh: Option<Arc<Report>>,
-        class: &ClassInfo,
+        class: &DeviceClassConfig,
         lv_name: &str,
         name: &str,
         size: u64,
@@ -384,7 +384,8 @@ impl<R: Runner> LocalBackend<R> {
         let (vg, id) = (lv.vg_name.as_str(), lv.name.as_str());
         let timing = Timing::new(u32::from(
             self.class(vg)?
-                .shared
+                .shared()
+                .copied()
                 .unwrap_or_default()
                 .io_timeout_seconds,
         ));
@@ -563,7 +564,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::backend::{Backend as _, Layout};
+    use crate::backend::Backend as _;
 
     #[test]
     fn zeroing_chunks_are_a_32nd_of_the_volume_at_least_1_gib_in_whole_mib() {
@@ -635,15 +636,9 @@ mod tests {
 
     fn shared_backend() -> (FakeRunner, LocalBackend<FakeRunner>) {
         let fake = FakeRunner::new();
-        let class = ClassInfo {
-            name: SAN.into(),
-            thin_pool: None,
-            overprovision_ratio: 1,
-            default: true,
-            layout: Layout::Linear,
-            fstype: None,
-            shared: Some(SharedConfig::default()),
-        };
+        let class = DeviceClassConfig::named(SAN)
+            .as_default()
+            .with_shared(SharedConfig::default());
         let lvm = Lvm::new(fake.clone()).with_shared([SAN.to_owned()]);
         (fake, LocalBackend::new("node-a", vec![class], lvm))
     }

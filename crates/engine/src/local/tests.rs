@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use lvms_core::{
-    config::RaidType,
+    config::{RaidConfig, RaidType},
     size::{GIB, MIB},
 };
 use lvms_host::{
@@ -21,26 +21,12 @@ const REAL_LVS: &str = include_str!("../../../host/tests/fixtures/real/lvs-field
 const LVCREATE_NO_SPACE: &str =
     include_str!("../../../host/tests/fixtures/lvm/stderr/lvcreate-insufficient-free-space.txt");
 
-fn classes() -> Vec<ClassInfo> {
+fn classes() -> Vec<DeviceClassConfig> {
     vec![
-        ClassInfo {
-            name: "thin".into(),
-            thin_pool: Some("pool".into()),
-            overprovision_ratio: 10,
-            default: true,
-            layout: crate::backend::Layout::Linear,
-            fstype: None,
-            shared: None,
-        },
-        ClassInfo {
-            name: "thick".into(),
-            thin_pool: None,
-            overprovision_ratio: 1,
-            default: false,
-            layout: crate::backend::Layout::Linear,
-            fstype: None,
-            shared: None,
-        },
+        DeviceClassConfig::named("thin")
+            .with_thin_pool("pool", 10)
+            .as_default(),
+        DeviceClassConfig::named("thick"),
     ]
 }
 
@@ -468,15 +454,13 @@ async fn create_thick_striped_volume_runs_lvcreate_with_the_layout() {
 #[tokio::test]
 async fn a_raid_class_makes_raid_volumes_when_the_request_names_no_layout() {
     let fake = FakeRunner::new();
-    let raid = ClassInfo {
-        layout: Layout::Raid {
-            level: RaidType::Raid1,
+    let raid = DeviceClassConfig {
+        raid_config: Some(RaidConfig {
+            raid_type: RaidType::Raid1,
             mirrors: Some(1),
             stripes: None,
             stripe_size: None,
-            nosync: false,
-            integrity: false,
-        },
+        }),
         ..classes()[1].clone()
     };
     let b = LocalBackend::new("node-a", vec![raid], Lvm::new(fake.clone())).with_clock(|| NOW);
@@ -1055,24 +1039,10 @@ async fn activate_ignores_the_activation_skip_flag_and_returns_the_device() {
 async fn capacity_from_a_recorded_report_thin_and_thick() {
     let fake = FakeRunner::new();
     let classes = vec![
-        ClassInfo {
-            name: "vg1".into(),
-            thin_pool: Some("pool1".into()),
-            overprovision_ratio: 10,
-            default: true,
-            layout: crate::backend::Layout::Linear,
-            fstype: None,
-            shared: None,
-        },
-        ClassInfo {
-            name: "foreign".into(),
-            thin_pool: None,
-            overprovision_ratio: 1,
-            default: false,
-            layout: crate::backend::Layout::Linear,
-            fstype: None,
-            shared: None,
-        },
+        DeviceClassConfig::named("vg1")
+            .with_thin_pool("pool1", 10)
+            .as_default(),
+        DeviceClassConfig::named("foreign"),
     ];
     let b = LocalBackend::new("node-a", classes, Lvm::new(fake.clone()));
     fake.expect(&report_argv("vgs", VG_FIELDS)).stdout(REAL_VGS);

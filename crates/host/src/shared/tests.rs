@@ -1,6 +1,7 @@
 use std::sync::Mutex;
 
-use lvms_core::config::{AccessPolicy, DeviceSelector, DiscoveryPolicy};
+use lvms_core::config::{Access, DeviceSelector, DiscoveryPolicy, SharedConfig};
+use lvms_core::leave::LeaveState;
 
 use super::*;
 use crate::fake::FakeRunner;
@@ -200,8 +201,7 @@ fn class() -> DeviceClassConfig {
         default: false,
         fstype: None,
         device_discovery_policy: DiscoveryPolicy::Static,
-        device_access_policy: AccessPolicy::Shared,
-        shared_config: None,
+        access: Access::Shared(SharedConfig::default()),
         adopt: None,
     }
 }

@@ -2,6 +2,7 @@
 //! and shared classes over a fake [`SharedHost`].
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use lvms_core::config::VG_OWNER_TAG;
 use lvms_core::shared::{
     Daemon, Daemons, SharedVg,
     leave::{LeaveAction, LeaveObserved, SharedLv},
@@ -108,15 +109,7 @@ async fn the_backend_follows_the_ready_classes() {
     let ctx = context(&api);
     let rx = ctx.backend();
     assert!(rx.borrow().is_none());
-    let class = |name: &str| ClassInfo {
-        name: name.into(),
-        thin_pool: None,
-        overprovision_ratio: 1,
-        default: false,
-        layout: lvms_engine::backend::Layout::Linear,
-        fstype: None,
-        shared: None,
-    };
+    let class = |name: &str| DeviceClassConfig::named(name);
     ctx.record("a", Some(ready("a")), Some(class("a")))
         .await
         .unwrap();
@@ -214,6 +207,21 @@ fn force_wipe_class() -> DeviceClassConfig {
                                     "forceWipeDevicesAndDestroyAllData": true}}}))
     .unwrap();
     volume_group::device_class_config(&vg).unwrap()
+}
+
+/// The node engine over `host` with the class's wipe record, as [`converge`] runs it.
+async fn converge_class<H: NodeHost>(
+    ctx: &Context<&'static RealRunner, FakeBackend>,
+    host: &H,
+    config: &DeviceClassConfig,
+    others: &Claims,
+) -> lvms_host::Result<ConvergeReport> {
+    let host = ClassHost {
+        inner: host,
+        ctx,
+        class: &config.name,
+    };
+    lvms_host::engine::converge_among(&host, config, others).await
 }
 
 #[tokio::test]
@@ -528,7 +536,7 @@ async fn a_removed_shared_class_holding_volumes_names_them_keeps_its_lockspace_a
         ],
     );
     let apis: Api<LVMVolumeGroup> = Api::namespaced(api.client("lvms"), "lvms");
-    let action = cleanup_shared(&ctx, &host, &apis, &vg).await.unwrap();
+    let action = leave(&ctx, &host, &apis, &vg).await.unwrap();
     assert_eq!(action, Action::requeue(RETRY));
     let entry = api.get(PATH).unwrap()["spec"]["nodeStatus"][0].clone();
     assert_eq!(entry["status"], "Failed");
@@ -565,7 +573,7 @@ async fn a_node_that_does_not_hold_the_creator_lease_stops_its_lockspace_and_dro
     let ctx = context(&api);
     let (vg, host) = leaving(&api, Vec::new());
     let apis: Api<LVMVolumeGroup> = Api::namespaced(api.client("lvms"), "lvms");
-    let action = cleanup_shared(&ctx, &host, &apis, &vg).await.unwrap();
+    let action = leave(&ctx, &host, &apis, &vg).await.unwrap();
     assert_eq!(action, Action::await_change());
     assert_eq!(
         host.tried(),
@@ -591,7 +599,7 @@ async fn the_lease_holder_removes_the_empty_group_once_the_others_left_then_drop
     let (vg, host) = leaving(&api, vec![lv("pool-9", "thin-pool", None)]);
     *host.others_joined.lock().unwrap() = true;
     let apis: Api<LVMVolumeGroup> = Api::namespaced(api.client("lvms"), "lvms");
-    let action = cleanup_shared(&ctx, &host, &apis, &vg).await.unwrap();
+    let action = leave(&ctx, &host, &apis, &vg).await.unwrap();
     assert_eq!(action, Action::requeue(SHARED_WAIT));
     assert_eq!(api.get(LEASE).unwrap()["spec"]["holderIdentity"], "node-a");
     let entry = api.get(PATH).unwrap()["spec"]["nodeStatus"][0].clone();
@@ -612,7 +620,7 @@ async fn the_lease_holder_removes_the_empty_group_once_the_others_left_then_drop
 
     *host.others_joined.lock().unwrap() = false;
     let vg: LVMVolumeGroup = serde_json::from_value(api.get(SAN_VG).unwrap()).unwrap();
-    let action = cleanup_shared(&ctx, &host, &apis, &vg).await.unwrap();
+    let action = leave(&ctx, &host, &apis, &vg).await.unwrap();
     assert_eq!(action, Action::await_change());
     assert_eq!(
         host.tried(),
@@ -649,7 +657,11 @@ async fn reconcile_san(
     let vg = shared_vg();
     let config = volume_group::device_class_config(&vg).unwrap();
     assert!(config.is_shared(), "the policy reaches the engine's config");
-    let action = reconcile_shared(ctx, host, &vg, &config).await.unwrap();
+    let apis: Api<LVMVolumeGroup> = Api::namespaced(api.client("lvms"), "lvms");
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": "node-a"}})).unwrap();
+    let action = converge(ctx, &ctx.host, host, &apis, &vg, &node, &config)
+        .await
+        .unwrap();
     let status = api.get(PATH).unwrap();
     (action, status["spec"]["nodeStatus"][0].clone())
 }

@@ -9,7 +9,7 @@ use lvms_core::{
 };
 use serde_json::json;
 
-use lvms_engine::backend::ClassInfo;
+use lvms_engine::backend::DeviceClassConfig;
 
 use super::*;
 
@@ -83,16 +83,8 @@ fn the_engine_config_carries_every_field_with_the_apis_defaults() {
     assert_eq!(tp.metadata_size_calculation_policy, CalculationPolicy::Host);
     assert_eq!(tp.metadata_size, None);
     assert_eq!(
-        ClassInfo::from_config(&cfg),
-        ClassInfo {
-            name: "vg1".into(),
-            thin_pool: Some("thin-pool-1".into()),
-            overprovision_ratio: 10,
-            default: true,
-            layout: lvms_engine::backend::Layout::Linear,
-            fstype: None,
-            shared: None,
-        }
+        (cfg.thin_pool(), cfg.overprovision_ratio(), cfg.shared()),
+        (Some("thin-pool-1"), 10, None)
     );
 
     let raid = device_class_config(&vg(json!({
@@ -106,11 +98,11 @@ fn the_engine_config_carries_every_field_with_the_apis_defaults() {
         (r.raid_type, r.mirrors, r.stripes, r.stripe_size),
         (RaidType::Raid1, Some(1), None, Some(ByteSize(64 << 10)))
     );
-    assert_eq!(ClassInfo::from_config(&raid).thin_pool, None);
-    assert_eq!(ClassInfo::from_config(&raid).overprovision_ratio, 1);
+    assert_eq!(raid.thin_pool(), None);
+    assert_eq!(raid.overprovision_ratio(), 1);
     // Its volumes are RAID volumes of that layout unless a request names another.
     assert_eq!(
-        ClassInfo::from_config(&raid).layout,
+        raid.layout(),
         lvms_engine::backend::Layout::Raid {
             level: RaidType::Raid1,
             mirrors: Some(1),

@@ -20,7 +20,6 @@
 
 use std::{future::Future, sync::Arc, time::Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::{
     apps::v1::StatefulSet,
     core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod},
@@ -30,8 +29,8 @@ use kube::{
     api::{Api, DeleteParams, Preconditions},
     runtime::{
         Controller,
-        controller::{self, Action},
-        events::{Event, EventType, Recorder, Reporter},
+        controller::Action,
+        events::{Event, EventType, Recorder},
         watcher,
     },
 };
@@ -69,12 +68,8 @@ pub struct Context {
 impl Context {
     /// A context whose events are reported by `lvms-operator`.
     pub fn new(client: Client, driver: String, metrics: Arc<Metrics>) -> Self {
-        let reporter = Reporter {
-            controller: OPERATOR_FIELD_MANAGER.to_owned(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: lvms_k8s::reconciler::recorder(client.clone(), OPERATOR_FIELD_MANAGER),
             client,
             driver,
             metrics,
@@ -90,20 +85,15 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let ctx = Arc::new(Context::new(client.clone(), driver, metrics));
-    Controller::new(Api::<Pod>::all(client), watcher::Config::default())
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            match res {
-                Ok(_) => {}
-                // A pod that went between its event and its turn: nothing to do.
-                Err(controller::Error::ObjectNotFound(pod)) => debug!(%pod, "pod gone"),
-                // Logged by `error_policy`.
-                Err(controller::Error::ReconcilerFailed(..)) => {}
-                Err(e) => warn!(error = %e, "eviction controller: watching pods failed"),
-            }
-        })
-        .await;
+    lvms_k8s::reconciler::drive(
+        Controller::new(Api::<Pod>::all(client), watcher::Config::default())
+            .graceful_shutdown_on(shutdown),
+        "Pod",
+        reconcile,
+        error_policy,
+        ctx,
+    )
+    .await;
 }
 
 /// Logs the failure and retries after [`ERROR_REQUEUE`].

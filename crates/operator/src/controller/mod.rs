@@ -41,7 +41,7 @@ use kube::{
     runtime::{
         Controller, WatchStreamExt,
         controller::Action,
-        events::{Event, EventType, Recorder, Reporter},
+        events::{Event, EventType, Recorder},
         reflector::ObjectRef,
         watcher::{self, watcher},
     },
@@ -131,12 +131,8 @@ pub struct Context {
 impl Context {
     /// A context whose events are reported by `lvms-operator`.
     pub fn new(client: Client, config: RenderConfig) -> Self {
-        let reporter = Reporter {
-            controller: OPERATOR_FIELD_MANAGER.to_owned(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: lvms_k8s::reconciler::recorder(client.clone(), OPERATOR_FIELD_MANAGER),
             client,
             config,
             metrics: Arc::new(Metrics::new()),
@@ -184,7 +180,7 @@ pub async fn run(
     };
     let node_changes = node_label_changes(Api::all(client.clone()))
         .map(move |res| res.map(|()| all_clusters(&node_store)));
-    controller
+    let controller = controller
         .owns(
             Api::<LVMVolumeGroup>::namespaced(client.clone(), &ns),
             watcher::Config::default(),
@@ -203,15 +199,8 @@ pub async fn run(
                 .filter_map(|res| async move { res.ok() })
                 .map(|_| ()),
         )
-        .graceful_shutdown_on(shutdown)
-        .run(timed_reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            match res {
-                Ok((obj, _)) => info!(lvmcluster = %obj.name, "reconciled"),
-                Err(e) => warn!(error = %e, "reconcile failed"),
-            }
-        })
-        .await;
+        .graceful_shutdown_on(shutdown);
+    lvms_k8s::reconciler::drive(controller, "LVMCluster", timed_reconcile, error_policy, ctx).await;
 }
 
 /// Resolves once `store` has had its first complete list (`false` if its writer went away first).
