@@ -11,6 +11,7 @@ use std::{
 };
 
 use lvms_core::lvattr::LvHealth;
+use lvms_engine::backend::BackendError;
 use lvms_host::fake::FakeRunner;
 
 use tonic::Code;
