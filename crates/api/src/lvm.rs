@@ -768,6 +768,19 @@ impl SharedTiming {
             watchdog: config.watchdog_or_default(),
         }
     }
+
+    /// The timing sanlock keeps for a class with this `sharedConfig` whose nodes report io
+    /// timeouts `kept` (what sanlock on each runs the lockspace with): the longest one, since a
+    /// dead node's leases are freed by its own; the configured one while no node reports.
+    pub fn kept(config: &SharedConfig, kept: impl IntoIterator<Item = i32>) -> Self {
+        let Some(io) = kept.into_iter().filter(|t| *t > 0).max() else {
+            return Self::of(config);
+        };
+        Self::of(&SharedConfig {
+            io_timeout_seconds: Some(io),
+            ..config.clone()
+        })
+    }
 }
 
 /// Observed state of one device class's volume group on one node.

@@ -86,9 +86,26 @@ impl HostLease {
     /// Whether the host may still hold leases: it has not left, and its timestamp changed less
     /// than its host-dead time before the last check.
     pub fn live(&self) -> bool {
-        self.timestamp != 0
-            && self.last_check.saturating_sub(self.last_live)
-                < u64::from(Timing::new(self.io_timeout.max(1)).host_dead_seconds())
+        self.timestamp != 0 && self.silent() < u64::from(self.timing().host_dead_seconds())
+    }
+
+    /// For a host that stopped renewing (its timestamp unchanged for more than two renewal
+    /// intervals) whose leases sanlock still counts as held: how long it has been silent and the
+    /// seconds until sanlock frees its leases, both as this host counts them — from when it last
+    /// saw the timestamp change, so a host that joined after the death counts from its join.
+    pub fn frees_in(&self) -> Option<(u64, u64)> {
+        let silent = self.silent();
+        let timing = self.timing();
+        (self.live() && silent > 2 * u64::from(timing.renewal_seconds()))
+            .then(|| (silent, u64::from(timing.host_dead_seconds()) - silent))
+    }
+
+    fn silent(&self) -> u64 {
+        self.last_check.saturating_sub(self.last_live)
+    }
+
+    fn timing(&self) -> Timing {
+        Timing::new(self.io_timeout.max(1))
     }
 }
 
@@ -141,6 +158,40 @@ pub struct FencingSeen {
     pub hosts: Vec<HostLease>,
     /// The fence hook left its record (`/run/lvms/fenced-<vg>`): this host was fenced.
     pub fenced: bool,
+}
+
+/// What this host's sanlock says of volume group `vg`'s lockspace timing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LockspaceTiming {
+    /// The io timeout it keeps the lockspace at (`None`: it does not list the lockspace).
+    pub io_timeout: Option<u32>,
+    /// Every host's lease in the lockspace, as seen from here.
+    pub hosts: Vec<HostLease>,
+}
+
+/// Asks sanlock for `vg`'s lockspace timing (two `sanlock client` calls; nothing when sanlock
+/// does not answer).
+pub async fn observe_timing<R: Runner>(runner: &R, vg: &str) -> LockspaceTiming {
+    let space = lockspace(vg);
+    let io_timeout = sanlock_out(runner, &["client", "status", "-D"])
+        .await
+        .and_then(|t| parse_status(&t).1.remove(&space))
+        .map(|r| r.io_timeout)
+        .filter(|t| *t > 0);
+    let hosts = sanlock_out(runner, &["client", "host_status", "-s", &space, "-D"])
+        .await
+        .map(|t| parse_host_status(&t))
+        .unwrap_or_default();
+    LockspaceTiming { io_timeout, hosts }
+}
+
+/// The output of `sanlock <args>`, when it succeeds.
+async fn sanlock_out<R: Runner>(runner: &R, args: &[&str]) -> Option<String> {
+    let cmd = Command::new("sanlock", args.iter().copied()).timeout(DEFAULT_TIMEOUT);
+    match runner.run(&cmd).await {
+        Ok(out) if out.success() => Some(out.stdout),
+        _ => None,
+    }
 }
 
 /// Looks at the watchdog, wdmd, sanlock and the kill hook on this machine, and at volume group

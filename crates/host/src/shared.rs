@@ -511,6 +511,15 @@ pub struct FencingReport {
 }
 
 impl SharedReport {
+    /// The lockspace's io timeout sanlock keeps on this node, once joined and listed by sanlock.
+    pub fn kept_io_timeout(&self) -> Option<u32> {
+        self.fencing
+            .as_ref()
+            .and_then(|f| f.renewals.as_ref())
+            .map(|r| r.io_timeout)
+            .filter(|t| *t > 0)
+    }
+
     pub fn is_joined(&self) -> bool {
         self.plan.state == State::Joined
     }
@@ -782,6 +791,18 @@ async fn fencing_report<H: SharedHost>(
     if seen.fenced {
         verdict.ready = false;
         verdict.message = fencing::fenced_message(&class.name);
+    }
+    // A timing that differs from the class's is reported, not refused: the class works, but its
+    // failover takes what sanlock keeps.
+    let kept = seen.renewals.as_ref().map_or(0, |r| r.io_timeout);
+    if let Some(warning) = class
+        .shared()
+        .and_then(|s| fencing::io_timeout_mismatch(&class.name, s.io_timeout_seconds, kept))
+    {
+        if !verdict.message.is_empty() {
+            verdict.message.push_str("; ");
+        }
+        verdict.message.push_str(&warning);
     }
     if !verdict.message.is_empty() {
         tracing::warn!(device_class = %class.name, message = %verdict.message, "fencing");

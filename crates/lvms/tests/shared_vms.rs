@@ -847,6 +847,17 @@ fn fenced_serving(
             n.sh("wdmd --dump 2>&1 | tail -n 20; ls -l /dev/watchdog* /run/wdmd")
                 .out
         );
+        // sanlock keeps lvmlockd's io timeout; the class says the default 10 s: the node reports
+        // what sanlock keeps, and warns when the two differ.
+        let report: serde_json::Value = serde_json::from_str(&r.out).unwrap();
+        let fencing = &report[0]["fencing"];
+        assert_eq!(fencing["renewals"]["ioTimeout"], io_timeout, "{fencing}");
+        let message = fencing["verdict"]["message"].as_str().unwrap_or_default();
+        assert_eq!(
+            message.contains(&format!("io timeout {io_timeout} s")),
+            io_timeout != 10,
+            "{message}"
+        );
     }
     n1.start_standalone(&c1);
     n2.start_standalone_waiting(&c2, node2_stage_wait);

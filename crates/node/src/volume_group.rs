@@ -307,7 +307,11 @@ pub fn shared_vg_status(
             devices_visible: report.plan.devices_visible,
             lockspace,
             host_id: report.host_id.map(i32::from),
-            io_timeout_seconds: class.shared().map(|s| i32::from(s.io_timeout_seconds)),
+            // What sanlock keeps, once it says; the class's setting until then.
+            io_timeout_seconds: report
+                .kept_io_timeout()
+                .and_then(|t| i32::try_from(t).ok())
+                .or_else(|| class.shared().map(|s| i32::from(s.io_timeout_seconds))),
             reason,
             fencing: report.fencing.as_ref().map(fencing_status),
             live_host_ids: report

@@ -467,13 +467,25 @@ fn device_class_statuses(
             } else {
                 Vec::new()
             };
+            // What the joined nodes' sanlock keeps, which may differ from the class's setting
+            // (their status says so).
+            let shared_timing = class.is_shared().then(|| {
+                SharedTiming::kept(
+                    &class.shared_config_or_default(),
+                    node_status.iter().filter_map(|n| {
+                        n.vg_status
+                            .shared
+                            .as_ref()
+                            .filter(|s| s.lockspace == LockspaceState::Joined)
+                            .and_then(|s| s.io_timeout_seconds)
+                    }),
+                )
+            });
             DeviceClassStatus {
                 name: class.name.clone(),
                 node_status,
                 joined_nodes,
-                shared_timing: class
-                    .is_shared()
-                    .then(|| SharedTiming::of(&class.shared_config_or_default())),
+                shared_timing,
             }
         })
         .collect()

@@ -195,6 +195,25 @@ pub fn judge(policy: Policy, seen: &WatchdogSeen) -> Fencing {
     }
 }
 
+/// The warning when sanlock on this node keeps the lockspace of shared class `vg` at io timeout
+/// `kept` seconds while its `sharedConfig.ioTimeoutSeconds` says `configured`: the timing lvms-rs
+/// shows (the failover budget, the stage messages) follows the kept one, since that is what sanlock
+/// counts. `None` when they agree, or when sanlock does not say (`kept` 0). lvmlockd's
+/// `--sanlock-timeout` (`-o`) applies to lockspaces started after it is set, and the class's value
+/// cannot change, so the fix is on the host.
+pub fn io_timeout_mismatch(vg: &str, configured: u16, kept: u32) -> Option<String> {
+    (kept != 0 && kept != u32::from(configured)).then(|| {
+        format!(
+            "sanlock keeps the lockspace of {vg} at io timeout {kept} s on this node, not the class's \
+             sharedConfig.ioTimeoutSeconds {configured} s: a dead node's volumes are freed after {} \
+             s, not {} s; start lvmlockd with --sanlock-timeout {configured} on every node of the \
+             class, then stop and start the lockspace",
+            Timing::new(kept).host_dead_seconds(),
+            Timing::new(u32::from(configured)).host_dead_seconds()
+        )
+    })
+}
+
 /// Why a class is not served on a node its fence hook fenced (`/run/lvms/fenced-<vg>` exists), and
 /// what brings it back. Whatever the policy: the node's volumes of the class fail every I/O, and
 /// its lockspace was given up; it must not activate anything of the class until it joins again.

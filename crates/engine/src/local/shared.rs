@@ -25,6 +25,7 @@ use lvms_host::{
     devices::{flush, zero_range},
     lvm::{Activation, PoolSize, ThinPoolSpec},
     runner::Runner,
+    sanlock::{self, LockspaceTiming},
 };
 
 use super::{Bytes, LocalBackend, Report, THIN, THIN_POOL, has_tag, host, is_ours};
@@ -368,27 +369,39 @@ impl<R: Runner> LocalBackend<R> {
                     }
                     tokio::time::sleep(STAGE_RETRY).await;
                 }
-                Err(BackendError::Conflict(m)) if tries > 1 => {
-                    return Err(BackendError::Conflict(format!(
-                        "{m} (this stage waited {} s, {tries} tries)",
-                        waited.as_secs()
-                    )));
+                Err(BackendError::Conflict(held)) => {
+                    let m = self.refusal(&lv.vg_name, id, &held).await;
+                    return Err(BackendError::Conflict(if tries > 1 {
+                        format!(
+                            "{m} (this stage waited {} s, {tries} tries)",
+                            waited.as_secs()
+                        )
+                    } else {
+                        m
+                    }));
                 }
                 other => return other,
             }
         }
     }
 
+    /// Why the stage of `vg/id` is refused (LVM said `held`), with when the lock can be had
+    /// ([`conflict_message`], from what sanlock says here).
+    async fn refusal(&self, vg: &str, id: &str, held: &str) -> String {
+        let configured = self
+            .class(vg)
+            .ok()
+            .and_then(DeviceClassConfig::shared)
+            .map_or(lvms_core::config::DEFAULT_IO_TIMEOUT_SECONDS, |s| {
+                s.io_timeout_seconds
+            });
+        let timing = sanlock::observe_timing(self.lvm.runner(), vg).await;
+        conflict_message(id, held, configured, &timing)
+    }
+
     /// One try of [`Self::activate_shared`].
     async fn try_activate_shared(&self, lv: &LogicalVolume, multi_node: bool) -> Result<String> {
         let (vg, id) = (lv.vg_name.as_str(), lv.name.as_str());
-        let timing = Timing::new(u32::from(
-            self.class(vg)?
-                .shared()
-                .copied()
-                .unwrap_or_default()
-                .io_timeout_seconds,
-        ));
         let _queued = self.lock_vg(vg).await?;
         let device = format!("/dev/{vg}/{id}");
         let fresh = self
@@ -408,7 +421,7 @@ impl<R: Runner> LocalBackend<R> {
         if has_tag(&fresh, ids::UNWIPED_TAG) {
             self.mutate(self.lvm.lv_activate_shared(vg, id, Activation::Exclusive))
                 .await
-                .map_err(conflict(id, timing))?;
+                .map_err(held_elsewhere)?;
             self.zero_unwiped(&fresh, &device).await?;
             if multi_node {
                 self.mutate(self.lvm.lv_deactivate(vg, id))
@@ -425,7 +438,7 @@ impl<R: Runner> LocalBackend<R> {
         };
         self.mutate(self.lvm.lv_activate_shared(vg, id, how))
             .await
-            .map_err(conflict(id, timing))?;
+            .map_err(held_elsewhere)?;
         self.read_back_lv(vg, id, "activating").await;
         Ok(device)
     }
@@ -526,17 +539,46 @@ impl<R: Runner> LocalBackend<R> {
 /// An activation refused because another node holds the volume: FAILED_PRECONDITION at the node,
 /// which kubelet retries (its event carries this text). If that node is dead, the retry succeeds
 /// once sanlock's host-dead time has passed.
-fn conflict(id: &str, timing: Timing) -> impl FnOnce(lvms_host::Error) -> BackendError + '_ {
-    move |e| match e {
-        lvms_host::Error::InUse(m) => BackendError::Conflict(format!(
-            "volume {id} is in use on another node ({m}): unstage it there first; if that node is \
-             dead, sanlock frees its lock {} s after its last lease renewal ({} s io timeout), and \
-             a retry succeeds then",
-            timing.host_dead_seconds(),
-            timing.io_timeout
-        )),
+/// An activation refused because another node holds the lock: CONFLICT with LVM's words (the stage
+/// waits and tries again, or says why it gives up: [`LocalBackend::activate_shared`]); any other
+/// failure as it is.
+fn held_elsewhere(e: lvms_host::Error) -> BackendError {
+    match e {
+        lvms_host::Error::InUse(held) => BackendError::Conflict(held),
         other => host(other),
     }
+}
+
+/// The refusal of a stage because another node holds volume `id` (LVM's words `held`), with when
+/// the lock can be had: for a node that stopped renewing its lease, the seconds left as this node
+/// counts them; otherwise the host-dead time at the io timeout sanlock keeps here (`timing.io_timeout`,
+/// else the class's `configured` one).
+fn conflict_message(id: &str, held: &str, configured: u16, timing: &LockspaceTiming) -> String {
+    let start = format!("volume {id} is in use on another node ({held}): unstage it there first");
+    let dying: Vec<String> = timing
+        .hosts
+        .iter()
+        .filter_map(|h| {
+            h.frees_in().map(|(silent, left)| {
+                format!(
+                    "host {} stopped renewing its lease {silent} s ago as this node counts, and \
+                     sanlock frees its locks in {left} s",
+                    h.host_id
+                )
+            })
+        })
+        .collect();
+    if !dying.is_empty() {
+        return format!("{start}; {}: a retry succeeds then", dying.join("; "));
+    }
+    let kept = Timing::new(timing.io_timeout.unwrap_or(u32::from(configured)));
+    format!(
+        "{start}; if that node is dead, sanlock frees its lock {} s after this node last saw its \
+         lease renewed ({} s io timeout; a node that joined the lockspace after the death counts \
+         from its join), and a retry succeeds then",
+        kept.host_dead_seconds(),
+        kept.io_timeout
+    )
 }
 
 /// A change refused because the LV (or its pool) is active on another node, or on several:
@@ -813,6 +855,15 @@ mod tests {
         );
     }
 
+    /// sanlock asked for the lockspace's timing when a stage gives up, answering nothing (so the
+    /// class's io timeout counts).
+    fn expect_sanlock_asked(fake: &FakeRunner) {
+        fake.expect(&["sanlock", "client", "status", "-D"])
+            .fails(1, "connect error");
+        fake.expect(&["sanlock", "client", "host_status", "-s", "lvm_san", "-D"])
+            .fails(1, "connect error");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_stage_waits_for_a_lock_held_elsewhere_trying_again_outside_the_queue() {
         let (fake, b) = shared_backend();
@@ -846,9 +897,13 @@ mod tests {
             expect_lv(&fake, &lv);
             expect_held(&fake, &lv);
         }
+        expect_sanlock_asked(&fake);
         match b.activate_shared(&lv, false).await {
             Err(BackendError::Conflict(m)) => {
-                assert!(m.contains("140 s after its last lease renewal"), "{m}");
+                assert!(
+                    m.contains("frees its lock 140 s after this node last saw its lease renewed"),
+                    "{m}"
+                );
                 assert!(m.contains("this stage waited 10 s, 3 tries"), "{m}");
             }
             other => panic!("{other:?}"),
@@ -863,6 +918,7 @@ mod tests {
         let lv = linear(GIB, &[]);
         expect_lv(&fake, &lv);
         expect_held(&fake, &lv);
+        expect_sanlock_asked(&fake);
         let started = tokio::time::Instant::now();
         match b.activate_shared(&lv, false).await {
             Err(BackendError::Conflict(m)) => {
@@ -930,14 +986,53 @@ mod tests {
             in_use_elsewhere("csi-a", "grow")(full),
             BackendError::InsufficientSpace(_)
         ));
-        let held = lvms_host::Error::InUse("LV locked by other host: san/csi-a".into());
-        match conflict("csi-a", Timing::new(10))(held) {
-            BackendError::Conflict(m) => assert!(
-                m.contains("unstage it there first") && m.contains("140 s after its last lease"),
-                "{m}"
-            ),
-            other => panic!("{other:?}"),
-        }
+    }
+
+    #[test]
+    fn a_stage_refused_for_another_nodes_lock_says_when_the_lock_can_be_had() {
+        let held = "LV locked by other host: san/csi-a";
+        // sanlock says nothing: the class's io timeout.
+        let m = conflict_message("csi-a", held, 10, &LockspaceTiming::default());
+        assert!(
+            m.contains("unstage it there first") && m.contains(held),
+            "{m}"
+        );
+        assert!(
+            m.contains("frees its lock 140 s after") && m.contains("(10 s io timeout"),
+            "{m}"
+        );
+        assert!(m.contains("counts from its join"), "{m}");
+        // sanlock keeps 5 s here: its budget, not the class's.
+        let renewing = lvms_host::sanlock::HostLease {
+            host_id: 2,
+            timestamp: 900,
+            last_check: 1000,
+            last_live: 996,
+            io_timeout: 5,
+        };
+        let kept = LockspaceTiming {
+            io_timeout: Some(5),
+            hosts: vec![renewing.clone()],
+        };
+        let m = conflict_message("csi-a", held, 10, &kept);
+        assert!(
+            m.contains("frees its lock 100 s after") && m.contains("(5 s io timeout"),
+            "{m}"
+        );
+        // Host 2 went silent 60 s ago: 40 s of its 100 s host-dead time are left.
+        let silent = LockspaceTiming {
+            io_timeout: Some(5),
+            hosts: vec![lvms_host::sanlock::HostLease {
+                last_live: 940,
+                ..renewing
+            }],
+        };
+        let m = conflict_message("csi-a", held, 10, &silent);
+        assert!(
+            m.contains("host 2 stopped renewing its lease 60 s ago")
+                && m.contains("frees its locks in 40 s"),
+            "{m}"
+        );
     }
 
     #[test]

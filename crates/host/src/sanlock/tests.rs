@@ -64,6 +64,54 @@ fn host_status_lists_each_host_and_whether_it_still_renews() {
 }
 
 #[test]
+fn a_host_that_stopped_renewing_is_counted_down_from_when_this_host_last_saw_it_renew() {
+    let hosts = parse_host_status(HOST_STATUS);
+    assert!(
+        hosts.iter().all(|h| h.frees_in().is_none()),
+        "both renew: nothing to count down"
+    );
+    // Silent for 41 s at io timeout 10 (renewals every 20 s): stopped; 99 s of 140 s left.
+    let silent = HostLease {
+        last_check: 209,
+        ..hosts[1].clone()
+    };
+    assert_eq!(silent.frees_in(), Some((41, 99)));
+    // Two renewal intervals of silence are still within a live host's jitter.
+    let late = HostLease {
+        last_check: 208,
+        ..hosts[1].clone()
+    };
+    assert_eq!(late.frees_in(), None);
+    // Past the host-dead time the leases are free: nothing left to wait for.
+    let dead = HostLease {
+        last_check: 168 + 140,
+        ..hosts[1].clone()
+    };
+    assert_eq!(dead.frees_in(), None);
+}
+
+#[tokio::test]
+async fn observe_timing_reads_the_kept_io_timeout_and_the_hosts() {
+    let fake = answering(STATUS, HOST_STATUS);
+    let timing = observe_timing(&fake, "san").await;
+    fake.assert_done();
+    assert_eq!(timing.hosts.len(), 2);
+    assert_eq!(timing.io_timeout, Some(10));
+    // sanlock not answering: nothing known.
+    let silent = FakeRunner::new();
+    silent
+        .expect(&["sanlock", "client", "status", "-D"])
+        .fails(1, "sanlock daemon not running");
+    silent
+        .expect(&["sanlock", "client", "host_status", "-s", "lvm_san", "-D"])
+        .fails(1, "sanlock daemon not running");
+    assert_eq!(
+        observe_timing(&silent, "san").await,
+        LockspaceTiming::default()
+    );
+}
+
+#[test]
 fn the_kill_command_is_read_from_lvm_config() {
     assert_eq!(
         parse_kill_command("lvmlockctl_kill_command=\"/var/lib/lvms/bin/lvms fence\"\n"),

@@ -287,6 +287,39 @@ async fn a_joined_class_with_armed_fencing_is_ready_and_one_without_is_not() {
 }
 
 #[tokio::test]
+async fn a_lockspace_kept_at_another_io_timeout_is_reported_and_still_served() {
+    let kept = |io_timeout| crate::sanlock::FencingSeen {
+        renewals: Some(crate::sanlock::Renewals {
+            io_timeout,
+            ..Default::default()
+        }),
+        ..armed(false)
+    };
+    // The class says 10 s (the default); sanlock here keeps 5 s.
+    let host = Script {
+        fencing: Some(kept(5)),
+        ..script(0)
+    };
+    let report = converge(&host, &class(), None).await.unwrap();
+    assert!(report.is_ready(), "{report:?}");
+    assert_eq!(report.kept_io_timeout(), Some(5));
+    let message = &report.fencing.as_ref().unwrap().verdict.message;
+    assert!(
+        message.contains("softdog") && message.contains("io timeout 5 s"),
+        "{message}"
+    );
+    assert!(message.contains("--sanlock-timeout 10"), "{message}");
+    // The same timing: nothing to say about it.
+    let host = Script {
+        fencing: Some(kept(10)),
+        ..script(0)
+    };
+    let report = converge(&host, &class(), None).await.unwrap();
+    let message = &report.fencing.as_ref().unwrap().verdict.message;
+    assert!(!message.contains("io timeout"), "{message}");
+}
+
+#[tokio::test]
 async fn a_fenced_node_touches_nothing_and_says_how_to_come_back() {
     let host = Script {
         fencing: Some(armed(true)),

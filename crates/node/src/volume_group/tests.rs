@@ -528,6 +528,38 @@ fn a_joined_class_without_armed_fencing_fails_with_the_fix_unless_disabled() {
 }
 
 #[test]
+fn the_io_timeout_shown_is_the_one_sanlock_keeps_once_it_says() {
+    let (v, class) = shared_class();
+    assert_eq!(class.shared().unwrap().io_timeout_seconds, 20);
+    let seen = fencing::WatchdogSeen {
+        device: true,
+        identity: Some("iTCO_wdt".into()),
+        wdmd: shared::Daemon::Running,
+        sanlock_uses_watchdog: Some(true),
+        kill_command: "/usr/bin/lvms fence".into(),
+    };
+    let mut kept = fenced_report(fencing::Policy::Required, &seen);
+    kept.fencing
+        .as_mut()
+        .unwrap()
+        .renewals
+        .as_mut()
+        .unwrap()
+        .io_timeout = 7;
+    let status = shared_vg_status(&v, &class, &kept, None, None);
+    assert_eq!(status.shared.unwrap().io_timeout_seconds, Some(7));
+    // Not joined yet (sanlock says nothing): the class's.
+    let joining = shared_vg_status(
+        &v,
+        &class,
+        &report(shared::State::Waiting { reason: "w".into() }, Some(3), 0),
+        None,
+        None,
+    );
+    assert_eq!(joining.shared.unwrap().io_timeout_seconds, Some(20));
+}
+
+#[test]
 fn the_shared_status_follows_the_engines_state() {
     let (v, class) = shared_class();
     let joined = shared_vg_status(

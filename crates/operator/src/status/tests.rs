@@ -912,6 +912,33 @@ fn a_shared_class_reports_its_timing_and_fencing_policy() {
 }
 
 #[test]
+fn the_shared_timing_shown_is_the_longest_one_the_joined_nodes_keep() {
+    let kept = |io: i32, lockspace: LockspaceState| {
+        let mut vg = fenced_vg(WatchdogState::Armed, true, "");
+        let shared = vg.shared.as_mut().unwrap();
+        shared.io_timeout_seconds = Some(io);
+        shared.lockspace = lockspace;
+        vg
+    };
+    // The class says 10 s; w1's sanlock keeps 5 s, w2's 20 s; w3 (not joined) would say 60 s.
+    let reports = [
+        report("w1", vec![kept(5, LockspaceState::Joined)]),
+        report("w2", vec![kept(20, LockspaceState::Joined)]),
+        report("w3", vec![kept(60, LockspaceState::NotJoined)]),
+    ];
+    let s = aggregate_san(&shared_cluster(None, None), &reports);
+    assert_eq!(
+        s.device_class_statuses[0].shared_timing,
+        Some(SharedTiming {
+            io_timeout_seconds: 20,
+            renewal_fail_seconds: 160,
+            host_dead_seconds: 220,
+            watchdog: WatchdogPolicy::Required,
+        })
+    );
+}
+
+#[test]
 fn a_node_local_class_has_no_shared_timing() {
     let c = cluster(&["a"]);
     let s = aggregate(

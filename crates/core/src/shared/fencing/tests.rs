@@ -197,3 +197,20 @@ fn a_cycle_still_yields_every_device_once() {
         .collect();
     assert_eq!(fence_order(&devices), vec!["a".to_owned(), "b".to_owned()]);
 }
+
+#[test]
+fn a_kept_io_timeout_other_than_the_class_s_is_named_with_both_budgets_and_the_fix() {
+    assert_eq!(io_timeout_mismatch("san", 10, 10), None);
+    assert_eq!(
+        io_timeout_mismatch("san", 10, 0),
+        None,
+        "sanlock did not say"
+    );
+    let m = io_timeout_mismatch("san", 10, 20).unwrap();
+    assert!(
+        m.contains("io timeout 20 s") && m.contains("ioTimeoutSeconds 10 s"),
+        "{m}"
+    );
+    assert!(m.contains("after 220 s, not 140 s"), "{m}");
+    assert!(m.contains("--sanlock-timeout 10"), "{m}");
+}
