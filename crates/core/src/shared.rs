@@ -28,6 +28,7 @@ use crate::config::{DeviceClassConfig, VG_OWNER_TAG};
 
 pub mod fencing;
 pub mod leave;
+pub mod rejoin;
 
 /// Smallest sanlock host id.
 pub const MIN_HOST_ID: u16 = 1;

@@ -134,6 +134,16 @@ pub async fn fence<R: Runner>(
     report
 }
 
+/// `dmsetup info -c --noheadings -o name,open --separator ,`: each device's open count, by name.
+pub fn parse_open_counts(text: &str) -> BTreeMap<String, u32> {
+    text.lines()
+        .filter_map(|line| {
+            let (name, open) = line.trim().rsplit_once(',')?;
+            Some((name.to_owned(), open.trim().parse().ok()?))
+        })
+        .collect()
+}
+
 /// The record's path for `vg` under `dir`.
 pub fn record_path(dir: &Path, vg: &str) -> PathBuf {
     dir.join(format!("fenced-{vg}"))

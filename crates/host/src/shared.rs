@@ -31,6 +31,7 @@ use lvms_core::{
         self, Action, Daemon, Daemons, Observed, Plan, SharedVg, State,
         fencing::{self, Fencing},
         leave::{self, LeaveAction, LeaveObserved, LeavePlan, SharedLv},
+        rejoin::{self, DmUse, FencedSeen, RejoinStep},
     },
 };
 use serde::{Deserialize, Serialize};
@@ -495,6 +496,10 @@ pub struct SharedReport {
     /// Fencing on this node, once joined (ADR 0024).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fencing: Option<FencingReport>,
+    /// The steps that brought this node back after the fence hook, when this converge took them
+    /// ([`rejoin`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rejoined: Vec<RejoinStep>,
 }
 
 /// Fencing of a joined class on this node: the verdict and what sanlock says of the lockspace.
@@ -550,6 +555,24 @@ pub trait SharedHost: Send + Sync {
     fn is_fenced(&self, vg: &str) -> impl Future<Output = bool> + Send {
         let _ = vg;
         async { false }
+    }
+    /// What a fenced node sees of `class` ([`rejoin::plan_rejoin`]); `None` when it cannot be
+    /// looked at (test hosts): the node then stays out until someone cleans up by hand.
+    fn observe_fenced(
+        &self,
+        class: &DeviceClassConfig,
+    ) -> impl Future<Output = Option<FencedSeen>> + Send {
+        let _ = class;
+        async { None }
+    }
+    /// Executes one step back after fencing.
+    fn execute_rejoin(&self, step: &RejoinStep) -> impl Future<Output = Result<()>> + Send {
+        let step = step.clone();
+        async move {
+            Err(Error::InvalidArgument(format!(
+                "this host cannot take {step:?}"
+            )))
+        }
     }
 }
 
@@ -679,6 +702,101 @@ impl<R: Runner> SharedHost for RealSharedHost<R> {
     async fn is_fenced(&self, vg: &str) -> bool {
         crate::fence::record_path(Path::new(crate::fence::RECORD_DIR), vg).exists()
     }
+
+    async fn observe_fenced(&self, class: &DeviceClassConfig) -> Option<FencedSeen> {
+        let holders = crate::fence::devices_of(Path::new("/sys"), &class.name).ok()?;
+        let open = self
+            .lvm
+            .runner()
+            .run(&Command::new(
+                crate::fence::DMSETUP,
+                [
+                    "info",
+                    "-c",
+                    "--noheadings",
+                    "-o",
+                    "name,open",
+                    "--separator",
+                    ",",
+                ],
+            ))
+            .await
+            .ok()
+            .filter(Output::success)
+            .map(|out| crate::fence::parse_open_counts(&out.stdout))
+            .unwrap_or_default();
+        let devices = holders
+            .into_iter()
+            .map(|(name, holders)| {
+                // A device dmsetup does not list is gone: nothing opens it.
+                let open = open.get(&name).copied().unwrap_or(0);
+                (name, DmUse { holders, open })
+            })
+            .collect();
+        let mut unreadable = Vec::new();
+        for path in &class.device_selector.paths {
+            let read = Command::new(
+                "dd",
+                [
+                    format!("if={path}"),
+                    "of=/dev/null".to_owned(),
+                    "bs=4096".to_owned(),
+                    "count=1".to_owned(),
+                    "iflag=direct".to_owned(),
+                    "status=none".to_owned(),
+                ],
+            );
+            match self.lvm.runner().run(&read).await {
+                Ok(out) if out.success() => {}
+                Ok(out) => unreadable.push(format!("{path}: {}", out.stderr.trim())),
+                Err(e) => unreadable.push(format!("{path}: {e}")),
+            }
+        }
+        Some(FencedSeen {
+            devices,
+            unreadable,
+        })
+    }
+
+    async fn execute_rejoin(&self, step: &RejoinStep) -> Result<()> {
+        match step {
+            RejoinStep::RemoveDevice { name } => {
+                let out = self
+                    .lvm
+                    .runner()
+                    .run(&Command::new(
+                        crate::fence::DMSETUP,
+                        ["remove", name.as_str()],
+                    ))
+                    .await?;
+                // Gone already is what was wanted.
+                if out.success() || out.stderr.contains("No such device") {
+                    Ok(())
+                } else {
+                    Err(Error::CommandFailed {
+                        argv: crate::error::Argv(vec![
+                            crate::fence::DMSETUP.to_owned(),
+                            "remove".to_owned(),
+                            name.clone(),
+                        ]),
+                        code: out.code,
+                        stderr: out.stderr,
+                    })
+                }
+            }
+            RejoinStep::StopLockspace { vg } => self.lvm.lock_stop(vg).await,
+            RejoinStep::ClearRecord { vg } => {
+                let record = crate::fence::record_path(Path::new(crate::fence::RECORD_DIR), vg);
+                match std::fs::remove_file(&record) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Io {
+                        path: record.display().to_string(),
+                        source: e,
+                    }),
+                    _ => Ok(()),
+                }
+            }
+        }
+    }
 }
 
 /// Converges shared class `class` on this node: plan, execute, observe again, until the lockspace is
@@ -693,24 +811,41 @@ pub async fn converge<H: SharedHost>(
 ) -> Result<SharedReport> {
     let mut executed = Vec::new();
     let mut lock_start_failures = Vec::new();
-    // A fenced node touches nothing of the class (its lockspace was given up under it) until the
-    // admin has cleaned up: LVM is not even asked.
+    let mut rejoined = Vec::new();
+    // A fenced node touches nothing of the class (its lockspace was given up under it) and LVM is
+    // not even asked, until nothing of the class is open here and the LUN can be read: then it
+    // clears what the hook left and joins as any node does.
     if host.is_fenced(&class.name).await {
-        let fencing = fencing_report(host, class).await;
-        return Ok(SharedReport {
-            device_class: class.name.clone(),
-            host_id: node.map(|n| n.host_id),
-            executed,
-            plan: Plan {
-                actions: Vec::new(),
-                state: State::Failed {
-                    reason: fencing::fenced_message(&class.name),
-                },
-                devices_visible: true,
-            },
-            lock_start_failures,
-            fencing,
-        });
+        let why = match host.observe_fenced(class).await {
+            None => Err(fencing::fenced_message(&class.name)),
+            Some(seen) => rejoin::plan_rejoin(&class.name, &seen),
+        };
+        match why {
+            Ok(steps) => {
+                for step in steps {
+                    tracing::info!(?step, "coming back after fencing");
+                    host.execute_rejoin(&step).await?;
+                    rejoined.push(step);
+                }
+                tracing::info!("the fence record is cleared: joining again");
+            }
+            Err(reason) => {
+                let fencing = fencing_report(host, class).await;
+                return Ok(SharedReport {
+                    device_class: class.name.clone(),
+                    host_id: node.map(|n| n.host_id),
+                    executed,
+                    plan: Plan {
+                        actions: Vec::new(),
+                        state: State::Failed { reason },
+                        devices_visible: true,
+                    },
+                    lock_start_failures,
+                    fencing,
+                    rejoined,
+                });
+            }
+        }
     }
     for _ in 0..MAX_ROUNDS {
         let observed = host.observe(class, node).await?;
@@ -728,6 +863,7 @@ pub async fn converge<H: SharedHost>(
                 plan,
                 lock_start_failures,
                 fencing,
+                rejoined,
             });
         }
         for action in &plan.actions {
@@ -758,6 +894,7 @@ pub async fn converge<H: SharedHost>(
                                 },
                                 lock_start_failures,
                                 fencing: None,
+                                rejoined,
                             });
                         };
                         tracing::warn!(attempt, ?delay, error = %e, "lock-start failed, retrying");

@@ -1119,4 +1119,44 @@ fn fencing_a_lost_lun_path_stops_node_1_writing_before_node_2_takes_the_volume()
     n2.csi_ok(&format!("stage {id} --staging-path {st} --block"));
     let fsck = n2.sh(&format!("fsck.ext4 -n -f {}", device(&id)));
     assert_eq!(fsck.code, 0, "fsck -n:\n{}\n{}", fsck.out, fsck.err);
+    if !n1.alive() {
+        return;
+    }
+    // Node 1 comes back by itself. While its fenced volume is still mounted it waits, saying so.
+    let (ok, reports, _) = n1.converge(&c1);
+    let said = serde_json::to_string(&reports).unwrap();
+    assert!(!ok && said.contains("still open"), "{said}");
+    assert_eq!(
+        n1.sh("test -e /run/lvms/fenced-san").code,
+        0,
+        "still fenced"
+    );
+    // Its pod is gone and kubelet unmounted the volume: the next converge clears what the hook left
+    // and joins again.
+    n1.ok(&format!("pkill -f /run/writes; sleep 1; umount {st}"));
+    let unmounted = Instant::now();
+    let (ok, reports, err) = n1.converge(&c1);
+    assert!(ok, "{reports:?}\n{err}");
+    let steps: Vec<&str> = reports[0]["rejoined"]
+        .as_array()
+        .map(|s| s.iter().filter_map(|s| s["action"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(steps.last().copied(), Some("clearRecord"), "{reports:?}");
+    assert!(
+        steps.contains(&"removeDevice") && steps.contains(&"stopLockspace"),
+        "{steps:?}"
+    );
+    assert_ne!(
+        n1.sh("test -e /run/lvms/fenced-san").code,
+        0,
+        "the record is gone"
+    );
+    assert_eq!(
+        reports[0]["plan"]["state"]["state"], "joined",
+        "{reports:?}"
+    );
+    println!(
+        "vm-shared: lost LUN path: node 1 joined again {:.0} s after its volume was unmounted",
+        unmounted.elapsed().as_secs_f64()
+    );
 }

@@ -741,6 +741,20 @@ impl<H: SharedHost> SharedHost for CreatorHost<'_, H> {
     async fn is_fenced(&self, vg: &str) -> bool {
         self.inner.is_fenced(vg).await
     }
+
+    async fn observe_fenced(
+        &self,
+        class: &DeviceClassConfig,
+    ) -> Option<lvms_core::shared::rejoin::FencedSeen> {
+        self.inner.observe_fenced(class).await
+    }
+
+    async fn execute_rejoin(
+        &self,
+        step: &lvms_core::shared::rejoin::RejoinStep,
+    ) -> lvms_host::Result<()> {
+        self.inner.execute_rejoin(step).await
+    }
 }
 
 /// Leaving: the remover is whoever holds the creator Lease, asked only once the group this node

@@ -221,7 +221,9 @@ pub fn fenced_message(vg: &str) -> String {
     format!(
         "this node lost its sanlock leases of {vg} and was fenced (its volumes of the class fail \
          every I/O): unmount them, `dmsetup remove` the {vg}-* devices, run `vgchange --lock-stop \
-         {vg}` and delete /run/lvms/fenced-{vg}; the node then joins the lockspace again"
+         {vg}` and delete /run/lvms/fenced-{vg}; the node then joins the lockspace again (the node \
+         agent and `lvms converge` do this by themselves once nothing of the class is open and \
+         the LUN can be read)"
     )
 }
 

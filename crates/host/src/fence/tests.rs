@@ -136,3 +136,12 @@ async fn a_group_with_nothing_active_is_fenced_at_once() {
     fake.assert_done();
     assert!(report.fenced());
 }
+
+#[test]
+fn open_counts_are_read_per_device_and_odd_lines_skipped() {
+    let text = "san-csi--a,1\nsan-pool--a-tpool,1\nother-vol,0\nNo devices found\n";
+    let counts = parse_open_counts(text);
+    assert_eq!(counts.get("san-csi--a"), Some(&1));
+    assert_eq!(counts.get("other-vol"), Some(&0));
+    assert_eq!(counts.len(), 3);
+}

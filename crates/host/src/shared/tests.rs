@@ -2,6 +2,7 @@ use std::sync::Mutex;
 
 use lvms_core::config::{Access, DeviceSelector, DiscoveryPolicy, SharedConfig};
 use lvms_core::leave::LeaveState;
+use lvms_core::shared::rejoin::{DmUse, FencedSeen, RejoinStep};
 
 use super::*;
 use crate::fake::FakeRunner;
@@ -149,6 +150,22 @@ struct Script {
     lock_start_failures: Mutex<u32>,
     pauses: Mutex<Vec<Duration>>,
     fencing: Option<crate::sanlock::FencingSeen>,
+    /// What a fenced node sees (`None`: it cannot look, as on a test host).
+    fenced_seen: Option<FencedSeen>,
+    rejoin_steps: Mutex<Vec<RejoinStep>>,
+}
+
+impl Script {
+    /// Fenced, until a step back clears the record.
+    fn fenced(&self) -> bool {
+        self.fencing.as_ref().is_some_and(|f| f.fenced)
+            && !self
+                .rejoin_steps
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|s| matches!(s, RejoinStep::ClearRecord { .. }))
+    }
 }
 
 impl SharedHost for Script {
@@ -182,10 +199,20 @@ impl SharedHost for Script {
         self.pauses.lock().unwrap().push(d);
     }
     async fn observe_fencing(&self, _: &str) -> Option<crate::sanlock::FencingSeen> {
-        self.fencing.clone()
+        self.fencing.clone().map(|mut f| {
+            f.fenced = self.fenced();
+            f
+        })
     }
     async fn is_fenced(&self, _: &str) -> bool {
-        self.fencing.as_ref().is_some_and(|f| f.fenced)
+        self.fenced()
+    }
+    async fn observe_fenced(&self, _: &DeviceClassConfig) -> Option<FencedSeen> {
+        self.fenced_seen.clone()
+    }
+    async fn execute_rejoin(&self, step: &RejoinStep) -> Result<()> {
+        self.rejoin_steps.lock().unwrap().push(step.clone());
+        Ok(())
     }
 }
 
@@ -239,6 +266,8 @@ fn script(failures: u32) -> Script {
         lock_start_failures: Mutex::new(failures),
         pauses: Mutex::new(vec![]),
         fencing: None,
+        fenced_seen: None,
+        rejoin_steps: Mutex::new(vec![]),
     }
 }
 
@@ -579,4 +608,70 @@ async fn labels_are_removed_without_lvmlockd_through_the_class_devices_file() {
             .is_err()
     );
     fake.assert_done();
+}
+
+/// A fenced node that sees its volume `open` times open and its LUN readable or not.
+fn fenced_seeing(open: u32, readable: bool) -> Script {
+    Script {
+        fencing: Some(armed(true)),
+        fenced_seen: Some(FencedSeen {
+            devices: [(
+                "san-csi--a".to_owned(),
+                DmUse {
+                    holders: BTreeSet::new(),
+                    open,
+                },
+            )]
+            .into(),
+            unreadable: if readable {
+                Vec::new()
+            } else {
+                vec!["/dev/disk/by-id/lun: Input/output error".into()]
+            },
+        }),
+        ..script(0)
+    }
+}
+
+#[tokio::test]
+async fn a_fenced_node_waits_while_its_volume_is_open_or_its_lun_unreadable_touching_nothing() {
+    for (host, waits_for) in [
+        (fenced_seeing(1, true), "still open (san-csi--a)"),
+        (fenced_seeing(0, false), "cannot be read"),
+    ] {
+        let report = converge(&host, &class(), None).await.unwrap();
+        assert!(host.executed.lock().unwrap().is_empty());
+        assert!(host.rejoin_steps.lock().unwrap().is_empty());
+        assert!(!report.is_ready() && report.rejoined.is_empty());
+        match &report.plan.state {
+            State::Failed { reason } => assert!(reason.contains(waits_for), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_fenced_node_with_nothing_open_and_its_lun_back_clears_the_hooks_work_and_joins_again() {
+    let host = fenced_seeing(0, true);
+    let report = converge(&host, &class(), None).await.unwrap();
+    assert_eq!(
+        *host.rejoin_steps.lock().unwrap(),
+        [
+            RejoinStep::RemoveDevice {
+                name: "san-csi--a".into()
+            },
+            RejoinStep::StopLockspace { vg: "san".into() },
+            RejoinStep::ClearRecord { vg: "san".into() },
+        ]
+    );
+    assert_eq!(report.rejoined.len(), 3);
+    assert!(report.is_joined() && report.is_ready(), "{report:?}");
+    assert!(
+        host.executed
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|a| matches!(a, Action::StartLockspace { .. })),
+        "the lockspace is started again"
+    );
 }

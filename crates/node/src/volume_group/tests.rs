@@ -463,6 +463,7 @@ fn report(state: shared::State, host_id: Option<u16>, failures: usize) -> Shared
         },
         lock_start_failures: vec!["lock-start failed".to_owned(); failures],
         fencing: None,
+        rejoined: Vec::new(),
     }
 }
 
