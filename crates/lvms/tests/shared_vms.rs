@@ -1133,7 +1133,8 @@ fn fencing_a_lost_lun_path_stops_node_1_writing_before_node_2_takes_the_volume()
     );
     // Its pod is gone and kubelet unmounted the volume: the next converge clears what the hook left
     // and joins again.
-    n1.ok(&format!("pkill -f /run/writes; sleep 1; umount {st}"));
+    // (`write[s]`: the pattern must not match this very command line.)
+    n1.ok(&format!("pkill -f /run/write[s]; sleep 1; umount {st}"));
     let unmounted = Instant::now();
     let (ok, reports, err) = n1.converge(&c1);
     assert!(ok, "{reports:?}\n{err}");
