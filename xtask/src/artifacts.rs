@@ -129,7 +129,16 @@ impl Artifacts {
     }
 }
 
-/// `target/debug/lvms`, built beside the tests (crates/lvms's integration tests need it).
+/// Where cargo puts what it builds: `CARGO_TARGET_DIR` when it is set (relative to the checkout),
+/// else `target/` in the checkout. Work directories stay under the checkout's `target/`.
+pub fn cargo_target(repo: &Path) -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) if !dir.is_empty() => repo.join(dir),
+        _ => repo.join("target"),
+    }
+}
+
+/// The debug `lvms`, built beside the tests (crates/lvms's integration tests need it).
 pub fn lvms(repo: &Path) -> PathBuf {
-    repo.join("target/debug/lvms")
+    cargo_target(repo).join("debug/lvms")
 }

@@ -60,7 +60,7 @@ fn start_cluster(repo: &Path, name: &str) -> Result<(PathBuf, ControlPlane, u16,
 }
 
 pub fn run(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
-    let lvms = repo.join("target/debug/lvms");
+    let lvms = crate::artifacts::lvms(repo);
     // The stack's scenarios first, one at a time; then the tests that run operators of their own,
     // side by side (the installed webhook refuses a second LVMCluster while the stack's exists
     // only in its own namespace, and the stack's would be refused beside theirs). The benchmark
@@ -85,7 +85,7 @@ pub fn bench(repo: &Path) -> Result<ExitCode> {
     if !built.success() {
         bail!("building lvms (release) failed");
     }
-    let lvms = repo.join("target/release/lvms");
+    let lvms = crate::artifacts::cargo_target(repo).join("release/lvms");
     let passes = vec![vec!["bench_", "--test-threads=1", "--nocapture"]];
     run_passes(repo, &lvms, &passes, &[("LVMS_E2E_BENCH", "1")])
 }
@@ -183,7 +183,7 @@ pub fn serve_cluster(repo: &Path) -> Result<ExitCode> {
          LVMS_E2E_VM=127.0.0.1:{exec_port} LVMS_E2E_VM_SERVER=https://{}:{} LVMS_E2E_WORK={}",
         control_plane.kubeconfig.display(),
         assets.display(),
-        repo.join("target/debug/lvms").display(),
+        crate::artifacts::lvms(repo).display(),
         cluster::VM_HOST_ADDR,
         control_plane.port,
         repo.join("target/e2e/dev-work").display(),

@@ -54,7 +54,7 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
     needed.extend(needed_assets());
     let assets = cluster::assets(repo, &needed)?;
     let built = Instant::now();
-    let images = images::build_all(repo, &assets, &repo.join("target/debug/lvms"))?;
+    let images = images::build_all(repo, &assets, &crate::artifacts::lvms(repo))?;
     println!(
         "installed: {} images built in {:.0} s",
         images.images.len(),

@@ -34,7 +34,7 @@ pub fn bench(repo: &Path, args: &[String]) -> Result<ExitCode> {
     if !status.success() {
         bail!("building the benchmark failed");
     }
-    let bin = repo.join("target/release");
+    let bin = crate::artifacts::cargo_target(repo).join("release");
     let mut command = format!(
         "{} --device /dev/disk/by-id/virtio-bench --lvms {}",
         vm::shell_quote(&bin.join("lvms-csi-bench").to_string_lossy()),
@@ -61,7 +61,7 @@ pub fn demo(repo: &Path) -> Result<ExitCode> {
     if !status.success() {
         bail!("building lvms failed");
     }
-    let lvms = repo.join("target/debug/lvms");
+    let lvms = crate::artifacts::lvms(repo);
     let config = repo.join("examples/node-engine.yaml");
     let script = repo.join("scripts/demo.sh");
     let command = format!(
