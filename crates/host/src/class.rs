@@ -94,6 +94,11 @@ impl Left {
         }
     }
 
+    /// Whether nothing of the class is left on this node.
+    pub fn has_left(&self) -> bool {
+        *self.state() == LeaveState::Left
+    }
+
     /// How many steps ran.
     pub fn executed(&self) -> usize {
         match self {

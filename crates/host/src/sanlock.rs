@@ -173,21 +173,25 @@ pub struct LockspaceTiming {
 /// does not answer).
 pub async fn observe_timing<R: Runner>(runner: &R, vg: &str) -> LockspaceTiming {
     let space = lockspace(vg);
-    let io_timeout = sanlock_out(runner, &["client", "status", "-D"])
+    let io_timeout = stdout_of(runner, "sanlock", &["client", "status", "-D"])
         .await
         .and_then(|t| parse_status(&t).1.remove(&space))
         .map(|r| r.io_timeout)
         .filter(|t| *t > 0);
-    let hosts = sanlock_out(runner, &["client", "host_status", "-s", &space, "-D"])
-        .await
-        .map(|t| parse_host_status(&t))
-        .unwrap_or_default();
+    let hosts = stdout_of(
+        runner,
+        "sanlock",
+        &["client", "host_status", "-s", &space, "-D"],
+    )
+    .await
+    .map(|t| parse_host_status(&t))
+    .unwrap_or_default();
     LockspaceTiming { io_timeout, hosts }
 }
 
-/// The output of `sanlock <args>`, when it succeeds.
-async fn sanlock_out<R: Runner>(runner: &R, args: &[&str]) -> Option<String> {
-    let cmd = Command::new("sanlock", args.iter().copied()).timeout(DEFAULT_TIMEOUT);
+/// The output of `program args`, when it succeeds.
+async fn stdout_of<R: Runner>(runner: &R, program: &str, args: &[&str]) -> Option<String> {
+    let cmd = Command::new(program, args.iter().copied()).timeout(DEFAULT_TIMEOUT);
     match runner.run(&cmd).await {
         Ok(out) if out.success() => Some(out.stdout),
         _ => None,
@@ -208,24 +212,20 @@ pub async fn observe_lockspace<R: Runner>(runner: &R, root: &Path, vg: &str) -> 
     } else {
         Daemon::Missing
     };
-    let run = |program: &str, args: &[&str]| {
-        let cmd = Command::new(program, args.iter().copied()).timeout(DEFAULT_TIMEOUT);
-        async move {
-            match runner.run(&cmd).await {
-                Ok(out) if out.success() => Some(out.stdout),
-                _ => None,
-            }
-        }
-    };
-    let status = run("sanlock", &["client", "status", "-D"]).await;
+    let status = stdout_of(runner, "sanlock", &["client", "status", "-D"]).await;
     let (sanlock_uses_watchdog, mut spaces) =
         status.as_deref().map(parse_status).unwrap_or_default();
     let space = lockspace(vg);
-    let hosts = run("sanlock", &["client", "host_status", "-s", &space, "-D"])
-        .await
-        .map(|t| parse_host_status(&t))
-        .unwrap_or_default();
-    let kill_command = run(
+    let hosts = stdout_of(
+        runner,
+        "sanlock",
+        &["client", "host_status", "-s", &space, "-D"],
+    )
+    .await
+    .map(|t| parse_host_status(&t))
+    .unwrap_or_default();
+    let kill_command = stdout_of(
+        runner,
         crate::lvm::LVM,
         &[
             "config",

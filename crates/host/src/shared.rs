@@ -761,27 +761,13 @@ impl<R: Runner> SharedHost for RealSharedHost<R> {
     async fn execute_rejoin(&self, step: &RejoinStep) -> Result<()> {
         match step {
             RejoinStep::RemoveDevice { name } => {
-                let out = self
-                    .lvm
-                    .runner()
-                    .run(&Command::new(
-                        crate::fence::DMSETUP,
-                        ["remove", name.as_str()],
-                    ))
-                    .await?;
+                let cmd = Command::new(crate::fence::DMSETUP, ["remove", name.as_str()]);
+                let out = self.lvm.runner().run(&cmd).await?;
                 // Gone already is what was wanted.
                 if out.success() || out.stderr.contains("No such device") {
                     Ok(())
                 } else {
-                    Err(Error::CommandFailed {
-                        argv: crate::error::Argv(vec![
-                            crate::fence::DMSETUP.to_owned(),
-                            "remove".to_owned(),
-                            name.clone(),
-                        ]),
-                        code: out.code,
-                        stderr: out.stderr,
-                    })
+                    Err(out.into_error(&cmd))
                 }
             }
             RejoinStep::StopLockspace { vg } => self.lvm.lock_stop(vg).await,

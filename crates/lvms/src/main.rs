@@ -480,7 +480,7 @@ async fn cmd_leave(config: &std::path::Path, class: &str, output: Output) -> Res
         }
     }
     anyhow::ensure!(
-        *r.state() == LeaveState::Left,
+        r.has_left(),
         "device class {} is not left yet on this node",
         class.name
     );

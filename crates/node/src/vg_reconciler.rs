@@ -574,7 +574,10 @@ async fn converge<R: Runner, B: Backend, L: NodeHost, S: SharedHost>(
         Converged::Local(report) => local_outcome(vg, config, report),
         Converged::Shared(report) => {
             let creator = hosts.shared.note();
-            let no_host_id = host_id.as_ref().and_then(|id| id.as_ref().err());
+            let no_host_id = host_id
+                .as_ref()
+                .and_then(|id| id.as_ref().err())
+                .map(String::as_str);
             shared_outcome(vg, config, report, no_host_id, creator.as_deref())
         }
     };
@@ -647,11 +650,10 @@ fn shared_outcome(
     vg: &LVMVolumeGroup,
     config: &DeviceClassConfig,
     report: &SharedReport,
-    no_host_id: Option<&String>,
+    no_host_id: Option<&str>,
     creator: Option<&str>,
 ) -> (VGStatus, Action) {
-    let status =
-        volume_group::shared_vg_status(vg, config, report, no_host_id.map(String::as_str), creator);
+    let status = volume_group::shared_vg_status(vg, config, report, no_host_id, creator);
     let requeue = match &report.plan.state {
         shared::State::Joined => Action::requeue(DYNAMIC_REQUEUE),
         shared::State::Waiting { .. } => Action::requeue(SHARED_WAIT),
