@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{DeviceClassConfig, VG_OWNER_TAG};
 
 pub mod fencing;
+pub mod hook;
 pub mod leave;
 pub mod rejoin;
 

@@ -149,5 +149,6 @@ pub fn record_path(dir: &Path, vg: &str) -> PathBuf {
     dir.join(format!("fenced-{vg}"))
 }
 
+pub mod install;
 #[cfg(test)]
 mod tests;

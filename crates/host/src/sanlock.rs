@@ -145,6 +145,23 @@ pub fn parse_kill_command(text: &str) -> String {
         .unwrap_or_default()
 }
 
+/// `global/lvmlockctl_kill_command` as lvmlockctl reads it (`lvm config --typeconfig full`: the
+/// host's lvm.conf and lvmlocal.conf merged); empty when unset, `None` when lvm could not be asked.
+pub async fn kill_command<R: Runner>(runner: &R) -> Option<String> {
+    stdout_of(
+        runner,
+        crate::lvm::LVM,
+        &[
+            "config",
+            "--typeconfig",
+            "full",
+            "global/lvmlockctl_kill_command",
+        ],
+    )
+    .await
+    .map(|t| parse_kill_command(&t))
+}
+
 /// Where wdmd listens.
 pub const WDMD_SOCKET: &str = "/run/wdmd/wdmd.sock";
 
@@ -224,19 +241,7 @@ pub async fn observe_lockspace<R: Runner>(runner: &R, root: &Path, vg: &str) -> 
     .await
     .map(|t| parse_host_status(&t))
     .unwrap_or_default();
-    let kill_command = stdout_of(
-        runner,
-        crate::lvm::LVM,
-        &[
-            "config",
-            "--typeconfig",
-            "full",
-            "global/lvmlockctl_kill_command",
-        ],
-    )
-    .await
-    .map(|t| parse_kill_command(&t))
-    .unwrap_or_default();
+    let kill_command = kill_command(runner).await.unwrap_or_default();
     FencingSeen {
         watchdog: WatchdogSeen {
             device: file("/dev/watchdog").exists(),

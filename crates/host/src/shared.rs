@@ -22,6 +22,10 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -39,6 +43,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     Error, Result,
     devices::Devices,
+    fence::install::{self, FenceHook, Installed},
     lvm::{LVM, classify, split_tags},
     runner::{Command, DEFAULT_TIMEOUT, Output, Runner},
     sanlock::{self, FencingSeen, Renewals},
@@ -551,6 +556,12 @@ pub trait SharedHost: Send + Sync {
         let _ = vg;
         async { None }
     }
+    /// Puts the fence hook on the host, when this host installs it (ADR 0028): the node agent
+    /// does, before it judges a class's fencing under `watchdog: Required`. `None` when it does
+    /// not (test hosts, `lvms standalone`, the admin's opt-out).
+    fn install_fence_hook(&self) -> impl Future<Output = Option<Installed>> + Send {
+        async { None }
+    }
     /// Whether the fence hook fenced this node for `vg` (its record exists); false on test hosts.
     fn is_fenced(&self, vg: &str) -> impl Future<Output = bool> + Send {
         let _ = vg;
@@ -581,6 +592,9 @@ pub trait SharedHost: Send + Sync {
 pub struct RealSharedHost<R> {
     lvm: SharedLvm<R>,
     devices: Devices<R>,
+    /// The fence hook this host installs, if it does; and whether its binary was copied by
+    /// this process already (the binary is compared once, the configuration at every check).
+    fence_hook: Option<(FenceHook, Arc<AtomicBool>)>,
 }
 
 impl<R: Runner + Clone> RealSharedHost<R> {
@@ -588,7 +602,14 @@ impl<R: Runner + Clone> RealSharedHost<R> {
         Self {
             lvm: SharedLvm::new(runner.clone()),
             devices: Devices::new(runner),
+            fence_hook: None,
         }
+    }
+
+    /// Installs `hook` on the host before judging fencing (the node agent's default).
+    pub fn with_fence_hook(mut self, hook: FenceHook) -> Self {
+        self.fence_hook = Some((hook, Arc::new(AtomicBool::new(false))));
+        self
     }
 }
 
@@ -697,6 +718,17 @@ impl<R: Runner> SharedHost for RealSharedHost<R> {
 
     async fn observe_fencing(&self, vg: &str) -> Option<FencingSeen> {
         Some(sanlock::observe_lockspace(self.lvm.runner(), Path::new("/"), vg).await)
+    }
+
+    async fn install_fence_hook(&self) -> Option<Installed> {
+        let (hook, copied) = self.fence_hook.as_ref()?;
+        if !copied.load(Ordering::Relaxed) {
+            match install::install_binary(hook) {
+                Ok(_) => copied.store(true, Ordering::Relaxed),
+                Err(why) => return Some(Installed::Failed(why)),
+            }
+        }
+        Some(install::configure(self.lvm.runner(), hook).await)
     }
 
     async fn is_fenced(&self, vg: &str) -> bool {
@@ -903,14 +935,28 @@ async fn fencing_report<H: SharedHost>(
     host: &H,
     class: &DeviceClassConfig,
 ) -> Option<FencingReport> {
+    // Only shared classes get here; a node-local one would be held to the safe policy.
+    let policy = class
+        .shared()
+        .map_or(fencing::Policy::Required, |s| s.watchdog);
+    // The hook first, so the look below sees what it wrote; under `Disabled` the host is not
+    // touched.
+    let hook_problem = if policy == fencing::Policy::Disabled {
+        None
+    } else {
+        host.install_fence_hook()
+            .await
+            .and_then(|i| i.problem().map(str::to_owned))
+    };
     let seen = host.observe_fencing(&class.name).await?;
-    let mut verdict = fencing::judge(
-        // Only shared classes get here; a node-local one would be held to the safe policy.
-        class
-            .shared()
-            .map_or(fencing::Policy::Required, |s| s.watchdog),
-        &seen.watchdog,
-    );
+    let mut verdict = fencing::judge(policy, &seen.watchdog);
+    if let Some(problem) = hook_problem {
+        verdict.message = if verdict.message.is_empty() {
+            problem
+        } else {
+            format!("{problem}; {}", verdict.message)
+        };
+    }
     if seen.fenced {
         verdict.ready = false;
         verdict.message = fencing::fenced_message(&class.name);

@@ -130,6 +130,10 @@ struct OperatorArgs {
     /// disconnected clusters).
     #[arg(long, env = "LVMS_NODE_DRIVER_REGISTRAR_IMAGE", default_value = lvms_operator::render::DEFAULT_NODE_DRIVER_REGISTRAR_IMAGE)]
     node_driver_registrar_image: String,
+    /// Host directory where the node agents install the fence hook of shared classes, mounted
+    /// into the node pods at the same path (ADR 0028); "" to install it by hand instead.
+    #[arg(long, env = "LVMS_FENCE_HOOK_DIR", default_value = lvms_operator::render::DEFAULT_FENCE_HOOK_DIR)]
+    fence_hook_dir: String,
     /// Image of the `livenessprobe` sidecar in the node DaemonSet.
     #[arg(long, env = "LVMS_LIVENESSPROBE_IMAGE", default_value = lvms_operator::render::DEFAULT_LIVENESSPROBE_IMAGE)]
     livenessprobe_image: String,
@@ -215,6 +219,7 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
     cfg.driver_name = args.driver_name;
     cfg.node_driver_registrar_image = args.node_driver_registrar_image;
     cfg.livenessprobe_image = args.livenessprobe_image;
+    cfg.fence_hook_dir = (!args.fence_hook_dir.is_empty()).then_some(args.fence_hook_dir);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {

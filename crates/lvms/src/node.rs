@@ -67,6 +67,33 @@ pub struct NodeArgs {
     /// At most 110: kubelet gives NodeStage 2 minutes.
     #[arg(long, env = "LVMS_SHARED_STAGE_WAIT", value_name = "SECONDS", default_value_t = lvms_engine::local::DEFAULT_SHARED_STAGE_WAIT.as_secs(), value_parser = clap::value_parser!(u64).range(0..=110))]
     shared_stage_wait: u64,
+    /// Host directory (mounted at the same path in the pod) where the fence hook of shared classes
+    /// goes: this binary is copied there as `lvms`, and `lvmlockctl_kill_command` in the host's
+    /// /etc/lvm/lvmlocal.conf is pointed at it unless the host names another command (ADR 0028).
+    /// Empty: install nothing (the admin installs the hook by hand).
+    #[arg(long, env = "LVMS_FENCE_HOOK_DIR", default_value = lvms_host::fence::install::DEFAULT_DIR)]
+    fence_hook_dir: String,
+}
+
+/// The shared classes' host, installing the fence hook in `fence_hook_dir` unless it is empty.
+fn shared_host(
+    runner: Arc<RealRunner>,
+    fence_hook_dir: &str,
+) -> Result<RealSharedHost<Arc<RealRunner>>> {
+    let host = RealSharedHost::new(runner);
+    if fence_hook_dir.is_empty() {
+        return Ok(host);
+    }
+    if !lvms_core::shared::hook::is_valid_dir(fence_hook_dir) {
+        bail!(
+            "LVMS_FENCE_HOOK_DIR {fence_hook_dir:?} is not an absolute path without spaces: give \
+             one (default {}), or \"\" to install the fence hook by hand",
+            lvms_host::fence::install::DEFAULT_DIR
+        );
+    }
+    let hook = lvms_host::fence::install::FenceHook::new(fence_hook_dir)
+        .context("finding this binary to install as the fence hook")?;
+    Ok(host.with_fence_hook(hook))
 }
 
 /// `xfs` or `ext4`, as the Node service reads a capability's `fs_type`.
@@ -87,7 +114,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
         &args.node_name,
         &args.namespace,
         RealNodeHost::new(runner.clone()),
-        RealSharedHost::new(runner.clone()),
+        shared_host(runner.clone(), &args.fence_hook_dir)?,
         Box::new(move |classes| {
             let shared: Vec<String> = classes
                 .iter()

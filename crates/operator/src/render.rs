@@ -76,6 +76,8 @@ pub const DEFAULT_LIVENESSPROBE_IMAGE: &str = "registry.k8s.io/sig-storage/liven
 /// Default kubelet root directory.
 pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet";
 /// Default priority class of the node pods: they hold node-local storage every consumer pod needs.
+/// Where node agents install the fence hook of shared classes (ADR 0028).
+pub const DEFAULT_FENCE_HOOK_DIR: &str = lvms_core::shared::hook::DEFAULT_DIR;
 pub const DEFAULT_NODE_PRIORITY_CLASS: &str = "system-node-critical";
 
 /// Where the CSI plugin directory is mounted in the node pod's containers.
@@ -97,6 +99,8 @@ pub const ENV_NAMESPACE: &str = "NAMESPACE";
 pub const ENV_CSI_ENDPOINT: &str = "CSI_ENDPOINT";
 /// Environment variable giving the node agent the CSI driver name.
 pub const ENV_CSI_DRIVER_NAME: &str = "CSI_DRIVER_NAME";
+/// The node agent's fence hook directory (empty: none), from [`RenderConfig::fence_hook_dir`].
+pub const ENV_FENCE_HOOK_DIR: &str = "LVMS_FENCE_HOOK_DIR";
 
 /// API group of `VolumeSnapshotClass`.
 pub const SNAPSHOT_GROUP: &str = "snapshot.storage.k8s.io";
@@ -142,6 +146,10 @@ pub struct RenderConfig {
     /// default. When set, the default device class's StorageClass is not annotated as default, so
     /// the cluster never has two defaults (LVMS does the same).
     pub existing_default_storage_class: Option<String>,
+    /// The host directory where node agents install the fence hook of shared classes (ADR 0028;
+    /// default [`DEFAULT_FENCE_HOOK_DIR`]); `None`: they install nothing and the admin does it by
+    /// hand.
+    pub fence_hook_dir: Option<String>,
 }
 
 impl RenderConfig {
@@ -158,6 +166,7 @@ impl RenderConfig {
             priority_class_name: DEFAULT_NODE_PRIORITY_CLASS.to_owned(),
             snapshot_api_available: false,
             existing_default_storage_class: None,
+            fence_hook_dir: Some(DEFAULT_FENCE_HOOK_DIR.to_owned()),
         }
     }
 
@@ -205,6 +214,17 @@ impl RenderConfig {
                     "{:?} is not an absolute directory below /: use the kubelet's --root-dir \
                      (default {DEFAULT_KUBELET_DIR})",
                     self.kubelet_dir
+                ),
+            );
+        }
+        if let Some(dir) = &self.fence_hook_dir
+            && !lvms_core::shared::hook::is_valid_dir(dir)
+        {
+            return bad(
+                "fence_hook_dir",
+                format!(
+                    "{dir:?} is not an absolute directory without blanks: use \
+                     {DEFAULT_FENCE_HOOK_DIR}, or leave it empty to install the fence hook by hand"
                 ),
             );
         }
@@ -751,7 +771,7 @@ fn host_volumes(cfg: &RenderConfig) -> Vec<HostVolume> {
         host_path: host_path.to_owned(),
         type_,
     };
-    vec![
+    let mut volumes = vec![
         // kubelet creates it; a missing one means a wrong kubelet_dir, which should fail loudly.
         v(
             "registration-dir",
@@ -783,7 +803,13 @@ fn host_volumes(cfg: &RenderConfig) -> Vec<HostVolume> {
         // The udev database (lsblk, blkid, lvm's udev checks) and sysfs.
         v("run-udev", "/run/udev", None),
         v("sys", "/sys", None),
-    ]
+    ];
+    // The fence hook's binary, at the same path as on the host: lvmlockctl runs it there
+    // (ADR 0028).
+    if let Some(dir) = &cfg.fence_hook_dir {
+        volumes.push(v("fence-hook", dir, Some("DirectoryOrCreate")));
+    }
+    volumes
 }
 
 fn mount(name: &str, path: &str, propagation: Option<&str>) -> VolumeMount {
@@ -845,6 +871,10 @@ fn daemon_set(owner: &Owner<'_>, cfg: &RenderConfig, cluster: &LVMCluster) -> Da
             env_from_field(ENV_NAMESPACE, "metadata.namespace"),
             env_value(ENV_CSI_ENDPOINT, format!("unix://{socket}")),
             env_value(ENV_CSI_DRIVER_NAME, cfg.driver_name.clone()),
+            env_value(
+                ENV_FENCE_HOOK_DIR,
+                cfg.fence_hook_dir.clone().unwrap_or_default(),
+            ),
         ]),
         // LVM and mounts need root and the host's devices; Bidirectional propagation (mounts made
         // here must reach kubelet) requires a privileged container.
@@ -870,20 +900,29 @@ fn daemon_set(owner: &Owner<'_>, cfg: &RenderConfig, cluster: &LVMCluster) -> Da
             },
         ]),
         liveness_probe: Some(healthz_probe("healthz")),
-        volume_mounts: Some(vec![
-            mount("plugin-dir", CSI_SOCKET_DIR, None),
-            // At the host's path: kubelet hands NodeStage/NodePublish host paths.
-            mount("kubelet-dir", cfg.kubelet_dir(), Some("Bidirectional")),
-            mount("device-dir", "/dev", Some("HostToContainer")),
-            mount("run-lvm", "/run/lvm", None),
-            mount("run-lock-lvm", "/run/lock/lvm", None),
-            mount("run-sanlock", "/run/sanlock", None),
-            mount("run-wdmd", "/run/wdmd", None),
-            mount("run-lvms", "/run/lvms", None),
-            mount("etc-lvm", "/etc/lvm", None),
-            mount("run-udev", "/run/udev", Some("HostToContainer")),
-            mount("sys", "/sys", Some("HostToContainer")),
-        ]),
+        volume_mounts: Some(
+            vec![
+                mount("plugin-dir", CSI_SOCKET_DIR, None),
+                // At the host's path: kubelet hands NodeStage/NodePublish host paths.
+                mount("kubelet-dir", cfg.kubelet_dir(), Some("Bidirectional")),
+                mount("device-dir", "/dev", Some("HostToContainer")),
+                mount("run-lvm", "/run/lvm", None),
+                mount("run-lock-lvm", "/run/lock/lvm", None),
+                mount("run-sanlock", "/run/sanlock", None),
+                mount("run-wdmd", "/run/wdmd", None),
+                mount("run-lvms", "/run/lvms", None),
+                mount("etc-lvm", "/etc/lvm", None),
+                mount("run-udev", "/run/udev", Some("HostToContainer")),
+                mount("sys", "/sys", Some("HostToContainer")),
+            ]
+            .into_iter()
+            .chain(
+                cfg.fence_hook_dir
+                    .as_deref()
+                    .map(|d| mount("fence-hook", d, None)),
+            )
+            .collect(),
+        ),
         ..Container::default()
     };
 

@@ -153,6 +153,10 @@ struct Script {
     /// What a fenced node sees (`None`: it cannot look, as on a test host).
     fenced_seen: Option<FencedSeen>,
     rejoin_steps: Mutex<Vec<RejoinStep>>,
+    /// What installing the fence hook ends with (`None`: this host does not install it), and
+    /// how often it was asked.
+    hook: Option<crate::fence::install::Installed>,
+    hook_calls: Mutex<u32>,
 }
 
 impl Script {
@@ -203,6 +207,10 @@ impl SharedHost for Script {
             f.fenced = self.fenced();
             f
         })
+    }
+    async fn install_fence_hook(&self) -> Option<crate::fence::install::Installed> {
+        *self.hook_calls.lock().unwrap() += 1;
+        self.hook.clone()
     }
     async fn is_fenced(&self, _: &str) -> bool {
         self.fenced()
@@ -268,6 +276,8 @@ fn script(failures: u32) -> Script {
         fencing: None,
         fenced_seen: None,
         rejoin_steps: Mutex::new(vec![]),
+        hook: None,
+        hook_calls: Mutex::new(0),
     }
 }
 
@@ -313,6 +323,52 @@ async fn a_joined_class_with_armed_fencing_is_ready_and_one_without_is_not() {
     };
     let report = converge(&host, &class(), None).await.unwrap();
     assert!(report.is_joined() && !report.is_ready(), "{report:?}");
+}
+
+#[tokio::test]
+async fn a_hook_the_host_refuses_is_reported_and_a_disabled_class_never_installs_it() {
+    use crate::fence::install::Installed;
+    let mut foreign = armed(false);
+    foreign.watchdog.kill_command = "/usr/sbin/site-fence".into();
+    let host = Script {
+        fencing: Some(foreign.clone()),
+        hook: Some(Installed::Refused(
+            "lvmlockctl_kill_command is already \"/usr/sbin/site-fence\"".into(),
+        )),
+        ..script(0)
+    };
+    let report = converge(&host, &class(), None).await.unwrap();
+    assert!(report.is_joined() && !report.is_ready(), "{report:?}");
+    let message = &report.fencing.as_ref().unwrap().verdict.message;
+    assert!(
+        message.starts_with("lvmlockctl_kill_command is already \"/usr/sbin/site-fence\""),
+        "{message}"
+    );
+    assert_eq!(*host.hook_calls.lock().unwrap(), 1);
+
+    // Installed: the look after it sees the hook, and the class is served.
+    let host = Script {
+        fencing: Some(armed(false)),
+        hook: Some(Installed::Done { changed: vec![] }),
+        ..script(0)
+    };
+    let report = converge(&host, &class(), None).await.unwrap();
+    assert!(report.is_ready(), "{report:?}");
+    assert_eq!(*host.hook_calls.lock().unwrap(), 1);
+
+    // The admin opted out of fencing: the host is not touched.
+    let mut disabled = class();
+    if let Access::Shared(s) = &mut disabled.access {
+        s.watchdog = lvms_core::config::WatchdogPolicy::Disabled;
+    }
+    let host = Script {
+        fencing: Some(foreign),
+        hook: Some(Installed::Done { changed: vec![] }),
+        ..script(0)
+    };
+    let report = converge(&host, &disabled, None).await.unwrap();
+    assert!(report.is_ready(), "{report:?}");
+    assert_eq!(*host.hook_calls.lock().unwrap(), 0);
 }
 
 #[tokio::test]

@@ -130,6 +130,8 @@ metadata:
           value: unix:///csi/csi.sock
         - name: CSI_DRIVER_NAME
           value: topolvm.io
+        - name: LVMS_FENCE_HOOK_DIR
+          value: /var/lib/lvms/bin
         securityContext:
           privileged: true
           runAsUser: 0
@@ -175,6 +177,8 @@ metadata:
         - name: sys
           mountPath: /sys
           mountPropagation: HostToContainer
+        - name: fence-hook
+          mountPath: /var/lib/lvms/bin
       - name: node-driver-registrar
         image: registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.17.0
         args:
@@ -253,6 +257,10 @@ metadata:
       - name: sys
         hostPath:
           path: /sys
+      - name: fence-hook
+        hostPath:
+          path: /var/lib/lvms/bin
+          type: DirectoryOrCreate
 "#,
         owner = owner_refs(2),
     ))
@@ -752,6 +760,7 @@ fn configuration_flows_into_driver_paths_and_images() {
         livenessprobe_image: "mirror.local/liveness:v1".into(),
         node_command: vec!["/usr/bin/lvms".into(), "node".into()],
         priority_class_name: "storage-critical".into(),
+        fence_hook_dir: Some("/opt/lvms/bin".into()),
         ..cfg()
     };
     let r = ok(&cluster(SINGLE_THIN), &cfg);
@@ -797,8 +806,44 @@ fn configuration_flows_into_driver_paths_and_images() {
             {"name": "etc-lvm", "hostPath": {"path": "/etc/lvm", "type": "DirectoryOrCreate"}},
             {"name": "run-udev", "hostPath": {"path": "/run/udev"}},
             {"name": "sys", "hostPath": {"path": "/sys"}},
+            {"name": "fence-hook", "hostPath": {"path": "/opt/lvms/bin", "type": "DirectoryOrCreate"}},
         ])
     );
+    assert_eq!(
+        pod["containers"][0]["env"][4],
+        json!({"name": "LVMS_FENCE_HOOK_DIR", "value": "/opt/lvms/bin"})
+    );
+}
+
+#[test]
+fn a_fence_hook_installed_by_hand_mounts_no_hook_directory_and_a_bad_one_is_refused() {
+    let by_hand = RenderConfig {
+        fence_hook_dir: None,
+        ..cfg()
+    };
+    let pod =
+        json(&ok(&cluster(SINGLE_THIN), &by_hand).daemon_set)["spec"]["template"]["spec"].take();
+    assert_eq!(
+        pod["containers"][0]["env"][4],
+        json!({"name": "LVMS_FENCE_HOOK_DIR", "value": ""})
+    );
+    let names = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert!(!names(&pod["volumes"]).contains(&"fence-hook".to_owned()));
+    assert!(!names(&pod["containers"][0]["volumeMounts"]).contains(&"fence-hook".to_owned()));
+
+    let relative = RenderConfig {
+        fence_hook_dir: Some("var/lib/lvms".into()),
+        ..cfg()
+    };
+    let e = err(&cluster(SINGLE_THIN), &relative).to_string();
+    assert!(e.contains("fence_hook_dir"), "{e}");
+    assert!(e.contains("/var/lib/lvms/bin"), "{e}");
 }
 
 #[test]
