@@ -951,6 +951,11 @@ pub struct SharedVGStatus {
     /// sorted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub live_host_ids: Vec<i32>,
+    /// Host ids this node's sanlock counts dead in the class's lockspace (no renewal for the
+    /// host-dead time, not left cleanly), sorted: the operator's evidence that a node that is not
+    /// Ready has stopped writing to the class (ADR 0029).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dead_host_ids: Vec<i32>,
 }
 
 /// One node's fencing of a shared class: what stops it writing once it has lost its leases.
@@ -1237,12 +1242,13 @@ mod tests {
                 message: String::new(),
             }),
             live_host_ids: vec![1, 2],
+            dead_host_ids: vec![3],
             ..SharedVGStatus::default()
         };
         assert_eq!(
             serde_json::to_value(&new).ok(),
             Some(
-                serde_json::json!({"lockspace": "Joined", "liveHostIds": [1, 2],
+                serde_json::json!({"lockspace": "Joined", "liveHostIds": [1, 2], "deadHostIds": [3],
                 "fencing": {"watchdog": "Softdog", "killHook": true, "leaseRenewalFailures": 2}})
             )
         );

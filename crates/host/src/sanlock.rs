@@ -89,6 +89,12 @@ impl HostLease {
         self.timestamp != 0 && self.silent() < u64::from(self.timing().host_dead_seconds())
     }
 
+    /// Whether sanlock counts the host dead: it has not left, and its timestamp has not changed for
+    /// its host-dead time (its leases are free; with fencing armed it no longer writes).
+    pub fn dead(&self) -> bool {
+        self.timestamp != 0 && !self.live()
+    }
+
     /// For a host that stopped renewing (its timestamp unchanged for more than two renewal
     /// intervals) whose leases sanlock still counts as held: how long it has been silent and the
     /// seconds until sanlock frees its leases, both as this host counts them — from when it last

@@ -516,6 +516,12 @@ pub struct FencingReport {
     pub renewals: Option<Renewals>,
     /// Host ids whose leases sanlock on this node sees renewed (this node's included).
     pub live_host_ids: Vec<u16>,
+    /// Host ids sanlock on this node counts dead: silent for their host-dead time, without having
+    /// left the lockspace (their leases are free).
+    pub dead_host_ids: Vec<u16>,
+    /// Host ids that stopped renewing and are not dead yet (sanlock still counts their leases
+    /// held): the node looks again sooner, to report their death when it comes.
+    pub silent_host_ids: Vec<u16>,
     /// The fence hook fenced this node (see [`fencing::fenced_message`]).
     pub fenced: bool,
 }
@@ -984,6 +990,18 @@ async fn fencing_report<H: SharedHost>(
             .hosts
             .iter()
             .filter(|h| h.live())
+            .map(|h| h.host_id)
+            .collect(),
+        dead_host_ids: seen
+            .hosts
+            .iter()
+            .filter(|h| h.dead())
+            .map(|h| h.host_id)
+            .collect(),
+        silent_host_ids: seen
+            .hosts
+            .iter()
+            .filter(|h| h.frees_in().is_some())
             .map(|h| h.host_id)
             .collect(),
     })

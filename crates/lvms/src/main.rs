@@ -134,6 +134,13 @@ struct OperatorArgs {
     /// into the node pods at the same path (ADR 0028); "" to install it by hand instead.
     #[arg(long, env = "LVMS_FENCE_HOOK_DIR", default_value = lvms_operator::render::DEFAULT_FENCE_HOOK_DIR)]
     fence_hook_dir: String,
+    /// When a node is not Ready and sanlock on another node counts its lease dead in a shared class
+    /// with fencing armed, also taint it `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`,
+    /// which makes Kubernetes release every pod and every driver's volume on it (ADR 0029). Off: only
+    /// the pods whose volumes are all that class's are deleted. Turn on only where a node whose
+    /// lease died is surely off (reset by its watchdog).
+    #[arg(long, env = "LVMS_SHARED_DEAD_NODE_OUT_OF_SERVICE")]
+    shared_dead_node_out_of_service: bool,
     /// Image of the `livenessprobe` sidecar in the node DaemonSet.
     #[arg(long, env = "LVMS_LIVENESSPROBE_IMAGE", default_value = lvms_operator::render::DEFAULT_LIVENESSPROBE_IMAGE)]
     livenessprobe_image: String,
@@ -268,6 +275,10 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
         client.clone(),
         namespace,
         metrics.clone(),
+        lvms_operator::controller::node_removal::DeathPolicy {
+            driver: driver_name.clone(),
+            out_of_service_taint: args.shared_dead_node_out_of_service,
+        },
         stopped(),
     );
     let eviction = {

@@ -654,7 +654,14 @@ fn shared_outcome(
     creator: Option<&str>,
 ) -> (VGStatus, Action) {
     let status = volume_group::shared_vg_status(vg, config, report, no_host_id, creator);
+    let watching = report
+        .fencing
+        .as_ref()
+        .is_some_and(|f| !f.silent_host_ids.is_empty());
     let requeue = match &report.plan.state {
+        // A host stopped renewing: report its death soon after sanlock counts it (the operator
+        // acts on it, ADR 0029).
+        shared::State::Joined if watching => Action::requeue(SHARED_WAIT),
         shared::State::Joined => Action::requeue(DYNAMIC_REQUEUE),
         shared::State::Waiting { .. } => Action::requeue(SHARED_WAIT),
         shared::State::Failed { .. } => Action::requeue(RETRY),

@@ -319,6 +319,11 @@ pub fn shared_vg_status(
                 .as_ref()
                 .map(|f| f.live_host_ids.iter().map(|id| i32::from(*id)).collect())
                 .unwrap_or_default(),
+            dead_host_ids: report
+                .fencing
+                .as_ref()
+                .map(|f| f.dead_host_ids.iter().map(|id| i32::from(*id)).collect())
+                .unwrap_or_default(),
         })),
         ..VGStatus::default()
     }

@@ -34,9 +34,30 @@ pub struct Handover {
     /// The node it names now.
     pub from: String,
     /// Why that node no longer answers.
-    pub why: NodeState,
+    pub why: Why,
     /// The node it will name.
     pub to: String,
+}
+
+/// Why a node's volumes move.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Why {
+    /// What Kubernetes says of it: deleted, or out of service.
+    State(NodeState),
+    /// Not Ready, and sanlock on another node counts its lease dead with fencing armed
+    /// ([`crate::death`]).
+    LeaseDead,
+}
+
+impl std::fmt::Display for Why {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::State(s) => s.fmt(f),
+            Self::LeaseDead => f.write_str(
+                "is not Ready and sanlock on another node counts its lease dead (fenced)",
+            ),
+        }
+    }
 }
 
 /// A volume of a gone node that stays where it is, and why.
@@ -89,12 +110,15 @@ fn can_take(node: &Node, class: &str) -> bool {
 }
 
 /// Plans the moves of the shared classes' volumes (`shared`, with `default` for an empty class)
-/// named by `volumes` off nodes that are gone or out of service, given every Node of the cluster.
+/// named by `volumes` off nodes that are gone or out of service, or dead in the volume's class
+/// with fencing armed (`dead`: node and class, from [`crate::death::dead_nodes`]), given every
+/// Node of the cluster.
 pub fn plan(
     volumes: &[LogicalVolume],
     shared: &BTreeSet<String>,
     default: Option<&str>,
     nodes: &[Node],
+    dead: &BTreeSet<(String, String)>,
 ) -> Plan {
     let by_name: BTreeMap<String, &Node> = nodes.iter().map(|n| (n.name_any(), n)).collect();
     let mut load: BTreeMap<&str, usize> = BTreeMap::new();
@@ -115,7 +139,8 @@ pub fn plan(
         }
         let from = v.spec.node_name.as_str();
         let why = match node_state(by_name.get(from).copied()) {
-            Some(s @ (NodeState::Gone | NodeState::OutOfService)) => s,
+            Some(s @ (NodeState::Gone | NodeState::OutOfService)) => Why::State(s),
+            _ if dead.contains(&(from.to_owned(), class.to_owned())) => Why::LeaseDead,
             _ => continue,
         };
         let target = by_name

@@ -21,6 +21,7 @@
 
 pub mod certificate;
 pub mod controller;
+pub mod death;
 pub mod eviction;
 pub mod finalizer;
 pub mod handover;

@@ -15,6 +15,8 @@
 //! - `node_cleanups_total`: nodes that no longer exist whose objects and finalizers were released;
 //! - `eviction_claim_deletions_total`: claims the eviction controller deleted;
 //! - `shared_volume_handovers_total`: volumes of shared classes handed from a gone node to another.
+//! - `dead_node_pod_deletions_total`: pods deleted from nodes dead in a fenced shared class
+//!   (ADR 0029).
 //!
 //! From the nodes' reports of shared classes (`LVMVolumeGroupNodeStatus`), prefixed `lvms_` like
 //! the node agents' metrics, one series per shared class and node that reports it:
@@ -174,6 +176,7 @@ pub struct Metrics {
     node_cleanups: Counter,
     eviction_claim_deletions: Counter,
     shared_volume_handovers: Counter,
+    dead_node_pod_deletions: Counter,
     shared_joined: Family<SharedLabels, Gauge>,
     shared_renewal_failures: Family<SharedLabels, Gauge>,
     shared_fencing_armed: Family<SharedLabels, Gauge>,
@@ -245,6 +248,13 @@ impl Metrics {
              service to another node of the class",
             shared_volume_handovers.clone(),
         );
+        let dead_node_pod_deletions = Counter::default();
+        operator.register(
+            "dead_node_pod_deletions",
+            "Pods deleted from nodes that are not Ready and whose sanlock lease another node counts \
+             dead in a shared class with fencing armed, so they run elsewhere",
+            dead_node_pod_deletions.clone(),
+        );
         let eviction_claim_deletions = Counter::default();
         operator.register(
             "eviction_claim_deletions",
@@ -280,6 +290,7 @@ impl Metrics {
             webhook_requests,
             node_cleanups,
             shared_volume_handovers,
+            dead_node_pod_deletions,
             eviction_claim_deletions,
             shared_joined,
             shared_renewal_failures,
@@ -415,6 +426,11 @@ impl Metrics {
     /// Counts volumes handed to another node of their shared class.
     pub fn shared_volume_handovers(&self, volumes: u64) {
         self.shared_volume_handovers.inc_by(volumes);
+    }
+
+    /// Counts pods deleted from nodes dead in a fenced shared class.
+    pub fn dead_node_pod_deletions(&self, pods: u64) {
+        self.dead_node_pod_deletions.inc_by(pods);
     }
 
     /// Counts one claim the eviction controller deleted.

@@ -48,19 +48,20 @@ fn host_status_lists_each_host_and_whether_it_still_renews() {
         ..hosts[0].clone()
     };
     assert!(
-        !seen_long_ago.live(),
+        !seen_long_ago.live() && seen_long_ago.dead(),
         "140 s without a change at io timeout 10: dead"
     );
     let just_before = HostLease {
         last_live: 361,
         ..seen_long_ago.clone()
     };
-    assert!(just_before.live());
+    assert!(just_before.live() && !just_before.dead());
     let left = HostLease {
         timestamp: 0,
-        ..hosts[0].clone()
+        ..seen_long_ago.clone()
     };
     assert!(!left.live(), "a host that left cleanly holds nothing");
+    assert!(!left.dead(), "and did not die: it left");
 }
 
 #[test]

@@ -326,6 +326,29 @@ async fn a_joined_class_with_armed_fencing_is_ready_and_one_without_is_not() {
 }
 
 #[tokio::test]
+async fn the_report_lists_hosts_live_dead_and_silent_as_sanlock_sees_them() {
+    let lease = |host_id, last_live| crate::sanlock::HostLease {
+        host_id,
+        timestamp: 7,
+        last_check: 300,
+        last_live,
+        io_timeout: 10,
+    };
+    let mut seen = armed(false);
+    // 2 renews; 1 has been silent 150 s (dead at 140); 3 for 50 s (stopped, not dead yet).
+    seen.hosts = vec![lease(1, 150), lease(2, 295), lease(3, 250)];
+    let host = Script {
+        fencing: Some(seen),
+        ..script(0)
+    };
+    let report = converge(&host, &class(), None).await.unwrap();
+    let f = report.fencing.as_ref().unwrap();
+    assert_eq!(f.live_host_ids, [2, 3]);
+    assert_eq!(f.dead_host_ids, [1]);
+    assert_eq!(f.silent_host_ids, [3]);
+}
+
+#[tokio::test]
 async fn a_hook_the_host_refuses_is_reported_and_a_disabled_class_never_installs_it() {
     use crate::fence::install::Installed;
     let mut foreign = armed(false);

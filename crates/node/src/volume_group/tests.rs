@@ -479,6 +479,8 @@ fn fenced_report(policy: fencing::Policy, seen: &fencing::WatchdogSeen) -> Share
                 ..Default::default()
             }),
             live_host_ids: vec![1, 3],
+            dead_host_ids: vec![2],
+            silent_host_ids: vec![],
         }),
         ..report(shared::State::Joined, Some(3), 0)
     }
@@ -510,6 +512,7 @@ fn a_joined_class_without_armed_fencing_fails_with_the_fix_unless_disabled() {
     let shared = unarmed.shared.unwrap();
     assert_eq!(shared.lockspace, LockspaceState::Joined);
     assert_eq!(shared.live_host_ids, vec![1, 3]);
+    assert_eq!(shared.dead_host_ids, vec![2]);
     let f = shared.fencing.unwrap();
     assert_eq!(f.watchdog, lvms_api::WatchdogState::Missing);
     assert!(!f.kill_hook);

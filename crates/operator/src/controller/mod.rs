@@ -813,6 +813,7 @@ where
     }
 }
 
+pub mod dead_nodes;
 pub mod eviction;
 pub mod node_removal;
 

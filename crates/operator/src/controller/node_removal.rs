@@ -33,6 +33,7 @@ use lvms_api::{
 };
 use tracing::{info, warn};
 
+pub use super::dead_nodes::{DeathPolicy, release_dead_nodes};
 use super::{Result, delete, kube_err};
 use crate::{
     finalizer::{NodeCleanup, node_removal},
@@ -44,8 +45,12 @@ use crate::{
 pub const NODE_REMOVAL_CONTROLLER: &str = "node-removal";
 /// The `controller` label of the handover's metrics.
 pub const HANDOVER_CONTROLLER: &str = "shared-volume-handover";
+/// The `controller` label (and the Events' reporter) of the dead-node passes.
+pub const DEATH_CONTROLLER: &str = "shared-dead-node";
 /// How often a pass runs without a Node deletion to trigger it.
 pub const NODE_REMOVAL_INTERVAL: Duration = Duration::from_secs(60);
+/// The shortest time between two passes that changes triggered.
+pub const MIN_PASS_GAP: Duration = Duration::from_secs(5);
 
 /// Merge patch setting `metadata.finalizers` to `finalizers`, valid only at `resource_version`.
 fn finalizers_patch(finalizers: &[String], resource_version: Option<&str>) -> serde_json::Value {
@@ -149,7 +154,11 @@ pub async fn release_gone_nodes(client: &Client, ns: &str) -> Result<Vec<NodeCle
 /// gone or out of service get another node of their class ([`handover::plan`]); returns the plan.
 /// Stops at the first failed call (the next pass retries; a volume changed since it was read is
 /// refused with 409 and planned again from fresh data).
-pub async fn hand_over_shared_volumes(client: &Client, ns: &str) -> Result<Plan> {
+pub async fn hand_over_shared_volumes(
+    client: &Client,
+    ns: &str,
+    dead: &BTreeSet<(String, String)>,
+) -> Result<Plan> {
     let clusters = Api::<LVMCluster>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
         .await
@@ -167,7 +176,13 @@ pub async fn hand_over_shared_volumes(client: &Client, ns: &str) -> Result<Plan>
         .list(&ListParams::default())
         .await
         .map_err(kube_err("listing LogicalVolumes"))?;
-    let plan = handover::plan(&volumes.items, &shared, default.as_deref(), &nodes.items);
+    let plan = handover::plan(
+        &volumes.items,
+        &shared,
+        default.as_deref(),
+        &nodes.items,
+        dead,
+    );
     for m in &plan.moves {
         let Some(volume) = volumes.items.iter().find(|v| v.name_any() == m.volume) else {
             continue;
@@ -198,35 +213,69 @@ pub async fn hand_over_shared_volumes(client: &Client, ns: &str) -> Result<Plan>
     Ok(plan)
 }
 
-/// Runs passes of [`release_gone_nodes`] and [`hand_over_shared_volumes`] in `ns` until
-/// `shutdown` completes: at start, on every Node deletion, and every [`NODE_REMOVAL_INTERVAL`].
+/// Runs passes of [`release_gone_nodes`], [`release_dead_nodes`] and
+/// [`hand_over_shared_volumes`] in `ns` until `shutdown` completes: at start, on every Node
+/// deletion, when a Node or a node status in `ns` changes (at most one pass per
+/// [`MIN_PASS_GAP`]), and every [`NODE_REMOVAL_INTERVAL`].
 pub async fn run(
     client: Client,
     ns: String,
     metrics: Arc<Metrics>,
+    policy: DeathPolicy,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
-    let deletions = watcher(
+    let recorder = lvms_k8s::reconciler::recorder(client.clone(), DEATH_CONTROLLER);
+    let nodes = watcher(
         Api::<PartialObjectMeta<Node>>::all(client.clone()),
         watcher::Config::default(),
     )
     .default_backoff()
     .filter_map(|event| {
         futures::future::ready(match event {
-            Ok(watcher::Event::Delete(node)) => Some(node.name_any()),
+            Ok(watcher::Event::Delete(node)) => Some(Some(node.name_any())),
+            Ok(watcher::Event::Apply(_)) => Some(None),
             _ => None,
         })
     });
-    let mut deletions = std::pin::pin!(deletions);
+    // A node's sanlock reporting a dead host shows here first (`shared.deadHostIds`).
+    let statuses = watcher(
+        Api::<PartialObjectMeta<LVMVolumeGroupNodeStatus>>::namespaced(client.clone(), &ns),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .filter_map(|event| {
+        futures::future::ready(match event {
+            Ok(watcher::Event::Apply(_)) => Some(None),
+            _ => None,
+        })
+    });
+    let changes = futures::stream::select(nodes, statuses);
+    let mut changes = std::pin::pin!(changes);
     let mut shutdown = std::pin::pin!(shutdown);
     let mut tick = tokio::time::interval(NODE_REMOVAL_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_pass: Option<std::time::Instant> = None;
     loop {
         tokio::select! {
             () = &mut shutdown => return,
             _ = tick.tick() => {}
-            Some(node) = deletions.next() => info!(%node, "node deleted"),
+            Some(deleted) = changes.next() => {
+                if let Some(node) = deleted {
+                    info!(%node, "node deleted");
+                }
+                // Changes come in bursts (every status of a node, every Node heartbeat): one
+                // pass for a burst.
+                if let Some(gap) = last_pass.map(|t| MIN_PASS_GAP.saturating_sub(t.elapsed()))
+                    && !gap.is_zero()
+                {
+                    tokio::select! {
+                        () = &mut shutdown => return,
+                        () = tokio::time::sleep(gap) => {}
+                    }
+                }
+            }
         }
+        last_pass = Some(std::time::Instant::now());
         let started = std::time::Instant::now();
         let res = release_gone_nodes(&client, &ns).await;
         metrics.reconciled(NODE_REMOVAL_CONTROLLER, res.is_ok(), started.elapsed());
@@ -238,7 +287,20 @@ pub async fn run(
             Err(e) => warn!(error = %e, "releasing gone nodes failed; retrying on the next pass"),
         }
         let started = std::time::Instant::now();
-        let res = hand_over_shared_volumes(&client, &ns).await;
+        let res = release_dead_nodes(&client, &ns, &policy, &recorder).await;
+        metrics.reconciled(DEATH_CONTROLLER, res.is_ok(), started.elapsed());
+        let dead = match res {
+            Ok(released) => {
+                metrics.dead_node_pod_deletions(released.deleted.len() as u64);
+                released.dead
+            }
+            Err(e) => {
+                warn!(error = %e, "looking for dead nodes of shared classes failed; retrying on the next pass");
+                BTreeSet::new()
+            }
+        };
+        let started = std::time::Instant::now();
+        let res = hand_over_shared_volumes(&client, &ns, &dead).await;
         metrics.reconciled(HANDOVER_CONTROLLER, res.is_ok(), started.elapsed());
         match res {
             Ok(plan) => metrics.shared_volume_handovers(plan.moves.len() as u64),

@@ -63,7 +63,13 @@ fn volume(name: &str, class: &str, node: &str) -> LogicalVolume {
 
 fn plan_for(volumes: &[LogicalVolume], nodes: &[Node]) -> Plan {
     let (shared, default) = shared_classes(&[cluster()]);
-    plan(volumes, &shared, default.as_deref(), nodes)
+    plan(
+        volumes,
+        &shared,
+        default.as_deref(),
+        nodes,
+        &BTreeSet::new(),
+    )
 }
 
 fn moves(p: &Plan) -> Vec<(&str, &str, &str)> {
@@ -84,7 +90,7 @@ fn shared_classes_and_the_default_come_from_the_clusters() {
 fn a_deleted_nodes_shared_volumes_move_to_a_ready_node_of_the_class() {
     let p = plan_for(&[volume("csi-a", SAN, "gone")], &[up("n2")]);
     assert_eq!(moves(&p), [("csi-a", "gone", "n2")]);
-    assert_eq!(p.moves[0].why, NodeState::Gone);
+    assert_eq!(p.moves[0].why, Why::State(NodeState::Gone));
     assert_eq!(p.moves[0].class, SAN);
     assert!(p.stuck.is_empty());
 }
@@ -96,7 +102,34 @@ fn a_not_ready_node_tainted_out_of_service_gives_up_its_shared_volumes() {
         &[out_of_service("n1", "Unknown"), up("n2")],
     );
     assert_eq!(moves(&p), [("csi-a", "n1", "n2")]);
-    assert_eq!(p.moves[0].why, NodeState::OutOfService);
+    assert_eq!(p.moves[0].why, Why::State(NodeState::OutOfService));
+}
+
+#[test]
+fn a_node_dead_in_the_class_gives_up_its_volumes_of_that_class_only() {
+    let (shared, default) = shared_classes(&[cluster()]);
+    let n1 = node("n1", true, "Unknown", json!([]));
+    let volumes = [volume("csi-a", SAN, "n1"), volume("csi-b", "local", "n1")];
+    let dead: BTreeSet<(String, String)> = [("n1".to_owned(), SAN.to_owned())].into();
+    let p = plan(
+        &volumes,
+        &shared,
+        default.as_deref(),
+        &[n1.clone(), up("n2")],
+        &dead,
+    );
+    assert_eq!(moves(&p), [("csi-a", "n1", "n2")]);
+    assert_eq!(p.moves[0].why, Why::LeaseDead);
+    // Dead in another class: nothing of this one moves.
+    let elsewhere: BTreeSet<(String, String)> = [("n1".to_owned(), "other".to_owned())].into();
+    let p = plan(
+        &volumes,
+        &shared,
+        default.as_deref(),
+        &[n1, up("n2")],
+        &elsewhere,
+    );
+    assert_eq!(p, Plan::default());
 }
 
 #[test]
@@ -146,9 +179,16 @@ fn an_empty_class_is_the_default_one_which_may_be_shared() {
         &shared,
         Some(SAN),
         &[up("n2")],
+        &BTreeSet::new(),
     );
     assert_eq!(moves(&p), [("csi-a", "gone", "n2")]);
-    let p = plan(&[volume("csi-a", "", "gone")], &shared, None, &[up("n2")]);
+    let p = plan(
+        &[volume("csi-a", "", "gone")],
+        &shared,
+        None,
+        &[up("n2")],
+        &BTreeSet::new(),
+    );
     assert_eq!(p, Plan::default());
 }
 

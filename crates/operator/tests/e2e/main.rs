@@ -37,6 +37,7 @@
 mod bench;
 mod cleanup;
 mod crds;
+mod dead_nodes;
 mod eviction;
 mod host_ids;
 mod installed;
