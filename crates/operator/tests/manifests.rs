@@ -107,7 +107,9 @@ const OPERATOR_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
         &["get", "list", "create", "patch", "delete"],
         Scope::Cluster,
     ),
-    ("", "nodes", &["get", "list", "watch"], Scope::Cluster),
+    // patch: the out-of-service taint on a dead node of a shared class, when opted in
+    // (src/controller/dead_nodes.rs).
+    ("", "nodes", &["get", "list", "watch", "patch"], Scope::Cluster),
     // The LVMCluster's deletion counts claims and volumes; the eviction controller reads a claim,
     // its volume and node, and deletes the claim.
     (
@@ -126,7 +128,9 @@ const OPERATOR_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
     ),
     // The eviction controller (src/controller/eviction.rs): every pod watched, the pod's
     // StatefulSet read, events on claims and StatefulSets in any namespace.
-    ("", "pods", &["list", "watch"], Scope::Cluster),
+    // A dead node's pods whose volumes are all its dead shared class's are deleted
+    // (src/controller/dead_nodes.rs).
+    ("", "pods", &["list", "watch", "delete"], Scope::Cluster),
     ("apps", "statefulsets", &["get"], Scope::Cluster),
     (
         "events.k8s.io",

@@ -20,7 +20,7 @@ pub const DEFAULT_DIR: &str = "/var/lib/lvms/bin";
 /// Whether `dir` can hold the hook: the command `<dir>/lvms fence` is one lvms fence hook (an
 /// absolute path without blanks).
 pub fn is_valid_dir(dir: &str) -> bool {
-    is_fence_hook(&command(&format!("{}/lvms", dir.trim_end_matches('/'))))
+    dir.starts_with('/') && is_fence_hook(&command(&format!("{}/lvms", dir.trim_end_matches('/'))))
 }
 
 /// The file the block goes to, in the LVM system directory.
