@@ -33,10 +33,6 @@ pub const CONTROL_PLANE: &[&str] = &[
 /// server's certificate names it so the node agent in the VM can verify it.
 pub const VM_HOST_ADDR: &str = "10.0.2.2";
 
-/// The test node's name (`cargo xtask installed`): its kubelet's client certificate is issued to
-/// `system:node:<NODE_NAME>`, as the Node authorizer requires.
-pub const NODE_NAME: &str = "lvms-node";
-
 /// The directory of unpacked Kubernetes binaries, unpacking `../shared/k8s` when no directory is
 /// named. `needed` are the binaries that must be in it.
 pub fn assets(repo: &Path, needed: &[&str]) -> Result<PathBuf> {
@@ -158,9 +154,13 @@ pub struct Options {
     /// `openshift-service-ca.crt` ConfigMap every pod's service-account volume needs on a kubelet
     /// of this fork (off for the suite, which runs no kubelet).
     pub service_ca_publisher: bool,
+    /// The names of the nodes whose kubelets join (`cargo xtask installed`): each gets a client
+    /// certificate for `system:node:<name>` in group `system:nodes`, as the Node authorizer
+    /// requires ([`ControlPlane::node_credentials`]).
+    pub nodes: Vec<String>,
 }
 
-fn write_pki(dir: &Path) -> Result<Pki> {
+fn write_pki(dir: &Path, nodes: &[String]) -> Result<Pki> {
     let err = |e: rcgen::Error| anyhow::anyhow!("making certificates: {e}");
     fs::create_dir_all(dir)?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
@@ -205,17 +205,20 @@ fn write_pki(dir: &Path) -> Result<Pki> {
 
     let sa_key = KeyPair::generate().map_err(err)?;
 
-    // The test node's kubelet (`cargo xtask installed`).
-    let mut node = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
-    node.distinguished_name
-        .push(DnType::CommonName, format!("system:node:{NODE_NAME}"));
-    node.distinguished_name
-        .push(DnType::OrganizationName, "system:nodes");
-    node.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let node_key = KeyPair::generate().map_err(err)?;
-    let node_cert = node.signed_by(&node_key, &ca).map_err(err)?;
-    fs::write(dir.join("node.crt"), node_cert.pem())?;
-    fs::write(dir.join("node.key"), node_key.serialize_pem())?;
+    // The test nodes' kubelets (`cargo xtask installed`).
+    for name in nodes {
+        let mut node = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
+        node.distinguished_name
+            .push(DnType::CommonName, format!("system:node:{name}"));
+        node.distinguished_name
+            .push(DnType::OrganizationName, "system:nodes");
+        node.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let node_key = KeyPair::generate().map_err(err)?;
+        let node_cert = node.signed_by(&node_key, &ca).map_err(err)?;
+        let (crt, key) = node_files(dir, name);
+        fs::write(crt, node_cert.pem())?;
+        fs::write(key, node_key.serialize_pem())?;
+    }
 
     let pki = Pki {
         ca_crt: dir.join("ca.crt"),
@@ -238,6 +241,14 @@ fn write_pki(dir: &Path) -> Result<Pki> {
     Ok(pki)
 }
 
+/// Where node `name`'s client certificate and key are in the PKI directory `dir`.
+fn node_files(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    (
+        dir.join(format!("node-{name}.crt")),
+        dir.join(format!("node-{name}.key")),
+    )
+}
+
 /// A running control plane; dropping it kills its processes.
 pub struct ControlPlane {
     /// The admin kubeconfig (`system:masters`).
@@ -246,7 +257,8 @@ pub struct ControlPlane {
     pub port: u16,
     /// The API server's audit log: every request's metadata (user, user agent, verb, resource).
     pub audit_log: PathBuf,
-    /// The run's certificates: `ca.crt`, `admin.{crt,key}`, `node.{crt,key}` (the test node's).
+    /// The run's certificates: `ca.crt`, `admin.{crt,key}`, `node-<name>.{crt,key}` (each of
+    /// [`Options::nodes`]).
     pub pki: PathBuf,
     processes: Vec<(&'static str, Child)>,
     dir: PathBuf,
@@ -289,7 +301,7 @@ impl ControlPlane {
         }
         fs::create_dir_all(dir.join("logs"))?;
         let started = Instant::now();
-        let pki = write_pki(&dir.join("pki"))?;
+        let pki = write_pki(&dir.join("pki"), &options.nodes)?;
         let port = free_port()?;
         let etcd_port = free_port()?;
         let etcd_peer = free_port()?;
@@ -395,6 +407,11 @@ impl ControlPlane {
             dir.join("logs").display()
         );
         Ok(cp)
+    }
+
+    /// The client certificate and key of node `name`'s kubelet (one of [`Options::nodes`]).
+    pub fn node_credentials(&self, name: &str) -> (PathBuf, PathBuf) {
+        node_files(&self.pki, name)
     }
 
     /// Starts a process that lives and dies with the control plane (its log in `logs/<name>.log`).

@@ -1,7 +1,7 @@
 //! The guests' servers and how a task boots a served guest: `xtask guest-serve` runs the command
 //! server of [`lvms_testkit::guest`] in the VM (one protocol and one client for every test and
-//! task), and `xtask guest-connect` the API server's HTTP CONNECT proxy in the installed test's
-//! node.
+//! task), and `xtask guest-connect` the API server's HTTP CONNECT proxy in each of the installed
+//! test's nodes.
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
@@ -54,10 +54,11 @@ pub fn serve(port: u16) -> Result<()> {
     lvms_testkit::guest::serve(port).with_context(|| format!("serving on port {port}"))
 }
 
-/// `xtask guest-connect PORT`: an HTTP CONNECT proxy in the test node, through which the API server
-/// on the host dials pod and node addresses (its egress selector's `cluster` connection: admission
-/// webhooks behind Services, kubelet's logs and exec), as konnectivity's agent would. One tunnel
-/// per connection; only private (10.0.0.0/8) destinations.
+/// `xtask guest-connect PORT`: an HTTP CONNECT proxy in a test node, through which the API server
+/// on the host dials that node's pod and node addresses (its egress selector's `cluster`
+/// connection: admission webhooks behind Services, kubelet's logs and exec), as konnectivity's
+/// agent would; the host picks the node by the address (`crate::node`). One tunnel per connection;
+/// only private (10.0.0.0/8) destinations.
 pub fn serve_connect(port: u16) -> Result<()> {
     let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))
         .with_context(|| format!("listening on port {port}"))?;

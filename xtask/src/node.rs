@@ -1,17 +1,29 @@
-//! `cargo xtask installed`: lvms-rs installed as a user installs it, on a real node. The control
-//! plane runs on the host ([`crate::cluster`]); the node is the VM, with Debian's containerd and
+//! `cargo xtask installed`: lvms-rs installed as a user installs it, on two real nodes. The control
+//! plane runs on the host ([`crate::cluster`]); each node is a VM, with Debian's containerd and
 //! runc and the kubelet of the Kubernetes assets (`xtask/src/node.sh`), its images built as
-//! tarballs and imported into the node's disk before it boots ([`crate::images`]). Then `kubectl apply` of the snapshot CRDs and of a kustomize
-//! overlay of `deploy/base` that only names the local lvms-rs image, and the e2e test
-//! `installed` drives an `LVMCluster` to a pod writing its volume. ADR 0018.
+//! tarballs and imported into node 1's disk before it boots ([`crate::images`]); node 2's disk is a
+//! sparse copy of it. Then `kubectl apply` of the snapshot CRDs and of a kustomize overlay of
+//! `deploy/base` that only names the local lvms-rs image, and the e2e test `installed` drives an
+//! `LVMCluster` to a pod writing its volume. ADR 0018.
 //!
-//! What a cluster network would do is played by three small pieces: an iptables DNAT in the node
+//! The two nodes ([`NODES`]), `lvms-node` and `lvms-node2`, each have a spare disk of their own
+//! for a node-local class (`virtio-lvms0` on node 1, `virtio-lvms1` on node 2) and both attach one
+//! more disk image, the shared LUN (`virtio-lun0`, as `cargo xtask vm-shared` attaches it), with
+//! a shared class's host services running (softdog, wdmd, sanlock, lvmlockd: node.sh). Both are
+//! slirp guests at 10.0.2.15; each also has an address of its own that is its node IP
+//! (10.99.0.N) and a pod subnet of its own (10.88.N.0/24), so the API server can tell them apart.
+//!
+//! What a cluster network would do is played by three small pieces: an iptables DNAT in each node
 //! for the `kubernetes` Service, the API server's egress selector through an HTTP CONNECT proxy in
-//! the node (`xtask guest-connect`) for the webhook's and kubelet's addresses, and
-//! `--enable-aggregator-routing` so the webhook's Service resolves to its pod's address.
+//! each node (`xtask guest-connect`) for the webhook's and kubelets' addresses, which this process
+//! routes to the node whose node IP or pod subnet the request names ([`egress_node`]), and
+//! `--enable-aggregator-routing` so the webhook's Service resolves to its pod's address. Nodes
+//! never reach each other's pods.
 
 use std::{
     fs,
+    io::{Read as _, Write as _},
+    net::{Ipv4Addr, SocketAddrV4},
     path::{Path, PathBuf},
     process::{Command, ExitCode},
     thread,
@@ -21,17 +33,61 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    cluster::{self, NODE_NAME},
-    e2e, guest, images,
+    cluster, e2e, guest, images,
     report::Counts,
-    vm::{self, VmSpec},
+    vm::{self, Disk, VmSpec},
 };
 
-/// The node's disk for the `LVMCluster` (`/dev/disk/by-id/virtio-lvms0` in the VM).
-const DEVICE_SERIAL: &str = "lvms0";
+/// One test node: its Node name, its spare disk's serial, and its index `n` (1, 2), which names
+/// its node IP (10.99.0.n) and pod subnet (10.88.n.0/24).
+struct NodeSpec {
+    name: &'static str,
+    device: &'static str,
+    n: u8,
+}
+
+impl NodeSpec {
+    fn ip(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 99, 0, self.n)
+    }
+
+    fn pod_subnet(&self) -> String {
+        format!("10.88.{}.0/24", self.n)
+    }
+
+    /// The by-id path of its spare disk in the VM.
+    fn device_path(&self) -> String {
+        format!("/dev/disk/by-id/virtio-{}", self.device)
+    }
+}
+
+/// The test nodes; node 1 is the one the `installed` test pins its pods and its class to. Each
+/// kubelet's client certificate is issued to `system:node:<name>`, as the Node authorizer requires.
+const NODES: [NodeSpec; 2] = [
+    NodeSpec {
+        name: "lvms-node",
+        device: "lvms0",
+        n: 1,
+    },
+    NodeSpec {
+        name: "lvms-node2",
+        device: "lvms1",
+        n: 2,
+    },
+];
+/// The shared LUN both nodes attach (`/dev/disk/by-id/virtio-lun0` in both), as
+/// [`crate::shared`] attaches it.
+const LUN: &str = "lun0=3072";
 /// Guest ports: the command server and the API server's CONNECT proxy.
 const EXEC_GUEST_PORT: u16 = guest::GUEST_PORT;
 const CONNECT_GUEST_PORT: u16 = 7001;
+
+/// The host ports of one booted node's forwards.
+#[derive(Clone, Copy)]
+struct Ports {
+    exec: u16,
+    connect: u16,
+}
 
 /// The assets the node and the installed manifests need beside the control plane's.
 fn needed_assets() -> Vec<&'static str> {
@@ -73,10 +129,18 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
         fs::remove_dir_all(&dir)?;
     }
     fs::create_dir_all(&dir)?;
-    let connect_port = cluster::free_port()?;
+    let ports = NODES
+        .iter()
+        .map(|_| {
+            Ok(Ports {
+                exec: cluster::free_port()?,
+                connect: cluster::free_port()?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
     let egress = dir.join("egress-selector.yaml");
     // The API server speaks HTTP CONNECT without TLS only over a Unix socket: this process
-    // forwards the socket to the node's proxy (a forwarded port).
+    // forwards the socket to the nodes' proxies (forwarded ports), each request to its node's.
     let egress_socket = dir.join("egress.sock");
     fs::write(
         &egress,
@@ -88,7 +152,7 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
             egress_socket.display()
         ),
     )?;
-    forward_unix_to_tcp(&egress_socket, connect_port)?;
+    forward_egress(&egress_socket, ports.iter().map(|p| p.connect).collect())?;
     let cp_dir = dir.join("control-plane");
     let pki = cp_dir.join("pki");
     let p = |path: PathBuf| path.display().to_string();
@@ -107,36 +171,79 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
                 format!("--kubelet-client-key={}", p(pki.join("admin.key"))),
             ],
             service_ca_publisher: true,
+            nodes: NODES.iter().map(|n| n.name.to_owned()).collect(),
         },
     )?;
     let kubeconfig = control_plane.kubeconfig.clone();
 
-    let pki = control_plane.pki.clone();
-    let node_dir = dir.join("node");
-    fs::create_dir_all(&node_dir)?;
-    fs::copy(pki.join("ca.crt"), node_dir.join("ca.crt"))?;
-    cluster::write_kubeconfig(
-        &node_dir.join("kubelet.kubeconfig"),
-        &format!("https://{}:{}", cluster::VM_HOST_ADDR, control_plane.port),
-        &pki.join("ca.crt"),
-        &pki.join("node.crt"),
-        &pki.join("node.key"),
-    )?;
-    let exec_port = cluster::free_port()?;
-    let mut node_vm = start_node(
-        repo,
-        &images,
-        &node_dir,
-        &assets,
-        control_plane.port,
-        exec_port,
-        connect_port,
-    )?;
-    let node_ready = wait_node_ready(&kubeconfig, &mut node_vm, &node_dir)?;
+    // The nodes' disks: node 1's state disk with the images imported, node 2's a sparse copy of
+    // it (the import is most of a node disk's time); a spare disk each; the one shared LUN.
+    let kernel = vm::prepare(repo)?;
+    let disk_started = Instant::now();
+    let state_disk = vm::disk(repo, "node=8192")?;
+    images::node_disk(repo, &images, &state_disk.image)?;
+    let mut lun = vm::disk(repo, LUN)?;
+    lun.shared = true;
+    let mut node_dirs = Vec::new();
+    let mut vms = Vec::new();
+    for (node, ports) in NODES.iter().zip(&ports) {
+        let state = if node.n == 1 {
+            state_disk.clone()
+        } else {
+            let image = vm::disks_dir(repo).join(format!("node{}.img", node.n));
+            let status = Command::new("cp")
+                .arg("--sparse=always")
+                .arg(&state_disk.image)
+                .arg(&image)
+                .status()
+                .context("running cp")?;
+            if !status.success() {
+                bail!("cp --sparse=always {} failed", state_disk.image.display());
+            }
+            Disk {
+                image,
+                ..state_disk.clone()
+            }
+        };
+        let disks = vec![
+            state,
+            vm::disk(repo, &format!("{}=4096", node.device))?,
+            lun.clone(),
+        ];
+        let node_dir = dir.join(if node.n == 1 {
+            "node".to_owned()
+        } else {
+            format!("node{}", node.n)
+        });
+        fs::create_dir_all(&node_dir)?;
+        fs::copy(pki.join("ca.crt"), node_dir.join("ca.crt"))?;
+        let (crt, key) = control_plane.node_credentials(node.name);
+        cluster::write_kubeconfig(
+            &node_dir.join("kubelet.kubeconfig"),
+            &format!("https://{}:{}", cluster::VM_HOST_ADDR, control_plane.port),
+            &pki.join("ca.crt"),
+            &crt,
+            &key,
+        )?;
+        let spec = node_vm(repo, node, &node_dir, &assets, control_plane.port, *ports)?;
+        vms.push(vm::start(repo, &kernel, spec.disks(disks))?);
+        node_dirs.push(node_dir);
+    }
     println!(
-        "installed: node {NODE_NAME} Ready after {:.0} s",
-        node_ready.as_secs_f64()
+        "installed: node disks ready and {} nodes booting after {:.0} s",
+        NODES.len(),
+        disk_started.elapsed().as_secs_f64()
     );
+    for (ready, node) in wait_nodes_ready(&kubeconfig, &mut vms, &node_dirs)?
+        .iter()
+        .zip(&NODES)
+    {
+        println!(
+            "installed: node {} Ready {:.0} s after boot",
+            node.name,
+            ready.as_secs_f64()
+        );
+    }
 
     // Install: the snapshot CRDs (a cluster's own), then lvms-rs with kubectl.
     let overlay = write_overlay(&dir)?;
@@ -145,6 +252,7 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
     kubectl(&kubeconfig, &["apply", "-k", &p(overlay)])?;
     println!("installed: kubectl apply done");
 
+    let [node1, node2] = &NODES;
     let mut cmd = Command::new(&suite);
     cmd.args([
         "installed::",
@@ -153,32 +261,44 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
         "--nocapture",
     ])
     .env("KUBECONFIG", &kubeconfig)
-    .env(
-        "LVMS_E2E_DEVICE",
-        format!("/dev/disk/by-id/virtio-{DEVICE_SERIAL}"),
-    )
+    .env("LVMS_E2E_DEVICE", node1.device_path())
     .env("LVMS_E2E_POD_IMAGE", images::WORKLOAD)
     .env("LVMS_E2E_IMAGE", images::lvms_reference("e2e-a"))
     .env("LVMS_E2E_ROLL_IMAGE", images::lvms_reference("e2e-b"))
-    .env("LVMS_E2E_NODE", NODE_NAME)
+    .env("LVMS_E2E_NODE", node1.name)
     .env("LVMS_E2E_APPLIED_AT_MS", applied_at.to_string())
-    .env("LVMS_E2E_VM", format!("127.0.0.1:{exec_port}"));
+    .env("LVMS_E2E_VM", format!("127.0.0.1:{}", ports[0].exec))
+    .env("LVMS_E2E_NODE2", node2.name)
+    .env("LVMS_E2E_DEVICE2", node2.device_path())
+    .env("LVMS_E2E_VM2", format!("127.0.0.1:{}", ports[1].exec))
+    .env(
+        "LVMS_E2E_SHARED_DEVICE",
+        format!("/dev/disk/by-id/virtio-{}", lun.serial),
+    );
     let (ok, summary) = e2e::run_pass(repo, cmd, &dir.join("work"))?;
     if !ok {
-        diagnose(&kubeconfig, &node_dir);
+        diagnose(&kubeconfig, &node_dirs);
     }
     if keep {
         println!(
-            "installed: kept running (KUBECONFIG={}, LVMS_E2E_VM=127.0.0.1:{exec_port}); \
-             interrupt to stop",
-            kubeconfig.display()
+            "installed: kept running (KUBECONFIG={}, LVMS_E2E_VM=127.0.0.1:{} on {}, \
+             LVMS_E2E_VM2=127.0.0.1:{} on {}); interrupt to stop",
+            kubeconfig.display(),
+            ports[0].exec,
+            node1.name,
+            ports[1].exec,
+            node2.name,
         );
         loop {
             thread::sleep(Duration::from_secs(3600));
         }
     }
-    guest::at(exec_port).poweroff();
-    let _ = node_vm.wait();
+    for p in &ports {
+        guest::at(p.exec).poweroff();
+    }
+    for vm in vms {
+        let _ = vm.wait();
+    }
     drop(control_plane);
     println!(
         "installed: finished in {:.0} s: {}",
@@ -195,19 +315,51 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
     })
 }
 
-/// Accepts on the Unix socket `path` and joins each connection to loopback TCP `port`, in
-/// background threads that live as long as the process.
-fn forward_unix_to_tcp(path: &Path, port: u16) -> Result<()> {
+/// The index in [`NODES`] of the node an HTTP CONNECT request line's destination is on: its node
+/// IP (10.99.0.n) or an address of its pod subnet (10.88.n.0/24). Anything else goes to node 1,
+/// whose proxy refuses or fails it as it would.
+fn egress_node(request_line: &str) -> usize {
+    let mut words = request_line.split_whitespace();
+    let target = match (words.next(), words.next()) {
+        (Some("CONNECT"), Some(target)) => target.parse::<SocketAddrV4>().ok(),
+        _ => None,
+    };
+    let n = match target.map(|t| t.ip().octets()) {
+        Some([10, 99, 0, n]) | Some([10, 88, n, _]) => n,
+        _ => 1,
+    };
+    NODES.iter().position(|node| node.n == n).unwrap_or(0)
+}
+
+/// Accepts on the Unix socket `path` and joins each connection to the loopback TCP port of the
+/// node [`egress_node`] picks from its request line (`ports[i]` for `NODES[i]`), in background
+/// threads that live as long as the process.
+fn forward_egress(path: &Path, ports: Vec<u16>) -> Result<()> {
     use std::os::unix::net::UnixListener;
     let listener =
         UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
     thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(mut unix) = conn else { continue };
+            let ports = ports.clone();
             thread::spawn(move || {
+                // The request line first (and whatever came with it, passed on as it is).
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.contains(&b'\n') && head.len() < 8192 {
+                    match unix.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let line_end = head.iter().position(|b| *b == b'\n').unwrap_or(head.len());
+                let port = ports[egress_node(&String::from_utf8_lossy(&head[..line_end]))];
                 let Ok(mut tcp) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
                     return;
                 };
+                if tcp.write_all(&head).is_err() {
+                    return;
+                }
                 let (Ok(mut unix_w), Ok(mut tcp_r)) = (unix.try_clone(), tcp.try_clone()) else {
                     return;
                 };
@@ -224,71 +376,99 @@ fn forward_unix_to_tcp(path: &Path, port: u16) -> Result<()> {
     Ok(())
 }
 
-fn start_node(
+/// The VM of `node` (its disks still to be added): node.sh with the node's settings.
+fn node_vm(
     repo: &Path,
-    images: &images::Images,
+    node: &NodeSpec,
     node_dir: &Path,
     assets: &Path,
     api_port: u16,
-    exec_port: u16,
-    connect_port: u16,
-) -> Result<vm::RunningVm> {
-    let kernel = vm::prepare(repo)?;
-    let disks = vm::disks(repo, &["node=8192", &format!("{DEVICE_SERIAL}=4096")])?;
-    images::node_disk(repo, images, &disks[0].image)?;
+    ports: Ports,
+) -> Result<VmSpec> {
     let xtask = std::env::current_exe().context("the xtask executable")?;
     let s = |v: &Path| v.display().to_string();
     // A user-mode guest (ADR 0027). Under qemu (LVMS_VM_MACHINE=qemu), two vCPUs even beside
     // another phase: on one, kubelet's liveness probes of the operator's and the node plugin's
     // containers time out and restart them (measured: the test failed).
-    let spec = VmSpec::new("node", repo, "sh xtask/src/node.sh")
-        .disks(disks)
+    let vm_name = if node.n == 1 {
+        "node".to_owned()
+    } else {
+        format!("node{}", node.n)
+    };
+    Ok(VmSpec::new(&vm_name, repo, "sh xtask/src/node.sh")
         .memory_mib(3072)
         .exact_cpus(2)
         .net(vec![
-            (exec_port, EXEC_GUEST_PORT),
-            (connect_port, CONNECT_GUEST_PORT),
+            (ports.exec, EXEC_GUEST_PORT),
+            (ports.connect, CONNECT_GUEST_PORT),
         ])
         .env("NODE_DIR", s(node_dir))
         .env("NODE_DISK", "/dev/disk/by-id/virtio-node")
-        .env("NODE_NAME", NODE_NAME)
+        .env("NODE_NAME", node.name)
+        .env("NODE_IP", node.ip().to_string())
+        .env("POD_SUBNET", node.pod_subnet())
         .env("API_PORT", api_port.to_string())
         .env("KUBELET", s(&assets.join("kubelet")))
         .env("XTASK", s(&xtask))
         .env("EXEC_PORT", EXEC_GUEST_PORT.to_string())
         .env("CONNECT_PORT", CONNECT_GUEST_PORT.to_string())
-        .timeout(Duration::from_secs(90 * 60));
-    vm::start(repo, &kernel, spec)
+        .timeout(Duration::from_secs(90 * 60)))
 }
 
-/// Waits for the node's command server, then for its Node to be Ready; the time it took.
-fn wait_node_ready(kubeconfig: &Path, vm: &mut vm::RunningVm, node_dir: &Path) -> Result<Duration> {
+/// Waits for every node's Node to be Ready; the time each took from now (the nodes boot side by
+/// side, just started).
+fn wait_nodes_ready(
+    kubeconfig: &Path,
+    vms: &mut [vm::RunningVm],
+    node_dirs: &[PathBuf],
+) -> Result<Vec<Duration>> {
     let started = Instant::now();
     let deadline = started + Duration::from_secs(900);
+    let mut ready: Vec<Option<Duration>> = vec![None; NODES.len()];
     loop {
-        if vm.exited()? {
-            bail!(
-                "the node VM stopped during its setup; see its console above and {}",
-                node_dir.join("logs").display()
+        for (i, node) in NODES.iter().enumerate() {
+            if ready[i].is_some() {
+                continue;
+            }
+            if vms[i].exited()? {
+                bail!(
+                    "node {}'s VM stopped during its setup; see its console above and {}",
+                    node.name,
+                    node_dirs[i].join("logs").display()
+                );
+            }
+            let status = kubectl(
+                kubeconfig,
+                &[
+                    "get",
+                    "node",
+                    node.name,
+                    "-o",
+                    r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
+                ],
             );
+            if matches!(status.as_deref(), Ok("True")) {
+                ready[i] = Some(started.elapsed());
+            }
         }
-        let ready = kubectl(
-            kubeconfig,
-            &[
-                "get",
-                "node",
-                NODE_NAME,
-                "-o",
-                r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
-            ],
-        );
-        if matches!(ready.as_deref(), Ok("True")) {
-            return Ok(started.elapsed());
+        if let Some(all) = ready.iter().copied().collect::<Option<Vec<_>>>() {
+            return Ok(all);
         }
         if Instant::now() > deadline {
+            let late: Vec<String> = NODES
+                .iter()
+                .zip(&ready)
+                .filter(|(_, r)| r.is_none())
+                .map(|(n, _)| n.name.to_owned())
+                .collect();
             bail!(
-                "node {NODE_NAME} was not Ready within 900 s; see {}",
-                node_dir.join("logs").display()
+                "node(s) {} not Ready within 900 s; see the logs in {}",
+                late.join(", "),
+                node_dirs
+                    .iter()
+                    .map(|d| d.join("logs").display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(" and ")
             );
         }
         thread::sleep(Duration::from_secs(2));
@@ -344,9 +524,10 @@ fn kubectl(kubeconfig: &Path, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// What a failed run leaves to read: pods, events, the node's logs.
-fn diagnose(kubeconfig: &Path, node_dir: &Path) {
+/// What a failed run leaves to read: nodes, pods, events, the nodes' logs.
+fn diagnose(kubeconfig: &Path, node_dirs: &[PathBuf]) {
     for args in [
+        &["get", "nodes", "-o", "wide"][..],
         &["get", "pods", "-A", "-o", "wide"][..],
         &["get", "events", "-A", "--sort-by=.lastTimestamp"][..],
         &["describe", "pods", "-n", "lvms-system"][..],
@@ -356,8 +537,27 @@ fn diagnose(kubeconfig: &Path, node_dir: &Path) {
             Err(e) => println!("installed: {e:#}"),
         }
     }
-    println!(
-        "installed: the node's logs (containerd, kubelet, proxy) are in {}",
-        node_dir.join("logs").display()
-    );
+    for dir in node_dirs {
+        println!(
+            "installed: a node's logs (containerd, kubelet, proxy, lock daemons) are in {}",
+            dir.join("logs").display()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn egress_requests_go_to_the_node_of_their_node_ip_or_pod_subnet() {
+        assert_eq!(egress_node("CONNECT 10.99.0.1:10250 HTTP/1.1\r"), 0);
+        assert_eq!(egress_node("CONNECT 10.99.0.2:10250 HTTP/1.1\r"), 1);
+        assert_eq!(egress_node("CONNECT 10.88.1.7:9443 HTTP/1.1"), 0);
+        assert_eq!(egress_node("CONNECT 10.88.2.7:9443 HTTP/1.1"), 1);
+        // Anything else to node 1, whose proxy answers it as before.
+        assert_eq!(egress_node("CONNECT 10.88.9.7:9443 HTTP/1.1"), 0);
+        assert_eq!(egress_node("CONNECT lvms-node2:10250 HTTP/1.1"), 0);
+        assert_eq!(egress_node("GET / HTTP/1.1"), 0);
+    }
 }

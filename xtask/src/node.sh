@@ -1,12 +1,15 @@
-# The test node's setup (`cargo xtask installed`, xtask/src/node.rs), run in the VM after its
-# prelude: containerd and kubelet as a node's init system would start them, with every piece of
-# state on the VM's own disk, never on the host's filesystem that the guest shares over 9p.
+# A test node's setup (`cargo xtask installed`, xtask/src/node.rs; it boots two), run in the VM
+# after its prelude: the host services a shared class asks of the admin, then containerd and
+# kubelet, as a node's init system would start them, with every piece of state on the VM's own
+# disk, never on the host's filesystem that the guest shares over 9p.
 #
 # Environment: NODE_DIR (host directory with kubelet.kubeconfig and ca.crt; logs go to
 # NODE_DIR/logs), NODE_DISK (the disk for the node's state: an ext4 filesystem whose containerd/
-# holds the images, imported by the host, xtask/src/images.rs), NODE_NAME, API_PORT
-# (the API server's port on the host, 10.0.2.2 here), KUBELET (the kubelet binary), XTASK,
-# EXEC_PORT and CONNECT_PORT (the guest ports of the command server and the API server's proxy).
+# holds the images, imported by the host, xtask/src/images.rs), NODE_NAME, NODE_IP (this node's
+# own address, on a dummy interface: every node is 10.0.2.15 on its slirp link), POD_SUBNET (this
+# node's pod addresses), API_PORT (the API server's port on the host, 10.0.2.2 here), KUBELET (the
+# kubelet binary), XTASK, EXEC_PORT and CONNECT_PORT (the guest ports of the command server and
+# the API server's proxy).
 set -eu
 log="$NODE_DIR/logs"
 mkdir -p "$log"
@@ -14,13 +17,18 @@ hostname "$NODE_NAME"
 # iptables' legacy back end, for kubelet, CNI and the rules below: Debian's user-mode kernel has
 # nf_tables without its NAT chains, and both kernels have the legacy tables.
 modprobe -a overlay bridge br_netfilter veth nf_nat ip_tables iptable_nat iptable_filter \
-  xt_MASQUERADE xt_conntrack xt_addrtype xt_nat xt_comment nf_conntrack xt_mark
+  xt_MASQUERADE xt_conntrack xt_addrtype xt_nat xt_comment nf_conntrack xt_mark dummy
 mkdir -p /run/node-bin
 for t in iptables ip6tables; do
   for s in "" -save -restore; do ln -sf "/usr/sbin/$t-legacy$s" "/run/node-bin/$t$s"; done
 done
 export PATH="/run/node-bin:$PATH"
 sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
+# The node's own address (its InternalIP, kubelet's and the API server's proxy's destination): the
+# slirp link's 10.0.2.15 is every node's.
+ip link add node0 type dummy
+ip addr add "$NODE_IP/32" dev node0
+ip link set node0 up
 mount -t cgroup2 none /sys/fs/cgroup
 # A user-mode kernel's /proc/cpuinfo has no clock speed, which kubelet's cAdvisor requires.
 if grep -q '^vendor_id.*User Mode Linux' /proc/cpuinfo && ! grep -q '^cpu MHz' /proc/cpuinfo; then
@@ -54,17 +62,59 @@ global {
 }
 EOF
 mount --bind /run/node/etc-lvm /etc/lvm
+
+# The host services a shared class needs, as docs/shared-classes.md's "Host preparation" asks of
+# the admin (as crates/lvms/tests/shared_vms.rs starts them): softdog petted by wdmd, sanlock with
+# the watchdog, lvmlockd on sanlock. They read the /etc/lvm the node plugin mounts (the prelude's
+# LVM_SYSTEM_DIR is the VM suite's); the node agent installs its own fence hook.
+mkdir -p /run/sanlock /run/lvm /run/wdmd /run/lvms
+modprobe softdog
+# softdog's device: by its identity; without one (the user-mode kernel has no watchdog sysfs
+# attributes), the one watchdog of the class there (its harddog is /dev/watchdog, not a class
+# device).
+soft=
+for d in /sys/class/watchdog/*; do
+  if [ -r "$d/identity" ]; then
+    [ "$(cat "$d/identity")" != 'Software Watchdog' ] || soft="/dev/${d##*/}"
+  elif [ -e "$d" ] && [ -z "$soft" ]; then
+    soft="/dev/${d##*/}"
+  fi
+done
+[ -n "$soft" ] || { echo "node: no softdog watchdog"; exit 1; }
+setsid wdmd -D -w "$soft" >"$log/wdmd.log" 2>&1 </dev/null &
+i=0
+until [ -S /run/wdmd/wdmd.sock ]; do
+  i=$((i + 1))
+  [ "$i" -lt 100 ] || { echo "node: wdmd did not start"; cat "$log/wdmd.log"; exit 1; }
+  sleep 0.2
+done
+LVM_SYSTEM_DIR=/etc/lvm sanlock daemon -U root -G root
+i=0
+until sanlock client status >/dev/null 2>&1; do
+  i=$((i + 1))
+  [ "$i" -lt 100 ] || { echo "node: sanlock did not start"; exit 1; }
+  sleep 0.2
+done
+LVM_SYSTEM_DIR=/etc/lvm lvmlockd -g sanlock -o 5
+i=0
+until LVM_SYSTEM_DIR=/etc/lvm lvmlockctl --info >/dev/null 2>&1; do
+  i=$((i + 1))
+  [ "$i" -lt 100 ] || { echo "node: lvmlockd did not start"; exit 1; }
+  sleep 0.2
+done
+echo "node: wdmd, sanlock and lvmlockd started"
 # No DNS here: pods get an empty resolv.conf.
 : > /run/node/resolv.conf
 
-# The pod network: one bridge, host-local addresses, masquerading out of the node.
-cat > /run/node/cni/10-bridge.conflist <<'EOF'
+# The pod network: one bridge, host-local addresses of this node's subnet, masquerading out of
+# the node.
+cat > /run/node/cni/10-bridge.conflist <<EOF
 {
   "cniVersion": "1.0.0",
   "name": "lvms-e2e",
   "plugins": [
     {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true,
-     "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.0.0/16"}]],
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_SUBNET"}]],
               "routes": [{"dst": "0.0.0.0/0"}]}},
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
@@ -119,7 +169,7 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 EOF
 setsid "$KUBELET" --config /run/node/kubelet.yaml --kubeconfig "$NODE_DIR/kubelet.kubeconfig" \
-  --hostname-override "$NODE_NAME" --node-ip 10.0.2.15 >"$log/kubelet.log" 2>&1 </dev/null &
+  --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" >"$log/kubelet.log" 2>&1 </dev/null &
 # The API server reaches pods (the webhook's endpoint) and kubelet through this, as through
 # konnectivity: an HTTP CONNECT proxy behind a forwarded port.
 setsid "$XTASK" guest-connect "$CONNECT_PORT" >"$log/connect.log" 2>&1 </dev/null &

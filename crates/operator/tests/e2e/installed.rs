@@ -10,7 +10,10 @@
 //! `LVMS_E2E=1`, `LVMS_E2E_DEVICE` naming the spare disk, `LVMS_E2E_NODE` the node that has it,
 //! `LVMS_E2E_POD_IMAGE` an image with a busybox shell, `LVMS_E2E_IMAGE` the lvms-rs image
 //! installed and `LVMS_E2E_ROLL_IMAGE` a second one to roll to, and `LVMS_E2E_VM` the node's command server (`xtask guest-serve`, for `lvs`
-//! and process RSS). lvms-rs never wipes a disk without `forceWipeDevicesAndDestroyAllData`.
+//! and process RSS). `cargo xtask installed` boots a second node beside it and names it too:
+//! `LVMS_E2E_NODE2`, its command server `LVMS_E2E_VM2`, its spare disk `LVMS_E2E_DEVICE2`, and the
+//! shared LUN both nodes attach, `LVMS_E2E_SHARED_DEVICE`; the test's class selects the first node
+//! only. lvms-rs never wipes a disk without `forceWipeDevicesAndDestroyAllData`.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -51,6 +54,24 @@ struct Env {
     vm: Vm,
     /// When `kubectl apply` of the manifests started (the clock the install times count from).
     applied: Option<SystemTime>,
+    /// The second node, when there is one.
+    #[allow(
+        dead_code,
+        reason = "for the shared-LUN steps on two nodes, still to come"
+    )]
+    node2: Option<SecondNode>,
+}
+
+/// A second node with a spare disk of its own, and the shared LUN both nodes attach.
+#[allow(
+    dead_code,
+    reason = "for the shared-LUN steps on two nodes, still to come"
+)]
+struct SecondNode {
+    node: String,
+    vm: Vm,
+    device: String,
+    shared_device: String,
 }
 
 fn env() -> Option<Env> {
@@ -65,6 +86,14 @@ fn env() -> Option<Env> {
         applied: var("LVMS_E2E_APPLIED_AT_MS")
             .and_then(|ms| ms.parse().ok())
             .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+        node2: (|| {
+            Some(SecondNode {
+                node: var("LVMS_E2E_NODE2")?,
+                vm: Vm::new(var("LVMS_E2E_VM2")?),
+                device: var("LVMS_E2E_DEVICE2")?,
+                shared_device: var("LVMS_E2E_SHARED_DEVICE")?,
+            })
+        })(),
     })
 }
 
@@ -256,21 +285,24 @@ async fn operator_ready(client: &Client) -> String {
     .await
 }
 
-/// The node DaemonSet's pod once it runs `image` and is Ready; its name.
-async fn node_pod_ready(client: &Client, image: &str) -> String {
+/// The node DaemonSet's pod on `node` once it runs `image` and is Ready; its name.
+async fn node_pod_ready(client: &Client, image: &str, node: &str) -> String {
     let pods = Api::<Pod>::namespaced(client.clone(), INSTALL_NS);
     let image = image.to_owned();
+    let node = node.to_owned();
     eventually(
         &format!("the node pod runs {image} and is Ready"),
         SLOW,
         || {
             let pods = pods.clone();
             let image = image.clone();
+            let node = node.clone();
             async move {
                 let list = pods
                     .list(
                         &ListParams::default()
-                            .labels(&format!("app.kubernetes.io/name={NODE_DAEMON_SET}")),
+                            .labels(&format!("app.kubernetes.io/name={NODE_DAEMON_SET}"))
+                            .fields(&format!("spec.nodeName={node}")),
                     )
                     .await
                     .map_err(|e| e.to_string())?;
@@ -345,6 +377,7 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
         since_apply(&env)
     );
     let clusters = Api::<LVMCluster>::namespaced(client.clone(), INSTALL_NS);
+    // The class is on the test's node only: another node lacks its disk.
     let cluster = |paths: serde_json::Value| -> LVMCluster {
         serde_json::from_value(json!({
             "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMCluster",
@@ -352,6 +385,9 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
             "spec": {"storage": {"deviceClasses": [{
                 "name": "e2e", "default": true, "fstype": "ext4",
                 "deviceSelector": {"paths": paths},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [{
+                    "key": "kubernetes.io/hostname", "operator": "In", "values": [env.node]
+                }]}]},
                 "thinPoolConfig": {"name": "thin-pool-1", "sizePercent": 90, "overprovisionRatio": 10}
             }]}}
         }))
@@ -380,7 +416,7 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
         "installed: LVMCluster Ready {} s after kubectl apply",
         since_apply(&env)
     );
-    let first_node_pod = node_pod_ready(&client, &env.install_image).await;
+    let first_node_pod = node_pod_ready(&client, &env.install_image, &env.node).await;
     println!("installed: node pod {first_node_pod}");
 
     // node-driver-registrar registered the driver with kubelet: CSINode names it and its
@@ -601,7 +637,7 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
     let at_roll = wait_log(&pods, "seq", "the writer writes", seq_n).await;
     let rolled = Instant::now();
     set_lvms_image(&client, &env.roll_image).await;
-    let new_node_pod = node_pod_ready(&client, &env.roll_image).await;
+    let new_node_pod = node_pod_ready(&client, &env.roll_image, &env.node).await;
     assert_ne!(new_node_pod, first_node_pod, "the DaemonSet made a new pod");
     println!(
         "installed: the node DaemonSet rolled to {} in {:.0} s",
