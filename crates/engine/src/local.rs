@@ -183,7 +183,20 @@ pub struct LocalBackend<R> {
     clock: fn() -> u64,
     /// How long a stage of a shared class's volume waits for another node's lock.
     shared_stage_wait: Duration,
+    /// Where a stage that starts waiting says so (the node agent posts it on the volume's claim).
+    stage_waits: Option<StageWaits>,
 }
+
+/// A stage of a shared class's volume that waits for another node's lock: the volume and why,
+/// with when sanlock frees the lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageWait {
+    pub volume_id: String,
+    pub message: String,
+}
+
+/// Where [`LocalBackend::with_stage_waits`] sends [`StageWait`]s.
+pub type StageWaits = tokio::sync::mpsc::UnboundedSender<StageWait>;
 
 impl<R: Runner> LocalBackend<R> {
     /// A backend serving `classes` on node `node_id` through `lvm`.
@@ -204,7 +217,15 @@ impl<R: Runner> LocalBackend<R> {
             },
             clock: unix_now,
             shared_stage_wait: DEFAULT_SHARED_STAGE_WAIT,
+            stage_waits: None,
         }
+    }
+
+    /// Sends a [`StageWait`] to `waits` whenever a stage starts waiting for another node's lock.
+    #[must_use]
+    pub fn with_stage_waits(mut self, waits: StageWaits) -> Self {
+        self.stage_waits = Some(waits);
+        self
     }
 
     /// How long a stage of a shared class's volume that another node holds waits for its lock,

@@ -109,6 +109,9 @@ pub async fn run(args: NodeArgs) -> Result<()> {
     let runner = Arc::new(RealRunner);
     let node = args.node_name.clone();
     let stage_wait = std::time::Duration::from_secs(args.shared_stage_wait);
+    // Stages that wait for another node's lock, posted on their claims.
+    let (stage_waits, waiting) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(lvms_node::stage_wait::post_events(client.clone(), waiting));
     let vg_ctx = Arc::new(vg_reconciler::Context::new(
         client.clone(),
         &args.node_name,
@@ -127,6 +130,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
                 Lvm::new(Arc::new(LvmShell::new())).with_shared(shared),
             )
             .with_shared_stage_wait(stage_wait)
+            .with_stage_waits(stage_waits.clone())
         }),
     ));
     let storage = StorageMetrics::default();

@@ -19,6 +19,7 @@ pub mod finalizers;
 pub mod gc;
 pub mod logical_volume;
 pub mod lv_reconciler;
+pub mod stage_wait;
 pub mod switch;
 pub mod vg_reconciler;
 pub mod volume_group;

@@ -37,7 +37,7 @@ use std::{
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::{
-    Api, Client, ResourceExt,
+    Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
     runtime::{Controller, controller::Action, reflector::ObjectRef, watcher},
 };
@@ -120,6 +120,8 @@ pub struct Context<R, B> {
     /// The machine's side of shared classes (`sanlock`, `lvmlockd`, the classes' devices files).
     pub shared_host: RealSharedHost<R>,
     make_backend: MakeBackend<B>,
+    /// Events on the `LVMVolumeGroup`s (a shared class joined again after a fence).
+    recorder: kube::runtime::events::Recorder,
     backend: watch::Sender<Option<Arc<B>>>,
     /// The shared classes this node is still joining; `None` until [`Context::seed_settling`].
     settling: watch::Sender<Option<BTreeSet<String>>>,
@@ -142,6 +144,7 @@ impl<R: Runner, B: Backend> Context<R, B> {
         make_backend: MakeBackend<B>,
     ) -> Self {
         Self {
+            recorder: lvms_k8s::reconciler::recorder(client.clone(), "lvms-node"),
             client,
             node: node.into(),
             namespace: namespace.into(),
@@ -581,9 +584,43 @@ async fn converge<R: Runner, B: Backend, L: NodeHost, S: SharedHost>(
             shared_outcome(vg, config, report, no_host_id, creator.as_deref())
         }
     };
+    if let Converged::Shared(report) = &report
+        && !report.rejoined.is_empty()
+    {
+        rejoined_event(ctx, vg, &report.rejoined).await;
+    }
     let ready = report.is_ready().then(|| config.clone());
     ctx.record(&class, Some(status), ready).await?;
     Ok(requeue)
+}
+
+/// An Event on `vg` saying this node, fenced from the shared class, joined it again by itself
+/// (the steps it took are in the converge report and the log).
+async fn rejoined_event<R: Runner, B: Backend>(
+    ctx: &Context<R, B>,
+    vg: &LVMVolumeGroup,
+    steps: &[lvms_core::shared::rejoin::RejoinStep],
+) {
+    use kube::runtime::events::{Event, EventType};
+    let note = format!(
+        "node {} had been fenced from shared class {} (it lost its sanlock leases) and joined it \
+         again by itself once nothing of the class was open and its LUN could be read: {} steps \
+         ({steps:?})",
+        ctx.node,
+        vg.name_any(),
+        steps.len()
+    );
+    info!(node = %ctx.node, "{note}");
+    let ev = Event {
+        type_: EventType::Normal,
+        reason: "Rejoined".to_owned(),
+        note: Some(note),
+        action: "Rejoin".to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &vg.object_ref(&())).await {
+        warn!(error = %e, "publishing the rejoin event failed");
+    }
 }
 
 /// This node's sanlock host id for shared class `class` (`Err`: why there is none). A class new

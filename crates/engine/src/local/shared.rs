@@ -366,6 +366,16 @@ impl<R: Runner> LocalBackend<R> {
                             reason = %m,
                             "another node holds the volume: the stage waits for its lock"
                         );
+                        if let Some(waits) = &self.stage_waits {
+                            let why = self.refusal(&lv.vg_name, id, &m).await;
+                            let _ = waits.send(super::StageWait {
+                                volume_id: id.to_owned(),
+                                message: format!(
+                                    "NodeStage waits up to {} s for the volume's lock: {why}",
+                                    self.shared_stage_wait.as_secs()
+                                ),
+                            });
+                        }
                     }
                     tokio::time::sleep(STAGE_RETRY).await;
                 }
@@ -885,6 +895,37 @@ mod tests {
         staged.unwrap();
         assert!(queue_was_free, "the waiting stage kept the group's queue");
         assert_eq!(started.elapsed(), 2 * STAGE_RETRY);
+        fake.assert_done();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stage_that_starts_waiting_says_so_once_with_when_the_lock_is_freed() {
+        let (fake, b) = shared_backend();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let b = b.with_stage_waits(tx);
+        let lv = linear(GIB, &[]);
+        expect_lv(&fake, &lv);
+        expect_held(&fake, &lv);
+        expect_sanlock_asked(&fake);
+        expect_lv(&fake, &lv);
+        expect_held(&fake, &lv);
+        expect_lv(&fake, &lv);
+        expect_activated(&fake, &lv);
+        b.activate_shared(&lv, false).await.unwrap();
+        let wait = rx.try_recv().expect("the wait was announced");
+        assert_eq!(wait.volume_id, lv.name);
+        assert!(
+            wait.message.starts_with("NodeStage waits up to 90 s for the volume's lock: "),
+            "{}",
+            wait.message
+        );
+        assert!(
+            wait.message
+                .contains("frees its lock 140 s after this node last saw its lease renewed"),
+            "{}",
+            wait.message
+        );
+        assert!(rx.try_recv().is_err(), "once per stage");
         fake.assert_done();
     }
 
