@@ -55,10 +55,15 @@ use crate::{
 /// host that changes meanwhile).
 pub const MAX_ROUNDS: usize = 6;
 
+/// Where lvmlockd listens; lvm commands and lvmlockctl reach it through this path.
+pub const LVMLOCKD_SOCKET: &str = "/run/lvm/lvmlockd.socket";
+
 /// LVM and lock commands for shared classes.
 #[derive(Debug, Clone)]
 pub struct SharedLvm<R> {
     runner: R,
+    /// lvmlockd's socket ([`LVMLOCKD_SOCKET`]; a test's own elsewhere).
+    lvmlockd_socket: std::path::PathBuf,
 }
 
 #[derive(Deserialize)]
@@ -109,20 +114,42 @@ struct LvRow {
     pool_lv: String,
 }
 
-/// Parses `lvmlockctl --info`: the volume groups whose lockspace this host has started
-/// (`VG <name> lock_type=sanlock <uuid>` lines).
-pub fn parse_lockctl_info(text: &str) -> BTreeSet<String> {
-    text.lines()
-        .filter_map(|l| {
-            let mut words = l.split_whitespace();
-            (words.next() == Some("VG")).then_some(())?;
-            let name = words.next()?;
-            words
-                .next()
-                .is_some_and(|w| w.starts_with("lock_type="))
-                .then(|| name.to_owned())
-        })
+/// Parses `sanlock client status`: the volume groups whose lvmlockd lockspace (`s lvm_<vg>:<host
+/// id>:<path>:<offset>`) this host has joined; a lockspace still being added or removed (a flag
+/// word after it, `ADD` or `REM`) is not.
+pub fn parse_started_lockspaces(text: &str) -> BTreeSet<String> {
+    lvm_lockspaces(text)
+        .filter(|(_, flag)| flag.is_none())
+        .map(|(vg, _)| vg)
         .collect()
+}
+
+/// The volume groups whose lvmlockd lockspace sanlock lists in any state (joined, being added or
+/// removed, or given up after lost renewals): what `vgchange --lock-stop` has to stop.
+pub fn parse_listed_lockspaces(text: &str) -> BTreeSet<String> {
+    lvm_lockspaces(text).map(|(vg, _)| vg).collect()
+}
+
+/// Each `s lvm_<vg>:…` line of `sanlock client status`: the group and the flag word after it.
+fn lvm_lockspaces(text: &str) -> impl Iterator<Item = (String, Option<&str>)> {
+    text.lines().filter_map(|l| {
+        let mut words = l.split_whitespace();
+        (words.next() == Some("s")).then_some(())?;
+        let space = words.next()?;
+        let vg = space.split(':').next()?.strip_prefix("lvm_")?;
+        Some((vg.to_owned(), words.next()))
+    })
+}
+
+/// Whether lvmlockd answers on `socket`: a connection accepted (and closed at once).
+fn lvmlockd_answers(socket: &Path) -> Daemon {
+    match std::os::unix::net::UnixStream::connect(socket) {
+        Ok(_) => Daemon::Running,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Daemon::Stopped(format!("no socket at {}", socket.display()))
+        }
+        Err(e) => Daemon::Stopped(format!("its socket {} refused: {e}", socket.display())),
+    }
 }
 
 /// Parses `lvmdevices --devicesfile F` (lines `Device /dev/vda IDTYPE=… IDNAME=… DEVNAME=/dev/vda
@@ -156,7 +183,17 @@ fn parse_json<T: for<'de> Deserialize<'de>>(cmd: &Command, text: &str) -> Result
 
 impl<R: Runner> SharedLvm<R> {
     pub fn new(runner: R) -> Self {
-        Self { runner }
+        Self {
+            runner,
+            lvmlockd_socket: LVMLOCKD_SOCKET.into(),
+        }
+    }
+
+    /// Looks for lvmlockd at `socket` instead of [`LVMLOCKD_SOCKET`].
+    #[must_use]
+    pub fn with_lvmlockd_socket(mut self, socket: impl Into<std::path::PathBuf>) -> Self {
+        self.lvmlockd_socket = socket.into();
+        self
     }
 
     pub fn runner(&self) -> &R {
@@ -193,7 +230,7 @@ impl<R: Runner> SharedLvm<R> {
     pub async fn daemons(&self) -> Daemons {
         Daemons {
             sanlock: self.daemon("sanlock", &["client", "status"]).await,
-            lvmlockd: self.daemon("lvmlockctl", &["--info"]).await,
+            lvmlockd: lvmlockd_answers(&self.lvmlockd_socket),
         }
     }
 
@@ -212,15 +249,27 @@ impl<R: Runner> SharedLvm<R> {
         }
     }
 
-    /// The volume groups whose lockspace this host has started.
+    /// The volume groups whose lockspace this host has started: lvmlockd's lockspaces
+    /// (`lvm_<vg>`) that sanlock lists as joined. Not `lvmlockctl --info`: lvmlockd sends that
+    /// answer to an abstract Unix socket, which exists only in the asker's network namespace, so
+    /// from a pod without the host's network it never arrives.
     pub async fn started_lockspaces(&self) -> Result<BTreeSet<String>> {
+        Ok(parse_started_lockspaces(&self.sanlock_status().await?))
+    }
+
+    /// `sanlock client status`'s output.
+    async fn sanlock_status(&self) -> Result<String> {
         let out = self
-            .run("lvmlockctl", vec!["--info".into()], DEFAULT_TIMEOUT)
+            .run(
+                "sanlock",
+                vec!["client".into(), "status".into()],
+                DEFAULT_TIMEOUT,
+            )
             .await?;
         if !out.success() {
-            return Err(out.into_error(&Command::new("lvmlockctl", ["--info"])));
+            return Err(out.into_error(&Command::new("sanlock", ["client", "status"])));
         }
-        Ok(parse_lockctl_info(&out.stdout))
+        Ok(out.stdout)
     }
 
     /// The device names class `class`'s devices file lists (none when it does not exist yet).
@@ -378,9 +427,10 @@ impl<R: Runner> SharedLvm<R> {
         .map(drop)
     }
 
-    /// `vgchange --lock-stop`: leaves the lockspace (LVM refuses while an LV is active).
+    /// `vgchange --lock-stop`: leaves the lockspace (LVM refuses while an LV is active); nothing
+    /// when sanlock does not list it at all.
     pub async fn lock_stop(&self, vg: &str) -> Result<()> {
-        if !self.started_lockspaces().await?.contains(vg) {
+        if !parse_listed_lockspaces(&self.sanlock_status().await?).contains(vg) {
             return Ok(());
         }
         self.lvm(vg, None, "vgchange", &["--lock-stop", vg], LOCK_TIMEOUT)
@@ -610,6 +660,13 @@ impl<R: Runner + Clone> RealSharedHost<R> {
             devices: Devices::new(runner),
             fence_hook: None,
         }
+    }
+
+    /// Looks for lvmlockd at `socket` (tests).
+    #[must_use]
+    pub fn with_lvmlockd_socket(mut self, socket: impl Into<std::path::PathBuf>) -> Self {
+        self.lvm = self.lvm.with_lvmlockd_socket(socket);
+        self
     }
 
     /// Installs `hook` on the host before judging fencing (the node agent's default).

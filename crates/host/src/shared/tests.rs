@@ -25,14 +25,37 @@ fn with_scope<'a>(sub: &'a str, host_id: Option<&'a str>, rest: &[&'a str]) -> V
 }
 
 #[test]
-fn lockctl_info_lists_started_lockspaces_only() {
-    let text = "VG san lock_type=sanlock QsiIvE-LSed\nLS sanlock lvm_san\nLK VG un ver 0\n\
-                LK GL un ver 0\nVG other lock_type=sanlock abc\n";
+fn sanlock_status_lists_joined_lvmlockd_lockspaces_only() {
+    let text = "daemon 0e3c.node\np -1 helper\np -1 listener\np 812 lvmlockd\n\
+                s lvm_san:2:/dev/mapper/san-lvmlock:0\n\
+                s lvm_other:2:/dev/mapper/other-lvmlock:0\n\
+                s lvm_joining:2:/dev/mapper/joining-lvmlock:0 ADD\n\
+                s lvm_leaving:2:/dev/mapper/leaving-lvmlock:0 REM\n\
+                s someone_else:1:/dev/sdz:0\nr lvm_san:VGLK:/dev/mapper/san-lvmlock:69206016:1 p 812\n";
     assert_eq!(
-        parse_lockctl_info(text),
+        parse_started_lockspaces(text),
         BTreeSet::from(["san".to_owned(), "other".to_owned()])
     );
-    assert!(parse_lockctl_info("").is_empty());
+    assert!(parse_started_lockspaces("").is_empty());
+    assert_eq!(
+        parse_listed_lockspaces(text),
+        BTreeSet::from([
+            "san".to_owned(),
+            "other".to_owned(),
+            "joining".to_owned(),
+            "leaving".to_owned()
+        ])
+    );
+}
+
+/// A socket that answers as lvmlockd's would (bound and listening; nothing is read from it).
+fn lvmlockd() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lvmlockd.socket");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    // Kept listening for the test's life: leaked on purpose.
+    std::mem::forget(listener);
+    (dir, path)
 }
 
 #[test]
@@ -49,14 +72,36 @@ fn devices_file_listing_gives_device_names() {
 async fn a_missing_program_is_missing_and_a_failing_one_stopped() {
     let fake = FakeRunner::new();
     fake.expect(&["sanlock", "client", "status"]).spawn_fails();
-    fake.expect(&["lvmlockctl", "--info"])
-        .fails(1, "Cannot connect to lvmlockd.");
-    let d = SharedLvm::new(fake.clone()).daemons().await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = SharedLvm::new(fake.clone())
+        .with_lvmlockd_socket(dir.path().join("lvmlockd.socket"))
+        .daemons()
+        .await;
     assert_eq!(d.sanlock, Daemon::Missing);
     assert!(
-        matches!(&d.lvmlockd, Daemon::Stopped(s) if s.contains("Cannot connect")),
+        matches!(&d.lvmlockd, Daemon::Stopped(s) if s.contains("no socket at")),
         "{d:?}"
     );
+    // A socket nobody listens on any more.
+    let stale = dir.path().join("stale.socket");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    fake.expect(&["sanlock", "client", "status"]).succeeds();
+    let d = SharedLvm::new(fake.clone())
+        .with_lvmlockd_socket(&stale)
+        .daemons()
+        .await;
+    assert_eq!(d.sanlock, Daemon::Running);
+    assert!(
+        matches!(&d.lvmlockd, Daemon::Stopped(s) if s.contains("refused")),
+        "{d:?}"
+    );
+    let (_live, socket) = lvmlockd();
+    fake.expect(&["sanlock", "client", "status"]).succeeds();
+    let d = SharedLvm::new(fake.clone())
+        .with_lvmlockd_socket(socket)
+        .daemons()
+        .await;
+    assert_eq!(d.lvmlockd, Daemon::Running);
     fake.assert_done();
 }
 
@@ -81,9 +126,9 @@ async fn create_volume_group_is_shared_tagged_scoped_and_carries_the_host_id() {
 #[tokio::test]
 async fn lock_stop_only_when_started() {
     let fake = FakeRunner::new();
-    fake.expect(&["lvmlockctl", "--info"]).stdout("");
-    fake.expect(&["lvmlockctl", "--info"])
-        .stdout("VG san lock_type=sanlock x\nLS sanlock lvm_san\n");
+    fake.expect(&["sanlock", "client", "status"]).stdout("");
+    fake.expect(&["sanlock", "client", "status"])
+        .stdout("s lvm_san:2:/dev/mapper/san-lvmlock:0\n");
     fake.expect(&with_scope("vgchange", None, &["--lock-stop", "san"]))
         .succeeds();
     let lvm = SharedLvm::new(fake.clone());
@@ -494,15 +539,14 @@ async fn a_devices_file_not_made_yet_lists_nothing() {
 }
 
 const LISTING: &str = "  Device /dev/vdb IDTYPE=sys_serial IDNAME=lun0 DEVNAME=/dev/vdb PVID=abc\n";
-const STARTED: &str = "VG san lock_type=sanlock x\nLS sanlock lvm_san\n";
+const STARTED: &str = "p -1 helper\ns lvm_san:2:/dev/mapper/san-lvmlock:0\n";
 
 /// The commands of one leave observation of a node that sees the group `san` on /dev/vdb.
 fn expect_leave_observation(fake: &FakeRunner, started: bool, lvs: &str) {
     fake.expect(&["sanlock", "client", "status"]).succeeds();
-    fake.expect(&["lvmlockctl", "--info"]).stdout(STARTED);
     fake.expect(&["lvm", "lvmdevices", "--devicesfile", "lvms-san.devices"])
         .stdout(LISTING);
-    fake.expect(&["lvmlockctl", "--info"])
+    fake.expect(&["sanlock", "client", "status"])
         .stdout(if started { STARTED } else { "" });
     fake.expect(&with_scope(
         "vgs",
@@ -595,7 +639,8 @@ async fn the_remover_removes_the_empty_pool_and_waits_while_another_host_holds_t
         5,
         "  Lockspace for \"san\" not stopped on other hosts\n  Volume group \"san\" not removed",
     );
-    let host = RealSharedHost::new(fake.clone());
+    let (_lvmlockd, socket) = lvmlockd();
+    let host = RealSharedHost::new(fake.clone()).with_lvmlockd_socket(socket);
     let report = leave(&host, &class(), Some(&node(1, true))).await.unwrap();
     assert_eq!(
         report.executed,
@@ -617,7 +662,7 @@ async fn another_node_stops_its_lockspace_and_empties_its_devices_file_and_has_l
     let fake = FakeRunner::new();
     expect_leave_observation(&fake, true, r#"{"report":[{"lv":[]}]}"#);
     // lock_stop looks first.
-    fake.expect(&["lvmlockctl", "--info"]).stdout(STARTED);
+    fake.expect(&["sanlock", "client", "status"]).stdout(STARTED);
     fake.expect(&with_scope("vgchange", None, &["--lock-stop", "san"]))
         .succeeds();
     fake.expect(&["lvm", "lvmdevices", "--devicesfile", "lvms-san.devices"])
@@ -633,11 +678,11 @@ async fn another_node_stops_its_lockspace_and_empties_its_devices_file_and_has_l
     .succeeds();
     // Observed again: nothing left.
     fake.expect(&["sanlock", "client", "status"]).succeeds();
-    fake.expect(&["lvmlockctl", "--info"]).stdout("");
     fake.expect(&["lvm", "lvmdevices", "--devicesfile", "lvms-san.devices"])
         .stdout("");
-    fake.expect(&["lvmlockctl", "--info"]).stdout("");
-    let host = RealSharedHost::new(fake.clone());
+    fake.expect(&["sanlock", "client", "status"]).stdout("");
+    let (_lvmlockd, socket) = lvmlockd();
+    let host = RealSharedHost::new(fake.clone()).with_lvmlockd_socket(socket);
     let report = leave(&host, &class(), Some(&node(2, false))).await.unwrap();
     assert!(report.has_left(), "{report:?}");
     assert_eq!(report.executed.len(), 2, "{report:?}");
@@ -652,7 +697,8 @@ async fn a_volume_left_in_the_group_is_named_and_nothing_is_run() {
         true,
         r#"{"report":[{"lv":[{"lv_name":"vol-1","segtype":"linear","pool_lv":""}]}]}"#,
     );
-    let host = RealSharedHost::new(fake.clone());
+    let (_lvmlockd, socket) = lvmlockd();
+    let host = RealSharedHost::new(fake.clone()).with_lvmlockd_socket(socket);
     let report = leave(&host, &class(), Some(&node(1, true))).await.unwrap();
     assert!(report.executed.is_empty());
     assert!(

@@ -825,10 +825,10 @@ async fn missing_lock_daemons_fail_the_class_naming_both_and_the_start_command()
     let vg = shared_vg();
     api.insert(SAN_VG, serde_json::to_value(&vg).unwrap());
     host_ids(&api, json!({"node-a": "3"}));
-    // The real host over a scripted runner: neither client is installed; nothing else may run.
+    // The real host over a scripted runner: sanlock is not installed and lvmlockd has no socket;
+    // nothing else may run.
     let fake = lvms_host::fake::FakeRunner::new();
     fake.expect(&["sanlock", "client", "status"]).spawn_fails();
-    fake.expect(&["lvmlockctl", "--info"]).spawn_fails();
     let ctx = Arc::new(Context::new(
         api.client("lvms"),
         "node-a",
@@ -847,7 +847,7 @@ async fn missing_lock_daemons_fail_the_class_naming_both_and_the_start_command()
     let reason = entry["reason"].as_str().unwrap();
     for word in [
         "sanlock is not installed",
-        "lvmlockd is not installed",
+        "lvmlockd is not running",
         "systemctl enable --now sanlock",
         "systemctl enable --now lvmlockd",
     ] {
