@@ -64,6 +64,9 @@ pub struct SharedLvm<R> {
     runner: R,
     /// lvmlockd's socket ([`LVMLOCKD_SOCKET`]; a test's own elsewhere).
     lvmlockd_socket: std::path::PathBuf,
+    /// Where to put a stand-in for lvmlockd's pid file while its socket answers, when this
+    /// process's `/run` is not the host's (the node pod): see [`SharedLvm::with_pid_file_stand_in`].
+    pid_file_stand_in: Option<std::path::PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -186,7 +189,19 @@ impl<R: Runner> SharedLvm<R> {
         Self {
             runner,
             lvmlockd_socket: LVMLOCKD_SOCKET.into(),
+            pid_file_stand_in: None,
         }
+    }
+
+    /// lvm talks to lvmlockd only when lvmlockd's pid file (`/run/lvmlockd.pid`, compiled in)
+    /// exists: without it every shared command fails with "lvmlockd process is not running". A
+    /// pod sees the host's lvmlockd socket (`/run/lvm`, mounted) but not the host's `/run`, so the
+    /// node agent writes a stand-in at `path` in its own `/run` while the socket answers. Never
+    /// for a process that runs on the host (there the real file is lvmlockd's).
+    #[must_use]
+    pub fn with_pid_file_stand_in(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.pid_file_stand_in = Some(path.into());
+        self
     }
 
     /// Looks for lvmlockd at `socket` instead of [`LVMLOCKD_SOCKET`].
@@ -228,9 +243,19 @@ impl<R: Runner> SharedLvm<R> {
 
     /// Whether `sanlock` and `lvmlockd` run on the host (asked through their own clients).
     pub async fn daemons(&self) -> Daemons {
+        let lvmlockd = lvmlockd_answers(&self.lvmlockd_socket);
+        if let (Daemon::Running, Some(path)) = (&lvmlockd, &self.pid_file_stand_in)
+            && !path.exists()
+        {
+            let text = "a stand-in written by the lvms node agent: lvmlockd runs on the host \
+                        and answers on /run/lvm/lvmlockd.socket\n";
+            if let Err(e) = std::fs::write(path, text) {
+                tracing::warn!(path = %path.display(), error = %e, "writing the lvmlockd pid file stand-in failed");
+            }
+        }
         Daemons {
             sanlock: self.daemon("sanlock", &["client", "status"]).await,
-            lvmlockd: lvmlockd_answers(&self.lvmlockd_socket),
+            lvmlockd,
         }
     }
 
@@ -666,6 +691,13 @@ impl<R: Runner + Clone> RealSharedHost<R> {
     #[must_use]
     pub fn with_lvmlockd_socket(mut self, socket: impl Into<std::path::PathBuf>) -> Self {
         self.lvm = self.lvm.with_lvmlockd_socket(socket);
+        self
+    }
+
+    /// See [`SharedLvm::with_pid_file_stand_in`] (the node agent, in its pod).
+    #[must_use]
+    pub fn with_pid_file_stand_in(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.lvm = self.lvm.with_pid_file_stand_in(path);
         self
     }
 

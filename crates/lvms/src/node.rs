@@ -80,7 +80,8 @@ fn shared_host(
     runner: Arc<RealRunner>,
     fence_hook_dir: &str,
 ) -> Result<RealSharedHost<Arc<RealRunner>>> {
-    let host = RealSharedHost::new(runner);
+    // The pod's /run is its own: lvm there needs a stand-in for lvmlockd's pid file.
+    let host = RealSharedHost::new(runner).with_pid_file_stand_in("/run/lvmlockd.pid");
     if fence_hook_dir.is_empty() {
         return Ok(host);
     }

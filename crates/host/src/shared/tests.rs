@@ -98,10 +98,35 @@ async fn a_missing_program_is_missing_and_a_failing_one_stopped() {
     let (_live, socket) = lvmlockd();
     fake.expect(&["sanlock", "client", "status"]).succeeds();
     let d = SharedLvm::new(fake.clone())
-        .with_lvmlockd_socket(socket)
+        .with_lvmlockd_socket(&socket)
         .daemons()
         .await;
     assert_eq!(d.lvmlockd, Daemon::Running);
+    fake.assert_done();
+}
+
+#[tokio::test]
+async fn a_pod_gets_a_pid_file_stand_in_only_while_lvmlockd_answers() {
+    let fake = FakeRunner::new();
+    let dir = tempfile::tempdir().unwrap();
+    let pid = dir.path().join("lvmlockd.pid");
+    // No lvmlockd: no stand-in.
+    fake.expect(&["sanlock", "client", "status"]).succeeds();
+    SharedLvm::new(fake.clone())
+        .with_lvmlockd_socket(dir.path().join("none.socket"))
+        .with_pid_file_stand_in(&pid)
+        .daemons()
+        .await;
+    assert!(!pid.exists());
+    // lvmlockd answers: lvm in the pod will find the file it looks for.
+    let (_live, socket) = lvmlockd();
+    fake.expect(&["sanlock", "client", "status"]).succeeds();
+    SharedLvm::new(fake.clone())
+        .with_lvmlockd_socket(&socket)
+        .with_pid_file_stand_in(&pid)
+        .daemons()
+        .await;
+    assert!(std::fs::read_to_string(&pid).unwrap().contains("stand-in"));
     fake.assert_done();
 }
 
