@@ -116,8 +116,9 @@ enum Task {
     /// Inside a user-mode guest: the guest's side of its forwarded ports (xtask/src/relay.rs).
     #[command(hide = true)]
     GuestRelay { host: String },
-    /// lvms-rs installed on a real node: the control plane, a kubelet with containerd in the VM,
-    /// local images, `kubectl apply -k` of deploy/base, and the e2e test `installed` (ADR 0018).
+    /// lvms-rs installed on two real nodes on one shared LUN: the control plane, a kubelet with
+    /// containerd in each VM, local images, `kubectl apply -k` of deploy/base, and the e2e tests
+    /// `installed` and `installed_shared` (ADR 0018).
     Installed {
         /// Keep the cluster up after the test (for development).
         #[arg(long)]

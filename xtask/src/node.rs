@@ -254,27 +254,32 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
 
     let [node1, node2] = &NODES;
     let mut cmd = Command::new(&suite);
-    cmd.args([
-        "installed::",
-        "--ignored",
-        "--test-threads=1",
-        "--nocapture",
-    ])
-    .env("KUBECONFIG", &kubeconfig)
-    .env("LVMS_E2E_DEVICE", node1.device_path())
-    .env("LVMS_E2E_POD_IMAGE", images::WORKLOAD)
-    .env("LVMS_E2E_IMAGE", images::lvms_reference("e2e-a"))
-    .env("LVMS_E2E_ROLL_IMAGE", images::lvms_reference("e2e-b"))
-    .env("LVMS_E2E_NODE", node1.name)
-    .env("LVMS_E2E_APPLIED_AT_MS", applied_at.to_string())
-    .env("LVMS_E2E_VM", format!("127.0.0.1:{}", ports[0].exec))
-    .env("LVMS_E2E_NODE2", node2.name)
-    .env("LVMS_E2E_DEVICE2", node2.device_path())
-    .env("LVMS_E2E_VM2", format!("127.0.0.1:{}", ports[1].exec))
-    .env(
-        "LVMS_E2E_SHARED_DEVICE",
-        format!("/dev/disk/by-id/virtio-{}", lun.serial),
-    );
+    // `installed::` (the node-local story on node 1), then `installed_shared::` (one LUN on both
+    // nodes; it ends one of them).
+    cmd.args(["installed", "--ignored", "--test-threads=1", "--nocapture"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("LVMS_E2E_DEVICE", node1.device_path())
+        .env("LVMS_E2E_POD_IMAGE", images::WORKLOAD)
+        .env("LVMS_E2E_IMAGE", images::lvms_reference("e2e-a"))
+        .env("LVMS_E2E_ROLL_IMAGE", images::lvms_reference("e2e-b"))
+        .env("LVMS_E2E_NODE", node1.name)
+        .env("LVMS_E2E_APPLIED_AT_MS", applied_at.to_string())
+        .env("LVMS_E2E_VM", format!("127.0.0.1:{}", ports[0].exec))
+        .env("LVMS_E2E_NODE2", node2.name)
+        .env("LVMS_E2E_DEVICE2", node2.device_path())
+        .env("LVMS_E2E_VM2", format!("127.0.0.1:{}", ports[1].exec))
+        .env(
+            "LVMS_E2E_SHARED_DEVICE",
+            format!("/dev/disk/by-id/virtio-{}", lun.serial),
+        )
+        // The failover test ends a node as a power loss would: its machine killed.
+        .env(
+            "LVMS_E2E_PIDS",
+            vms.iter()
+                .map(|vm| vm.pid().to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        );
     let (ok, summary) = e2e::run_pass(repo, cmd, &dir.join("work"))?;
     if !ok {
         diagnose(&kubeconfig, &node_dirs);

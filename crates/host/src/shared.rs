@@ -639,10 +639,9 @@ pub trait SharedHost: Send + Sync {
     }
     /// Puts the fence hook on the host, when this host installs it (ADR 0028): the node agent
     /// does, before it judges a class's fencing under `watchdog: Required`. `None` when it does
-    /// not (test hosts, `lvms standalone`, the admin's opt-out).
-    fn install_fence_hook(&self) -> impl Future<Output = Option<Installed>> + Send {
-        async { None }
-    }
+    /// not (test hosts, `lvms standalone`, the admin's opt-out). No default: a host that wraps
+    /// another must pass it on (a default once silently dropped the node agent's).
+    fn install_fence_hook(&self) -> impl Future<Output = Option<Installed>> + Send;
     /// Whether the fence hook fenced this node for `vg` (its record exists); false on test hosts.
     fn is_fenced(&self, vg: &str) -> impl Future<Output = bool> + Send {
         let _ = vg;

@@ -43,7 +43,11 @@ async fn claim_of(client: &Client, volume_id: &str) -> Option<ObjectReference> {
 fn claim_in(pvs: &[PersistentVolume], volume_id: &str) -> Option<ObjectReference> {
     pvs.iter()
         .filter_map(|pv| pv.spec.as_ref())
-        .find(|spec| spec.csi.as_ref().is_some_and(|c| c.volume_handle == volume_id))
+        .find(|spec| {
+            spec.csi
+                .as_ref()
+                .is_some_and(|c| c.volume_handle == volume_id)
+        })
         .and_then(|spec| spec.claim_ref.clone())
 }
 

@@ -780,6 +780,9 @@ impl<H: SharedHost> SharedHost for CreatorHost<'_, H> {
         self.inner.pause(d).await;
     }
 
+    async fn install_fence_hook(&self) -> Option<lvms_host::fence::install::Installed> {
+        self.inner.install_fence_hook().await
+    }
     async fn observe_fencing(&self, vg: &str) -> Option<lvms_host::sanlock::FencingSeen> {
         self.inner.observe_fencing(vg).await
     }

@@ -109,7 +109,12 @@ const OPERATOR_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
     ),
     // patch: the out-of-service taint on a dead node of a shared class, when opted in
     // (src/controller/dead_nodes.rs).
-    ("", "nodes", &["get", "list", "watch", "patch"], Scope::Cluster),
+    (
+        "",
+        "nodes",
+        &["get", "list", "watch", "patch"],
+        Scope::Cluster,
+    ),
     // The LVMCluster's deletion counts claims and volumes; the eviction controller reads a claim,
     // its volume and node, and deletes the claim.
     (

@@ -915,7 +915,8 @@ mod tests {
         let wait = rx.try_recv().expect("the wait was announced");
         assert_eq!(wait.volume_id, lv.name);
         assert!(
-            wait.message.starts_with("NodeStage waits up to 90 s for the volume's lock: "),
+            wait.message
+                .starts_with("NodeStage waits up to 90 s for the volume's lock: "),
             "{}",
             wait.message
         );

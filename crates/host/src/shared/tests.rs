@@ -687,7 +687,8 @@ async fn another_node_stops_its_lockspace_and_empties_its_devices_file_and_has_l
     let fake = FakeRunner::new();
     expect_leave_observation(&fake, true, r#"{"report":[{"lv":[]}]}"#);
     // lock_stop looks first.
-    fake.expect(&["sanlock", "client", "status"]).stdout(STARTED);
+    fake.expect(&["sanlock", "client", "status"])
+        .stdout(STARTED);
     fake.expect(&with_scope("vgchange", None, &["--lock-stop", "san"]))
         .succeeds();
     fake.expect(&["lvm", "lvmdevices", "--devicesfile", "lvms-san.devices"])

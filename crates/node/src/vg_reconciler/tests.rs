@@ -385,6 +385,9 @@ impl SanHost {
 }
 
 impl SharedHost for SanHost {
+    async fn install_fence_hook(&self) -> Option<lvms_host::fence::install::Installed> {
+        None
+    }
     async fn observe(
         &self,
         class: &DeviceClassConfig,

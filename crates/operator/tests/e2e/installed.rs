@@ -36,45 +36,37 @@ use crate::{
 
 /// Building a volume group and thin pool, and starting containers in a TCG VM, take longer than API
 /// round trips.
-const SLOW: Duration = Duration::from_secs(600);
-const INSTALL_NS: &str = "lvms-system";
+pub(crate) const SLOW: Duration = Duration::from_secs(600);
+pub(crate) const INSTALL_NS: &str = "lvms-system";
 const OPERATOR: &str = "lvms-operator";
 const NODE_DAEMON_SET: &str = "vg-manager";
-const DRIVER: &str = lvms_api::DEFAULT_DRIVER_NAME;
+pub(crate) const DRIVER: &str = lvms_api::DEFAULT_DRIVER_NAME;
 /// The StorageClass the operator renders for the device class `e2e`.
 const CLASS: &str = "lvms-e2e";
 
-struct Env {
-    device: String,
-    node: String,
-    image: String,
+pub(crate) struct Env {
+    pub(crate) device: String,
+    pub(crate) node: String,
+    pub(crate) image: String,
     /// The lvms-rs image installed, and the one the upgrade rolls to.
-    install_image: String,
-    roll_image: String,
-    vm: Vm,
+    pub(crate) install_image: String,
+    pub(crate) roll_image: String,
+    pub(crate) vm: Vm,
     /// When `kubectl apply` of the manifests started (the clock the install times count from).
-    applied: Option<SystemTime>,
+    pub(crate) applied: Option<SystemTime>,
     /// The second node, when there is one.
-    #[allow(
-        dead_code,
-        reason = "for the shared-LUN steps on two nodes, still to come"
-    )]
-    node2: Option<SecondNode>,
+    pub(crate) node2: Option<SecondNode>,
 }
 
 /// A second node with a spare disk of its own, and the shared LUN both nodes attach.
-#[allow(
-    dead_code,
-    reason = "for the shared-LUN steps on two nodes, still to come"
-)]
-struct SecondNode {
-    node: String,
-    vm: Vm,
-    device: String,
-    shared_device: String,
+pub(crate) struct SecondNode {
+    pub(crate) node: String,
+    pub(crate) vm: Vm,
+    pub(crate) device: String,
+    pub(crate) shared_device: String,
 }
 
-fn env() -> Option<Env> {
+pub(crate) fn env() -> Option<Env> {
     let var = |k: &str| std::env::var(k).ok();
     Some(Env {
         device: var("LVMS_E2E_DEVICE")?,
@@ -98,13 +90,19 @@ fn env() -> Option<Env> {
 }
 
 /// Seconds since `kubectl apply`, for the closing report.
-fn since_apply(env: &Env) -> String {
+pub(crate) fn since_apply(env: &Env) -> String {
     env.applied
         .and_then(|t| t.elapsed().ok())
         .map_or_else(|| "?".to_owned(), |d| format!("{:.0}", d.as_secs_f64()))
 }
 
-fn pod(name: &str, image: &str, script: &str, volume: serde_json::Value, node: &str) -> Pod {
+pub(crate) fn pod(
+    name: &str,
+    image: &str,
+    script: &str,
+    volume: serde_json::Value,
+    node: &str,
+) -> Pod {
     let mut container = json!({
         "name": "c", "image": image, "imagePullPolicy": "Never",
         "command": ["/bin/sh", "-c", script],
@@ -176,7 +174,7 @@ async fn create_pod(
     .unwrap_or_else(|e| panic!("creating pod {name}: {e}"));
 }
 
-async fn wait_running(pods: &Api<Pod>, name: &str) {
+pub(crate) async fn wait_running(pods: &Api<Pod>, name: &str) {
     eventually(&format!("pod {name} is Running"), SLOW, || {
         let pods = pods.clone();
         let name = name.to_owned();
@@ -202,7 +200,7 @@ async fn wait_running(pods: &Api<Pod>, name: &str) {
 
 /// Waits until pod `name`'s log holds a line for which `pick` answers (the last such line); that
 /// answer. Logs come through the API server from kubelet.
-async fn wait_log<T>(
+pub(crate) async fn wait_log<T>(
     pods: &Api<Pod>,
     name: &str,
     what: &str,
@@ -222,7 +220,7 @@ async fn wait_log<T>(
     .await
 }
 
-async fn delete_pod(pods: &Api<Pod>, name: &str) {
+pub(crate) async fn delete_pod(pods: &Api<Pod>, name: &str) {
     pods.delete(name, &DeleteParams::default()).await.unwrap();
     eventually(&format!("pod {name} is gone"), SLOW, || {
         let pods = pods.clone();
@@ -244,7 +242,7 @@ async fn lvs(vm: &Vm) -> String {
 }
 
 /// The operator pod's name once its Deployment has a Ready replica of the current template.
-async fn operator_ready(client: &Client) -> String {
+pub(crate) async fn operator_ready(client: &Client) -> String {
     let deployments = Api::<Deployment>::namespaced(client.clone(), INSTALL_NS);
     let pods = Api::<Pod>::namespaced(client.clone(), INSTALL_NS);
     eventually("the operator's pod is Ready", SLOW, || {
@@ -286,7 +284,7 @@ async fn operator_ready(client: &Client) -> String {
 }
 
 /// The node DaemonSet's pod on `node` once it runs `image` and is Ready; its name.
-async fn node_pod_ready(client: &Client, image: &str, node: &str) -> String {
+pub(crate) async fn node_pod_ready(client: &Client, image: &str, node: &str) -> String {
     let pods = Api::<Pod>::namespaced(client.clone(), INSTALL_NS);
     let image = image.to_owned();
     let node = node.to_owned();

@@ -41,6 +41,7 @@ mod dead_nodes;
 mod eviction;
 mod host_ids;
 mod installed;
+mod installed_shared;
 mod node_removal;
 mod operator;
 mod provisioning;

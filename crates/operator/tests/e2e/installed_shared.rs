@@ -1,0 +1,472 @@
+//! One LUN on two installed nodes (issue 38): lvms-rs installed with `kubectl apply -k` on two
+//! kubelets that attach one shared disk image, run by `cargo xtask installed` after `installed::`
+//! (which leaves no LVMCluster behind). An `LVMCluster` with a node-local class on each node's own
+//! disk and a shared class on the LUN (watchdog `Required`, softdog under wdmd in the guests,
+//! lvmlockd at io timeout 5 s) becomes Ready on both nodes, which shows the node agents installed
+//! the fence hook themselves; a MULTI_NODE block volume is used by a pod on each node at once;
+//! then the node without the operator is killed under a StatefulSet pod that wrote to a shared
+//! linear and a shared thin volume, and with no step by the test but waiting, the pod runs on the
+//! other node and reads back what it wrote: no activation before sanlock's host-dead time.
+//!
+//! Besides `installed::`'s variables it needs `LVMS_E2E_NODE2`, `LVMS_E2E_VM2`,
+//! `LVMS_E2E_DEVICE2`, `LVMS_E2E_SHARED_DEVICE` and `LVMS_E2E_PIDS` (the two machines' process
+//! ids, node 1's first).
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::{
+    apps::v1::StatefulSet,
+    core::v1::{Node, PersistentVolumeClaim, Pod},
+    storage::v1::{CSINode, StorageClass},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, LogParams, PostParams},
+};
+use lvms_api::{
+    LVMCluster, LVMVolumeGroupNodeStatus, shared_topology_key, storage_class_name,
+    topolvm::LogicalVolume,
+};
+use lvms_core::shared::fencing::Timing;
+use serde_json::json;
+
+use crate::{
+    installed::{
+        self, DRIVER, INSTALL_NS, SLOW, delete_pod, operator_ready, since_apply, wait_log,
+        wait_running,
+    },
+    stack::Vm,
+    support::{self, TestNamespace, eventually},
+};
+
+const SAN: &str = "san";
+const LOCAL: &str = "local";
+/// lvmlockd's `--sanlock-timeout` in the guests (xtask/src/node.sh), which the class matches.
+const IO_TIMEOUT: u32 = 5;
+const CLUSTER: &str = "shared";
+
+/// One of the two nodes.
+struct Member {
+    name: String,
+    vm: Vm,
+    pid: u32,
+}
+
+async fn wait_ready(clusters: &Api<LVMCluster>) {
+    eventually("the shared LVMCluster is Ready", SLOW, || {
+        let clusters = clusters.clone();
+        async move {
+            let c = clusters.get(CLUSTER).await.map_err(|e| e.to_string())?;
+            match &c.status {
+                Some(s) if s.ready => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+}
+
+/// The node the operator's pod runs on.
+async fn operator_node(client: &Client) -> String {
+    let name = operator_ready(client).await;
+    Api::<Pod>::namespaced(client.clone(), INSTALL_NS)
+        .get(&name)
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.node_name)
+        .expect("the operator's pod is scheduled")
+}
+
+fn ready_status(node: &Node) -> String {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .map_or_else(|| "?".to_owned(), |c| c.status.clone())
+}
+
+#[tokio::test]
+#[ignore = "needs two installed nodes on one LUN: run by `cargo xtask installed`"]
+async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_moves_by_itself() {
+    const TEST: &str =
+        "a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_moves_by_itself";
+    if !support::enabled(TEST) {
+        return;
+    }
+    let pids: Vec<u32> = std::env::var("LVMS_E2E_PIDS")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    let Some((env, second)) = installed::env().and_then(|mut e| {
+        let second = e.node2.take()?;
+        Some((e, second))
+    }) else {
+        eprintln!("{TEST}: skipped (run by `cargo xtask installed`, which boots two nodes)");
+        return;
+    };
+    assert_eq!(pids.len(), 2, "LVMS_E2E_PIDS names both machines");
+    let started = Instant::now();
+    let client = support::client().await;
+    let members = [
+        Member {
+            name: env.node.clone(),
+            vm: env.vm.clone(),
+            pid: pids[0],
+        },
+        Member {
+            name: second.node.clone(),
+            vm: second.vm.clone(),
+            pid: pids[1],
+        },
+    ];
+
+    // Both nodes: a node-local class on each one's own disk, and the LUN.
+    let clusters = Api::<LVMCluster>::namespaced(client.clone(), INSTALL_NS);
+    let cluster: LVMCluster = serde_json::from_value(json!({
+        "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMCluster",
+        "metadata": {"name": CLUSTER, "namespace": INSTALL_NS},
+        "spec": {"storage": {"deviceClasses": [
+            {"name": LOCAL, "default": true, "fstype": "ext4",
+             "deviceSelector": {"optionalPaths": [env.device, second.device]},
+             "thinPoolConfig": {"name": "thin-pool-1", "sizePercent": 90, "overprovisionRatio": 10}},
+            {"name": SAN, "fstype": "ext4", "deviceAccessPolicy": "shared",
+             "deviceSelector": {"paths": [second.shared_device]},
+             "sharedConfig": {"ioTimeoutSeconds": IO_TIMEOUT, "watchdog": "Required"}},
+        ]}},
+    }))
+    .unwrap();
+    let created = Instant::now();
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap_or_else(|e| panic!("creating LVMCluster {CLUSTER}: {e}"));
+    // Ready under `watchdog: Required` means each node reported its watchdog armed and the kill
+    // hook configured: nobody but the node agents put it there.
+    wait_ready(&clusters).await;
+    println!(
+        "installed_shared: LVMCluster Ready on both nodes {:.0} s after it was created ({} s \
+         after kubectl apply)",
+        created.elapsed().as_secs_f64(),
+        since_apply(&env)
+    );
+    let statuses = Api::<LVMVolumeGroupNodeStatus>::namespaced(client.clone(), INSTALL_NS);
+    let mut host_ids = Vec::new();
+    for m in &members {
+        let conf = m.vm.ok("cat /etc/lvm/lvmlocal.conf").await;
+        assert!(
+            conf.contains("lvmlockctl_kill_command = \"/var/lib/lvms/bin/lvms fence\""),
+            "{}: {conf}",
+            m.name
+        );
+        m.vm.ok("test -x /var/lib/lvms/bin/lvms").await;
+        let status = statuses.get(&m.name).await.unwrap();
+        let shared = status
+            .spec
+            .lvm_vg_status
+            .iter()
+            .find(|v| v.name == SAN)
+            .and_then(|v| v.shared.clone())
+            .unwrap_or_else(|| panic!("{}: no shared status: {status:?}", m.name));
+        let fencing = shared.fencing.clone().expect("fencing reported");
+        assert!(fencing.kill_hook, "{}: {fencing:?}", m.name);
+        assert_eq!(shared.io_timeout_seconds, i32::try_from(IO_TIMEOUT).ok());
+        host_ids.push(shared.host_id.expect("a host id"));
+        // The class's topology segment, which kubelet learned when the plugin registered.
+        let csinode = eventually("CSINode has the shared class's key", SLOW, || {
+            let csinodes = Api::<CSINode>::all(client.clone());
+            let node = m.name.clone();
+            async move {
+                let c = csinodes.get(&node).await.map_err(|e| e.to_string())?;
+                let keys = c
+                    .spec
+                    .drivers
+                    .iter()
+                    .find(|d| d.name == DRIVER)
+                    .and_then(|d| d.topology_keys.clone())
+                    .unwrap_or_default();
+                keys.contains(&shared_topology_key(SAN))
+                    .then_some(keys.clone())
+                    .ok_or(format!("{keys:?}"))
+            }
+        })
+        .await;
+        println!("installed_shared: {} CSINode keys {csinode:?}", m.name);
+    }
+    assert_ne!(host_ids[0], host_ids[1], "distinct sanlock host ids");
+
+    let ns =
+        TestNamespace::create(&client, &format!("lvms-shared-{}", support::suffix()), &[]).await;
+    let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns.name);
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns.name);
+
+    // A MULTI_NODE block volume, used by a pod on each node at once: each reads (O_DIRECT, no
+    // page cache) what the other wrote to the LUN.
+    let block_claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "both"},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": storage_class_name(SAN),
+                 "volumeMode": "Block", "resources": {"requests": {"storage": "64Mi"}}}
+    }))
+    .unwrap();
+    pvcs.create(&PostParams::default(), &block_claim)
+        .await
+        .unwrap();
+    let token = support::suffix();
+    // Block 0 is node 1's, block 1 node 2's; each writes its own, then reads the other's.
+    let script = |mine: u32, theirs: u32| {
+        format!(
+            "printf '%-512s' 'from-{mine}-{token}' | dd of=/dev/xvda bs=512 seek={mine} count=1 \
+             oflag=direct conv=notrunc,fsync 2>/dev/null && echo wrote; \
+             while :; do echo \"saw $(dd if=/dev/xvda bs=512 skip={theirs} count=1 iflag=direct \
+             2>/dev/null | tr -d ' \\000')\"; sleep 1; done"
+        )
+    };
+    for (i, m) in members.iter().enumerate() {
+        let i = u32::try_from(i).unwrap();
+        pods.create(
+            &PostParams::default(),
+            &installed::pod(
+                &format!("both-{i}"),
+                &env.image,
+                &script(i, 1 - i),
+                json!({"claim": "both", "block": true}),
+                &m.name,
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    for i in 0..2u32 {
+        let name = format!("both-{i}");
+        wait_running(&pods, &name).await;
+        let other = format!("from-{}-{token}", 1 - i);
+        wait_log(&pods, &name, "each pod reads the other node's block", |l| {
+            (l.strip_prefix("saw ") == Some(other.as_str())).then_some(())
+        })
+        .await;
+    }
+    for i in 0..2u32 {
+        let p = pods.get(&format!("both-{i}")).await.unwrap();
+        assert_eq!(
+            p.status.and_then(|s| s.phase).as_deref(),
+            Some("Running"),
+            "both pods run at once"
+        );
+    }
+    println!("installed_shared: a MULTI_NODE block volume is used by a pod on each node at once");
+    for i in 0..2u32 {
+        delete_pod(&pods, &format!("both-{i}")).await;
+    }
+
+    // Failover: a StatefulSet pod on the node without the operator (which must survive to see
+    // the death; one replica, issue 35) writes to a shared linear and a shared thin volume.
+    let survivor_name = operator_node(&client).await;
+    let (victim, survivor) = if members[0].name == survivor_name {
+        (&members[1], &members[0])
+    } else {
+        (&members[0], &members[1])
+    };
+    let thin_class: StorageClass = serde_json::from_value(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": format!("{}-thin-{}", storage_class_name(SAN), support::suffix())},
+        "provisioner": DRIVER,
+        "parameters": {lvms_api::DEVICE_CLASS_PARAMETER: SAN,
+                       lvms_api::VOLUME_MODE_PARAMETER: "thin",
+                       "csi.storage.k8s.io/fstype": "ext4"},
+        "volumeBindingMode": "WaitForFirstConsumer",
+        "reclaimPolicy": "Delete",
+    }))
+    .unwrap();
+    let thin_name = thin_class.name_any();
+    Api::<StorageClass>::all(client.clone())
+        .create(&PostParams::default(), &thin_class)
+        .await
+        .unwrap();
+    let token = format!("kept-{}", support::suffix());
+    let sts: StatefulSet = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": "mover"},
+        "spec": {
+            "replicas": 1, "serviceName": "mover",
+            "selector": {"matchLabels": {"app": "mover"}},
+            "template": {
+                "metadata": {"labels": {"app": "mover"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": 100, "preference": {"matchExpressions": [
+                            {"key": "kubernetes.io/hostname", "operator": "In",
+                             "values": [victim.name]}]}}]}},
+                    "containers": [{
+                        "name": "c", "image": env.image, "imagePullPolicy": "Never",
+                        "command": ["/bin/sh", "-c", format!(
+                            "if [ -f /lin/token ]; then echo \"read $(cat /lin/token) $(cat /thin/token)\"; \
+                             else echo {token} > /lin/token && echo {token} > /thin/token && sync \
+                             && echo wrote; fi; sleep 3600")],
+                        "volumeMounts": [{"name": "lin", "mountPath": "/lin"},
+                                         {"name": "thin", "mountPath": "/thin"}],
+                    }],
+                },
+            },
+            "volumeClaimTemplates": [
+                {"metadata": {"name": "lin"}, "spec": {"accessModes": ["ReadWriteOnce"],
+                  "storageClassName": storage_class_name(SAN),
+                  "resources": {"requests": {"storage": "256Mi"}}}},
+                {"metadata": {"name": "thin"}, "spec": {"accessModes": ["ReadWriteOnce"],
+                  "storageClassName": thin_name,
+                  "resources": {"requests": {"storage": "256Mi"}}}},
+            ],
+        },
+    }))
+    .unwrap();
+    Api::<StatefulSet>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &sts)
+        .await
+        .unwrap();
+    wait_running(&pods, "mover-0").await;
+    wait_log(&pods, "mover-0", "the pod wrote both volumes", |l| {
+        (l == "wrote").then_some(())
+    })
+    .await;
+    let first = pods.get("mover-0").await.unwrap();
+    assert_eq!(
+        first.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some(victim.name.as_str()),
+        "the pod starts on the node that will die"
+    );
+    let handles: Vec<String> = {
+        let mut out = Vec::new();
+        for claim in ["lin-mover-0", "thin-mover-0"] {
+            let c = pvcs.get(claim).await.unwrap();
+            out.push(c.spec.and_then(|s| s.volume_name).expect("bound"));
+        }
+        let pvs = Api::<k8s_openapi::api::core::v1::PersistentVolume>::all(client.clone());
+        let mut handles = Vec::new();
+        for pv in out {
+            let pv = pvs.get(&pv).await.unwrap();
+            handles.push(pv.spec.unwrap().csi.unwrap().volume_handle);
+        }
+        handles
+    };
+
+    // Power loss: the victim's machine is killed. The test only watches from here on.
+    let killed = Instant::now();
+    lvms_testkit::guest::kill_machine(victim.pid);
+    println!(
+        "installed_shared: killed {} (the StatefulSet's pod on it), {} survives",
+        victim.name, survivor.name
+    );
+    let nodes = Api::<Node>::all(client.clone());
+    let lvs = Api::<LogicalVolume>::all(client.clone());
+    let mut not_ready = None;
+    let mut dead_seen = None;
+    let mut deleted = None;
+    let mut handed = None;
+    let mut scheduled = None;
+    let mut running = None;
+    let deadline = killed + SLOW;
+    let read = loop {
+        assert!(
+            Instant::now() < deadline,
+            "the pod did not run on {} within {SLOW:?} of the kill (not Ready {not_ready:?}, \
+             dead seen {dead_seen:?}, pod deleted {deleted:?}, handed {handed:?}, scheduled \
+             {scheduled:?}, running {running:?})",
+            survivor.name
+        );
+        let t = killed.elapsed();
+        if not_ready.is_none()
+            && let Ok(n) = nodes.get(&victim.name).await
+            && ready_status(&n) != "True"
+        {
+            not_ready = Some(t);
+        }
+        if dead_seen.is_none()
+            && let Ok(s) = statuses.get(&survivor.name).await
+            && s.spec.lvm_vg_status.iter().any(|v| {
+                v.name == SAN
+                    && v.shared
+                        .as_ref()
+                        .is_some_and(|s| !s.dead_host_ids.is_empty())
+            })
+        {
+            dead_seen = Some(t);
+        }
+        let now = pods.get_opt("mover-0").await.ok().flatten();
+        if deleted.is_none() && now.as_ref().is_none_or(|p| p.uid() != first.uid()) {
+            deleted = Some(t);
+        }
+        if handed.is_none() {
+            let mut all = true;
+            for h in &handles {
+                all &= lvs
+                    .get(h)
+                    .await
+                    .is_ok_and(|lv| lv.spec.node_name == survivor.name);
+            }
+            if all {
+                handed = Some(t);
+            }
+        }
+        if let Some(p) = now.filter(|p| p.uid() != first.uid()) {
+            let spec_node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+            if scheduled.is_none() && spec_node.is_some() {
+                assert_eq!(spec_node.as_deref(), Some(survivor.name.as_str()));
+                scheduled = Some(t);
+            }
+            if running.is_none()
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            {
+                running = Some(t);
+            }
+            if running.is_some()
+                && let Ok(log) = pods.logs("mover-0", &LogParams::default()).await
+                && let Some(line) = log.lines().find(|l| l.starts_with("read "))
+            {
+                break line.to_owned();
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let at = killed.elapsed();
+    assert_eq!(
+        read,
+        format!("read {token} {token}"),
+        "what it wrote, on both volumes"
+    );
+    let timing = Timing::new(IO_TIMEOUT);
+    let deleted = deleted.expect("the old pod went");
+    assert!(
+        deleted.as_secs() >= u64::from(timing.earliest_takeover_after_death()),
+        "the pod was released {deleted:?} after the kill, before sanlock's host-dead time ({} s \
+         from the last renewal)",
+        timing.host_dead_seconds()
+    );
+    let secs = |d: Option<Duration>| {
+        d.map_or_else(|| "-".to_owned(), |d| format!("{:.0}", d.as_secs_f64()))
+    };
+    println!(
+        "installed_shared: failover after the kill of {}: node not Ready {} s, death reported by \
+         {} {} s, pod deleted {} s, volumes handed over {} s, new pod scheduled {} s, Running {} \
+         s, read back {:.0} s (host-dead time {} s after the last renewal, io timeout {} s)",
+        victim.name,
+        secs(not_ready),
+        survivor.name,
+        secs(dead_seen),
+        secs(Some(deleted)),
+        secs(handed),
+        secs(scheduled),
+        secs(running),
+        at.as_secs_f64(),
+        timing.host_dead_seconds(),
+        IO_TIMEOUT
+    );
+    let _ = Api::<StorageClass>::all(client.clone())
+        .delete(&thin_name, &DeleteParams::default())
+        .await;
+    println!(
+        "installed_shared: done in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+}
