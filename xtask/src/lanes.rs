@@ -168,10 +168,8 @@ pub fn phases(repo: &Path, list: &Path) -> Vec<Phase> {
         // 488 s / 219 s and 518 s / 320 s.
         xtask("e2e on a real control plane", 490, 45, &["e2e"]),
         // Two nodes (two user-mode guests): 396 s alone after the build for the node-local
-        // scenario, about 0.8 of a core (366 CPU s in the 470 s of a run to the end of its test);
-        // the shared scenario on both nodes adds an estimated 400 s (join, MULTI_NODE, a node
-        // killed and its pod moved after sanlock's 100 s).
-        xtask("installed on two real nodes", 900, 80, &["installed"]),
+        // scenario, about 0.8 of a core (366 CPU s in the 470 s of a run to the end of its test).
+        xtask("installed on two real nodes", 520, 80, &["installed"]),
     ]
 }
 
