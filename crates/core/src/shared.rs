@@ -256,6 +256,20 @@ pub fn plan(class: &DeviceClassConfig, observed: &Observed) -> Plan {
     let Some(vg) = &observed.vg else {
         return plan_creation(name, &canonical, host_id, observed);
     };
+    // `vgcreate --shared` writes the group before its lock type: a group tagged by lvms-rs with
+    // none yet, seen by a node that does not create it, is another node's creation in progress.
+    if vg.lock_type.is_empty() && vg.tags.iter().any(|t| t == VG_OWNER_TAG) && !observed.may_create
+    {
+        return Plan::stop(
+            State::Waiting {
+                reason: format!(
+                    "waiting for the node that creates shared volume group {name} to finish it \
+                     (it has no lock type yet)"
+                ),
+            },
+            true,
+        );
+    }
     if vg.lock_type != "sanlock" {
         let kind = if vg.lock_type.is_empty() {
             "a local (not shared) volume group".to_owned()

@@ -165,6 +165,29 @@ fn the_creator_refuses_a_lun_that_holds_data_but_reuses_an_orphan_pv() {
 }
 
 #[test]
+fn our_group_without_a_lock_type_yet_is_another_nodes_creation_in_progress() {
+    let mut o = fresh();
+    o.may_create = false;
+    o.vg = Some(SharedVg {
+        lock_type: String::new(),
+        ..ours()
+    });
+    let p = plan(&class(), &o);
+    assert!(p.actions.is_empty());
+    match &p.state {
+        State::Waiting { reason } => assert!(reason.contains("to finish it"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    // Not tagged by lvms-rs: someone else's local group, refused as before.
+    o.vg = Some(SharedVg {
+        lock_type: String::new(),
+        tags: vec![],
+        ..ours()
+    });
+    assert!(failed(&plan(&class(), &o)).contains("local (not shared)"));
+}
+
+#[test]
 fn a_local_or_foreign_volume_group_of_that_name_is_never_touched() {
     let mut o = fresh();
     o.may_create = true;
