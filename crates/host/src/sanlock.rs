@@ -201,15 +201,21 @@ pub async fn observe_timing<R: Runner>(runner: &R, vg: &str) -> LockspaceTiming 
         .and_then(|t| parse_status(&t).1.remove(&space))
         .map(|r| r.io_timeout)
         .filter(|t| *t > 0);
-    let hosts = stdout_of(
+    let hosts = host_leases(runner, &space).await;
+    LockspaceTiming { io_timeout, hosts }
+}
+
+/// Every host's lease in lockspace `space` as this host's sanlock sees it (none when it does not
+/// answer).
+async fn host_leases<R: Runner>(runner: &R, space: &str) -> Vec<HostLease> {
+    stdout_of(
         runner,
         "sanlock",
-        &["client", "host_status", "-s", &space, "-D"],
+        &["client", "host_status", "-s", space, "-D"],
     )
     .await
     .map(|t| parse_host_status(&t))
-    .unwrap_or_default();
-    LockspaceTiming { io_timeout, hosts }
+    .unwrap_or_default()
 }
 
 /// The output of `program args`, when it succeeds.
@@ -239,14 +245,7 @@ pub async fn observe_lockspace<R: Runner>(runner: &R, root: &Path, vg: &str) -> 
     let (sanlock_uses_watchdog, mut spaces) =
         status.as_deref().map(parse_status).unwrap_or_default();
     let space = lockspace(vg);
-    let hosts = stdout_of(
-        runner,
-        "sanlock",
-        &["client", "host_status", "-s", &space, "-D"],
-    )
-    .await
-    .map(|t| parse_host_status(&t))
-    .unwrap_or_default();
+    let hosts = host_leases(runner, &space).await;
     let kill_command = kill_command(runner).await.unwrap_or_default();
     FencingSeen {
         watchdog: WatchdogSeen {
