@@ -182,8 +182,9 @@ impl ExclusionReason {
                  volume): it is never used; remove it from the device class"
             ),
             Self::DeviceMapper => format!(
-                "{device} is a device-mapper device (LVM, dm-crypt or multipath): choose the disk beneath \
-                 it or remove it from the device class"
+                "{device} is a device-mapper device (LVM, dm-crypt, or multipath found by a pattern): \
+                 choose the disk beneath it, name a multipath device by its path in \
+                 deviceSelector.paths, or remove it from the device class"
             ),
             Self::Mounted { mounts } => {
                 let list: Vec<String> = mounts
@@ -253,6 +254,10 @@ pub struct FilterContext<'a> {
     pub force_wipe: bool,
     /// Canonical paths force-wipe already wiped once: never wiped again.
     pub wiped: BTreeSet<&'a str>,
+    /// The device is named by path in the class's selector (`paths`, `optionalPaths`): a multipath
+    /// device (lsblk type `mpath`: the map multipathd makes of a SAN LUN's paths, whose components
+    /// LVM then ignores) may be used. Found by a pattern or by discovery it never is.
+    pub named: bool,
 }
 
 fn dev_kname_path(device: &BlockDevice) -> String {
@@ -382,13 +387,15 @@ pub fn exclusion_reasons(device: &BlockDevice, ctx: &FilterContext<'_>) -> Vec<E
             .flatten()
             .any(|p| p == device.path || p == kpath)
     });
-    if device.kname.starts_with("dm-")
-        || matches!(
-            device.kind,
-            DeviceKind::Lvm | DeviceKind::Crypt | DeviceKind::Mpath
-        )
-        || device.path.starts_with("/dev/mapper/")
-        || is_lv
+    let named_multipath = ctx.named && device.kind == DeviceKind::Mpath && !is_lv;
+    if !named_multipath
+        && (device.kname.starts_with("dm-")
+            || matches!(
+                device.kind,
+                DeviceKind::Lvm | DeviceKind::Crypt | DeviceKind::Mpath
+            )
+            || device.path.starts_with("/dev/mapper/")
+            || is_lv)
     {
         reasons.push(ExclusionReason::DeviceMapper);
     }
@@ -565,6 +572,45 @@ pub(crate) mod tests {
             codes(&d, &FilterContext::default()),
             ["lvmType", "deviceMapper"]
         );
+    }
+
+    #[test]
+    fn a_multipath_device_named_by_path_is_usable_and_no_other_device_mapper_device_is() {
+        let mpath = BlockDevice {
+            kname: "dm-5".into(),
+            path: "/dev/mapper/mpatha".into(),
+            kind: DeviceKind::Mpath,
+            ..disk("mpatha", 10 * GIB)
+        };
+        let named = FilterContext {
+            named: true,
+            ..FilterContext::default()
+        };
+        assert_eq!(evaluate(&mpath, &named), Verdict::Usable { waived: vec![] });
+        // Found by a pattern (not named), it is refused as before.
+        assert_eq!(codes(&mpath, &FilterContext::default()), ["deviceMapper"]);
+        // Named, a map of another kind is still refused.
+        for kind in [
+            DeviceKind::Crypt,
+            DeviceKind::Lvm,
+            DeviceKind::Other("dm".into()),
+        ] {
+            let d = BlockDevice {
+                kind: kind.clone(),
+                ..mpath.clone()
+            };
+            assert!(
+                codes(&d, &named).contains(&"deviceMapper"),
+                "{kind:?}: {:?}",
+                codes(&d, &named)
+            );
+        }
+        // Named, a multipath device keeps every other check: one that holds a filesystem is refused.
+        let used = BlockDevice {
+            fstype: Some("xfs".into()),
+            ..mpath
+        };
+        assert_eq!(codes(&used, &named), ["filesystemSignature"]);
     }
 
     #[test]

@@ -431,6 +431,7 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
             .device_selector
             .force_wipe_devices_and_destroy_all_data,
         wiped: observed.wiped.iter().map(String::as_str).collect(),
+        named: false,
     };
     let devices = report_devices(class, observed, &ctx);
     let failed = |devices: Vec<DeviceReport>, reason: String| ClassPlan {
@@ -719,6 +720,10 @@ fn report_devices(
         return discover_devices(class, observed, ctx);
     }
     let sel = &class.device_selector;
+    let named = FilterContext {
+        named: true,
+        ..ctx.clone()
+    };
     let mut seen = BTreeSet::new();
     let mut reports: Vec<DeviceReport> = sel
         .paths
@@ -732,7 +737,7 @@ fn report_devices(
                 .as_deref()
                 .and_then(|c| find_device(&observed.devices, c))
             {
-                Some(device) => filter::evaluate(device, ctx).into(),
+                Some(device) => filter::evaluate(device, &named).into(),
                 None => DeviceVerdict::Missing,
             };
             DeviceReport {

@@ -631,6 +631,7 @@ async fn cmd_devices(config: Option<&std::path::Path>, output: Output) -> Result
         own_vgs: own.iter().map(String::as_str).collect(),
         force_wipe: false,
         wiped: BTreeSet::new(),
+        named: false,
     };
     let mut rows: Vec<(BlockDevice, Verdict)> = Vec::new();
     fn walk(d: &BlockDevice, ctx: &FilterContext<'_>, rows: &mut Vec<(BlockDevice, Verdict)>) {

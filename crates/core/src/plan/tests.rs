@@ -2501,3 +2501,40 @@ fn foreign_volumes_are_the_untagged_ones_except_the_thin_pool() {
         .push(new_lv("other", "elsewhere", GIB, "-wi-a-----", "linear"));
     assert_eq!(foreign_volumes(&class, &host.obs), ["by-hand"]);
 }
+
+#[test]
+fn a_multipath_device_named_by_path_becomes_a_physical_volume_but_one_matched_by_a_pattern_does_not()
+ {
+    let mut host = Host::default();
+    let mpath = BlockDevice {
+        name: "mpatha".into(),
+        kname: "dm-9".into(),
+        path: "/dev/mapper/mpatha".into(),
+        kind: DeviceKind::Mpath,
+        ..disk("mpatha", 10 * GIB)
+    };
+    host.obs
+        .resolved
+        .insert(mpath.path.clone(), Some("/dev/dm-9".into()));
+    host.obs.devices.push(mpath);
+    let plan = plan_device_class(&class("san", &["/dev/mapper/mpatha".into()]), &host.obs);
+    assert_eq!(plan.state, ClassState::Progressing, "{plan:?}");
+    assert_eq!(
+        plan.actions[0],
+        Action::CreatePhysicalVolume {
+            path: "/dev/dm-9".into(),
+            metadata_size: PV_METADATA_SIZE
+        },
+        "the canonical path, as for any device"
+    );
+    let mut by_pattern = class("san", &[]);
+    by_pattern.device_selector.device_patterns = vec!["/dev/mapper/mpath*".into()];
+    let plan = plan_device_class(&by_pattern, &host.obs);
+    assert!(
+        !plan
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::CreatePhysicalVolume { .. })),
+        "{plan:?}"
+    );
+}
