@@ -975,6 +975,11 @@ pub struct FencingStatus {
     /// Why fencing is not armed, with the fix, or a warning (softdog); empty when all is well.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// The fence hook stopped this node's volumes of the class (it lost its leases, for example
+    /// its path to the LUN): it serves none of them until it joins again by itself, once nothing
+    /// of the class is open on it and the LUN can be read.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fenced: bool,
 }
 
 /// A device the selector matched but that was not used.
@@ -1240,6 +1245,7 @@ mod tests {
                 kill_hook: true,
                 lease_renewal_failures: 2,
                 message: String::new(),
+                fenced: false,
             }),
             live_host_ids: vec![1, 2],
             dead_host_ids: vec![3],

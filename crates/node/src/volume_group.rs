@@ -345,6 +345,7 @@ fn fencing_status(f: &lvms_host::shared::FencingReport) -> lvms_api::FencingStat
             .as_ref()
             .map_or(0, |r| i64::from(r.last_failed || r.renew_fail)),
         message: f.verdict.message.clone(),
+        fenced: f.fenced,
     }
 }
 

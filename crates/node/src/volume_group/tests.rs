@@ -532,6 +532,39 @@ fn a_joined_class_without_armed_fencing_fails_with_the_fix_unless_disabled() {
 }
 
 #[test]
+fn a_node_the_fence_hook_fenced_says_so_in_its_status() {
+    let (v, class) = shared_class();
+    let seen = fencing::WatchdogSeen {
+        device: true,
+        identity: Some("iTCO_wdt".into()),
+        wdmd: shared::Daemon::Running,
+        sanlock_uses_watchdog: Some(true),
+        kill_command: "/usr/bin/lvms fence".into(),
+    };
+    let mut fenced = fenced_report(fencing::Policy::Required, &seen);
+    fenced.fencing.as_mut().unwrap().fenced = true;
+    fenced.plan.state = shared::State::Failed {
+        reason: fencing::fenced_message("san"),
+    };
+    let status = shared_vg_status(&v, &class, &fenced, None, None);
+    assert_eq!(status.status, Some(VGStatusType::Failed));
+    let f = status.shared.unwrap().fencing.unwrap();
+    assert!(f.fenced);
+    let json = serde_json::to_value(&f).unwrap();
+    assert_eq!(json["fenced"], true, "{json}");
+    // Not fenced: the field is left out.
+    let armed = shared_vg_status(
+        &v,
+        &class,
+        &fenced_report(fencing::Policy::Required, &seen),
+        None,
+        None,
+    );
+    let json = serde_json::to_value(armed.shared.unwrap().fencing.unwrap()).unwrap();
+    assert!(json.get("fenced").is_none(), "{json}");
+}
+
+#[test]
 fn the_io_timeout_shown_is_the_one_sanlock_keeps_once_it_says() {
     let (v, class) = shared_class();
     assert_eq!(class.shared().unwrap().io_timeout_seconds, 20);

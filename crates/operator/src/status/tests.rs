@@ -859,6 +859,7 @@ fn fenced_vg(watchdog: WatchdogState, kill_hook: bool, message: &str) -> VGStatu
                 kill_hook,
                 lease_renewal_failures: 0,
                 message: message.into(),
+                fenced: false,
             }),
             ..lvms_api::SharedVGStatus::default()
         })),
