@@ -2,10 +2,18 @@
 //! decisions; the I/O half runs in [`crate::controller::node_removal`]'s passes.
 //!
 //! A node is dead for shared class `C` when both hold:
-//! - Kubernetes says it is not Ready (its kubelet stopped reporting, or reports it not Ready);
+//! - Kubernetes says it is not Ready (its kubelet stopped reporting, or reports it not Ready), or
+//!   it is Ready and its own status says the fence hook fenced it from `C` (`fencing.fenced`: it
+//!   lost its leases, say its path to the LUN, and the hook gave its volumes of `C` the error
+//!   target; it is alive, and no longer writes to `C`);
 //! - sanlock on another node, Ready and joined to `C`, counts its host id dead in `C`'s lockspace
 //!   (`shared.deadHostIds` in that node's status: no renewal for the host-dead time, `8N + 60` s),
 //!   and no Ready node reports the id live.
+//!
+//! A fenced node that is still Ready loses the class's topology label (`shared.lvms.topolvm.io/C`),
+//! so the scheduler puts no pod of the class there until it joins again; the label is back once its
+//! status shows it joined and not fenced ([`topology_labels`]). It is never tainted out of service:
+//! it is alive, with other drivers' volumes attached.
 //!
 //! sanlock frees a dead host's leases exactly then, because by then the host has stopped writing:
 //! its watchdog reset it, or its kill hook gave every device of the class the error target. That
@@ -24,7 +32,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
-use lvms_api::{LVMCluster, LVMVolumeGroupNodeStatus, WatchdogPolicy, topolvm::LogicalVolume};
+use lvms_api::{
+    LVMCluster, LVMVolumeGroupNodeStatus, LockspaceState, WatchdogPolicy, shared_topology_key,
+    topolvm::LogicalVolume,
+};
 
 use crate::eviction::is_ready;
 
@@ -37,9 +48,38 @@ pub struct Death {
     pub host_id: u16,
     /// The Ready node whose sanlock counts the id dead.
     pub seen_by: String,
-    /// The class's fencing is armed (`watchdog: Required`): the node no longer writes, and the
-    /// operator may free its pods. Otherwise it is only reported.
+    /// The class's fencing is armed (`watchdog: Required`) or the hook fenced the node: it no
+    /// longer writes, and the operator may free its pods. Otherwise it is only reported.
     pub fenced: bool,
+    /// What showed the node gone from the class besides its lease.
+    pub cause: Cause,
+}
+
+/// What, besides a dead lease, shows a node gone from a shared class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// Kubernetes says it is not Ready.
+    NotReady,
+    /// It is Ready, and its status says the fence hook fenced it from the class.
+    Fenced,
+}
+
+impl Death {
+    /// The evidence, in words: the start of every message about this death.
+    pub fn evidence(&self) -> String {
+        match self.cause {
+            Cause::NotReady => format!(
+                "node {} is not Ready and sanlock on {} counts its host id {} dead in shared class \
+                 {}",
+                self.node, self.seen_by, self.host_id, self.class
+            ),
+            Cause::Fenced => format!(
+                "node {} lost its leases in shared class {} and the fence hook stopped its volumes \
+                 of the class, and sanlock on {} counts its host id {} dead",
+                self.node, self.class, self.seen_by, self.host_id
+            ),
+        }
+    }
 }
 
 /// The shared classes of `clusters` and their fencing policy.
@@ -66,6 +106,10 @@ struct Seen<'a> {
     host_id: Option<u16>,
     live: BTreeSet<u16>,
     dead: BTreeSet<u16>,
+    /// The fence hook fenced this node from the class.
+    fenced: bool,
+    /// Joined to the class's lockspace.
+    joined: bool,
 }
 
 fn seen(statuses: &[LVMVolumeGroupNodeStatus]) -> Vec<Seen<'_>> {
@@ -82,6 +126,8 @@ fn seen(statuses: &[LVMVolumeGroupNodeStatus]) -> Vec<Seen<'_>> {
                     host_id: shared.host_id.and_then(|i| u16::try_from(i).ok()),
                     live: ids(&shared.live_host_ids),
                     dead: ids(&shared.dead_host_ids),
+                    fenced: shared.fencing.as_ref().is_some_and(|f| f.fenced),
+                    joined: shared.lockspace == LockspaceState::Joined,
                 })
             })
         })
@@ -111,9 +157,13 @@ pub fn dead_nodes(
         let (Some(policy), Some(host_id)) = (policies.get(s.class), s.host_id) else {
             continue;
         };
-        if !not_ready.contains(s.node) {
+        let cause = if not_ready.contains(s.node) {
+            Cause::NotReady
+        } else if s.fenced && ready.contains(s.node) {
+            Cause::Fenced
+        } else {
             continue;
-        }
+        };
         // Witnesses: Ready nodes of the class, other than the node itself.
         let witnesses = seen
             .iter()
@@ -132,11 +182,60 @@ pub fn dead_nodes(
                 class: s.class.to_owned(),
                 host_id,
                 seen_by: by.to_owned(),
-                fenced: *policy == WatchdogPolicy::Required,
+                fenced: *policy == WatchdogPolicy::Required || cause == Cause::Fenced,
+                cause,
             });
         }
     }
     out.sort_by(|a, b| (&a.node, &a.class).cmp(&(&b.node, &b.class)));
+    out
+}
+
+/// The value of a shared class's topology label on a node joined to it (what kubelet sets from
+/// NodeGetInfo).
+pub const JOINED_LABEL_VALUE: &str = "true";
+
+/// A change of a shared class's topology label on a node: set to `true`, or removed (`None`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LabelChange {
+    pub node: String,
+    pub key: String,
+    pub value: Option<&'static str>,
+}
+
+/// The topology labels to change. A node whose status says it is fenced from a shared class of
+/// `policies` loses the class's label, so no pod of the class is scheduled there (its value is
+/// removed, never changed: kubelet refuses a plugin whose NodeGetInfo contradicts an existing
+/// label). A node whose status shows it joined and not fenced gets `true` when it has no label:
+/// back after a fence, or joined after its plugin registered (NodeGetInfo answers without a class
+/// still joining, so kubelet set no label).
+pub fn topology_labels(
+    nodes: &[Node],
+    statuses: &[LVMVolumeGroupNodeStatus],
+    policies: &BTreeMap<String, WatchdogPolicy>,
+) -> Vec<LabelChange> {
+    let seen = seen(statuses);
+    let mut out = Vec::new();
+    for node in nodes {
+        let name = node.name_any();
+        for s in seen.iter().filter(|s| s.node == name) {
+            if !policies.contains_key(s.class) {
+                continue;
+            }
+            let key = shared_topology_key(s.class);
+            let labelled = node.labels().contains_key(&key);
+            let value = match (labelled, s.fenced, s.joined) {
+                (true, true, _) => None,
+                (false, false, true) => Some(JOINED_LABEL_VALUE),
+                _ => continue,
+            };
+            out.push(LabelChange {
+                node: name.clone(),
+                key,
+                value,
+            });
+        }
+    }
     out
 }
 
@@ -246,14 +345,19 @@ pub fn pod_fate(pod: &Pod, classes: &BTreeSet<String>, volumes: &Volumes<'_>) ->
 
 /// The Event message on a pod that stays on a dead node.
 pub fn waits_message(death: &Death, others: &[String]) -> String {
+    let fix = match death.cause {
+        Cause::NotReady => {
+            "once the node is off, taint it \
+             node.kubernetes.io/out-of-service=nodeshutdown:NoExecute (or delete the pod) to move it"
+        }
+        Cause::Fenced => {
+            "the node still runs, with those volumes attached: delete the pod to move it once they \
+             can follow"
+        }
+    };
     format!(
-        "node {} is not Ready and sanlock on {} counts its host id {} dead in shared class {}, but \
-         this pod also uses {}, which lvms-rs does not release: once the node is off, taint it \
-         node.kubernetes.io/out-of-service=nodeshutdown:NoExecute (or delete the pod) to move it",
-        death.node,
-        death.seen_by,
-        death.host_id,
-        death.class,
+        "{}, but this pod also uses {}, which lvms-rs does not release: {fix}",
+        death.evidence(),
         others.join(", ")
     )
 }

@@ -44,8 +44,8 @@ pub struct Handover {
 pub enum Why {
     /// What Kubernetes says of it: deleted, or out of service.
     State(NodeState),
-    /// Not Ready, and sanlock on another node counts its lease dead with fencing armed
-    /// ([`crate::death`]).
+    /// Not Ready (or fenced from the class while Ready), and sanlock on another node counts its
+    /// lease dead with fencing armed ([`crate::death`]).
     LeaseDead,
 }
 
@@ -54,7 +54,8 @@ impl std::fmt::Display for Why {
         match self {
             Self::State(s) => s.fmt(f),
             Self::LeaseDead => f.write_str(
-                "is not Ready and sanlock on another node counts its lease dead (fenced)",
+                "is not Ready or was fenced from the class, and sanlock on another node counts its \
+                 lease dead (fenced)",
             ),
         }
     }

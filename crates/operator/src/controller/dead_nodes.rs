@@ -1,9 +1,11 @@
 //! The I/O half of [`crate::death`]: one pass finds the nodes dead in a shared class and, where the
 //! class's fencing is armed, deletes their pods whose persistent volumes are all that class's
 //! (grace 0, with the pod's uid as precondition), posts an Event on the pods it leaves for the
-//! admin, and, only when the admin opted in, taints the node out of service. Dead nodes of classes
-//! without fencing get a warning Event on the Node and nothing else. The fenced deaths go on to the
-//! handover ([`super::node_removal::hand_over_shared_volumes`]).
+//! admin, and, only when the admin opted in, taints a node that is not Ready out of service. Dead
+//! nodes of classes without fencing get a warning Event on the Node and nothing else. The fenced
+//! deaths go on to the handover ([`super::node_removal::hand_over_shared_volumes`]). First it
+//! removes a class's topology label from a node whose status says the hook fenced it from the
+//! class, and sets it again once the node joined ([`death::topology_labels`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -18,7 +20,7 @@ use tracing::{info, warn};
 
 use super::{Result, kube_err};
 use crate::{
-    death::{self, Death, Fate, Volumes},
+    death::{self, Cause, Death, Fate, LabelChange, Volumes},
     eviction::{OUT_OF_SERVICE_TAINT, is_tainted_out_of_service},
     handover,
 };
@@ -44,6 +46,8 @@ pub struct Released {
     pub deleted: Vec<String>,
     /// Pods left for the admin (`namespace/name`).
     pub waiting: Vec<String>,
+    /// Topology labels set (`node key=value`) or removed (`node key-`).
+    pub labelled: Vec<String>,
 }
 
 /// One pass over the `LVMCluster`s in `ns` (see the module's documentation). Stops at the first
@@ -70,8 +74,17 @@ pub async fn release_dead_nodes(
         .list(&ListParams::default())
         .await
         .map_err(kube_err("listing LVMVolumeGroupNodeStatuses"))?;
-    let deaths = death::dead_nodes(&nodes.items, &statuses.items, &policies);
     let mut out = Released::default();
+    // Labels first: the pods deleted below must not be scheduled back onto a fenced node.
+    for change in death::topology_labels(&nodes.items, &statuses.items, &policies) {
+        if label(client, &change).await {
+            out.labelled.push(match change.value {
+                Some(v) => format!("{} {}={v}", change.node, change.key),
+                None => format!("{} {}-", change.node, change.key),
+            });
+        }
+    }
+    let deaths = death::dead_nodes(&nodes.items, &statuses.items, &policies);
     let mut fenced: BTreeMap<&str, Vec<&Death>> = BTreeMap::new();
     for d in &deaths {
         let node = nodes.items.iter().find(|n| n.name_any() == d.node);
@@ -80,11 +93,10 @@ pub async fn release_dead_nodes(
             fenced.entry(d.node.as_str()).or_default().push(d);
         } else if let Some(node) = node {
             let note = format!(
-                "node {} is not Ready and sanlock on {} counts its host id {} dead in shared class \
-                 {}, whose sharedConfig.watchdog is Disabled: nothing shows it stopped writing, so \
+                "{}, whose sharedConfig.watchdog is Disabled: nothing shows it stopped writing, so \
                  lvms-rs releases none of its pods or volumes (taint it out of service once it is \
                  off)",
-                d.node, d.seen_by, d.host_id, d.class
+                d.evidence()
             );
             warn!(node = %d.node, class = %d.class, "{note}");
             publish(
@@ -135,10 +147,9 @@ pub async fn release_dead_nodes(
             match fate {
                 Fate::Release => {
                     let note = format!(
-                        "node {} is not Ready and sanlock on {} counts its host id {} dead in \
-                         shared class {} (fenced): deleting this pod, whose volumes are all that \
-                         class's, so it can run on another node",
-                        first.node, first.seen_by, first.host_id, first.class
+                        "{} (fenced): deleting this pod, whose volumes are all that class's, so it \
+                         can run on another node",
+                        first.evidence()
                     );
                     publish(
                         recorder,
@@ -160,7 +171,10 @@ pub async fn release_dead_nodes(
                 }
             }
         }
+        // Never a node that is still Ready (fenced from the LUN, alive): the taint would release
+        // every driver's volumes on it.
         if policy.out_of_service_taint
+            && node_deaths.iter().any(|d| d.cause == Cause::NotReady)
             && let Some(node) = nodes.items.iter().find(|n| n.name_any() == *node_name)
             && !is_tainted_out_of_service(node)
         {
@@ -187,6 +201,24 @@ async fn delete_now(client: &Client, pod: &Pod) -> bool {
         Err(kube::Error::Api(e)) if e.code == 404 => true,
         Err(e) => {
             warn!(pod = %pod.name_any(), error = %e, "deleting a pod of a dead node failed; the next pass retries");
+            false
+        }
+    }
+}
+
+/// Sets or removes one topology label (merge patch); whether it was done.
+async fn label(client: &Client, change: &LabelChange) -> bool {
+    let patch = serde_json::json!({"metadata": {"labels": {&change.key: change.value}}});
+    match Api::<Node>::all(client.clone())
+        .patch(&change.node, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+    {
+        Ok(_) => {
+            info!(node = %change.node, key = %change.key, value = ?change.value, "set a shared class's topology label (none: removed)");
+            true
+        }
+        Err(e) => {
+            warn!(node = %change.node, key = %change.key, error = %e, "setting a shared class's topology label failed; the next pass retries");
             false
         }
     }

@@ -47,6 +47,29 @@ fn status(name: &str, host_id: i32, live: &[i32], dead: &[i32]) -> LVMVolumeGrou
     .unwrap()
 }
 
+/// Node `name`'s status, fenced from the shared class by the hook (its lockspace gone).
+fn fenced_status(name: &str, host_id: i32) -> LVMVolumeGroupNodeStatus {
+    serde_json::from_value(json!({
+        "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroupNodeStatus",
+        "metadata": {"name": name, "namespace": "lvms"},
+        "spec": {"nodeStatus": [
+            {"name": SAN, "status": "Failed",
+             "shared": {"lockspace": "NotJoined", "hostId": host_id,
+                        "fencing": {"watchdog": "Armed", "killHook": true, "fenced": true}}},
+        ]}
+    }))
+    .unwrap()
+}
+
+fn labelled(mut node: Node, value: &str) -> Node {
+    // (kubelet's label from NodeGetInfo)
+    node.metadata
+        .labels
+        .get_or_insert_default()
+        .insert(lvms_api::shared_topology_key(SAN), value.into());
+    node
+}
+
 fn deaths(nodes: &[Node], statuses: &[LVMVolumeGroupNodeStatus], watchdog: &str) -> Vec<Death> {
     dead_nodes(nodes, statuses, &shared_policies(&[cluster(watchdog)]))
 }
@@ -63,6 +86,7 @@ fn a_not_ready_node_whose_lease_another_node_counts_dead_is_dead_and_fenced() {
             host_id: 1,
             seen_by: "n2".into(),
             fenced: true,
+            cause: Cause::NotReady,
         }]
     );
     // Without fencing it is still found, and only reported.
@@ -236,6 +260,7 @@ fn the_waiting_message_names_the_node_the_witness_and_the_fix() {
         host_id: 1,
         seen_by: "n2".into(),
         fenced: true,
+        cause: Cause::NotReady,
     };
     let m = waits_message(&death, &["nfs".into()]);
     for part in [
@@ -248,4 +273,88 @@ fn the_waiting_message_names_the_node_the_witness_and_the_fix() {
     ] {
         assert!(m.contains(part), "{part}: {m}");
     }
+}
+
+#[test]
+fn a_ready_node_the_hook_fenced_is_dead_once_another_node_counts_its_lease_dead() {
+    let nodes = [node("n1", "True"), node("n2", "True")];
+    // Fenced, but its lease is not dead yet for n2: nothing.
+    let early = [fenced_status("n1", 1), status("n2", 2, &[1, 2], &[])];
+    assert!(deaths(&nodes, &early, "Required").is_empty());
+    let dead = [fenced_status("n1", 1), status("n2", 2, &[2], &[1])];
+    assert_eq!(
+        deaths(&nodes, &dead, "Required"),
+        [Death {
+            node: "n1".into(),
+            class: SAN.into(),
+            host_id: 1,
+            seen_by: "n2".into(),
+            fenced: true,
+            cause: Cause::Fenced,
+        }]
+    );
+    // Not fenced by its own account: Ready, so not dead, whatever the witness says.
+    let unfenced = [status("n1", 1, &[], &[]), status("n2", 2, &[2], &[1])];
+    assert!(deaths(&nodes, &unfenced, "Required").is_empty());
+    // Its own status is not a witness of its death.
+    assert!(deaths(&nodes[..1], &[fenced_status("n1", 1)], "Required").is_empty());
+}
+
+#[test]
+fn the_topology_label_goes_while_the_node_is_fenced_and_comes_back_once_it_joined() {
+    let policies = shared_policies(&[cluster("Required")]);
+    let key = lvms_api::shared_topology_key(SAN);
+    let change = |node: &str, value| LabelChange {
+        node: node.into(),
+        key: key.clone(),
+        value,
+    };
+    let nodes = [
+        labelled(node("n1", "True"), "true"),
+        labelled(node("n2", "True"), "true"),
+    ];
+    let statuses = [fenced_status("n1", 1), status("n2", 2, &[2], &[1])];
+    assert_eq!(
+        topology_labels(&nodes, &statuses, &policies),
+        [change("n1", None)]
+    );
+    // Gone already: nothing more; joined again: back.
+    let unlabelled = [node("n1", "True"), labelled(node("n2", "True"), "true")];
+    assert!(topology_labels(&unlabelled, &statuses, &policies).is_empty());
+    let rejoined = [status("n1", 1, &[1, 2], &[]), status("n2", 2, &[1, 2], &[])];
+    assert_eq!(
+        topology_labels(&unlabelled, &rejoined, &policies),
+        [change("n1", Some(JOINED_LABEL_VALUE))]
+    );
+    // No longer fenced but not joined yet (its lockspace starting): still no label.
+    let mut starting = fenced_status("n1", 1);
+    let shared = starting.spec.lvm_vg_status[0].shared.as_mut().unwrap();
+    shared.fencing = None;
+    assert!(topology_labels(&unlabelled, &[starting], &policies).is_empty());
+    // A class that is not shared (or not in any LVMCluster) is never touched.
+    assert!(topology_labels(&nodes, &statuses, &BTreeMap::new()).is_empty());
+}
+
+#[test]
+fn a_fenced_live_nodes_waiting_pod_is_told_to_delete_it_not_to_taint_the_node() {
+    let death = Death {
+        node: "n1".into(),
+        class: SAN.into(),
+        host_id: 1,
+        seen_by: "n2".into(),
+        fenced: true,
+        cause: Cause::Fenced,
+    };
+    let m = waits_message(&death, &["nfs".into()]);
+    for part in [
+        "node n1",
+        "fence hook",
+        "on n2",
+        "host id 1",
+        "nfs",
+        "delete the pod",
+    ] {
+        assert!(m.contains(part), "{part}: {m}");
+    }
+    assert!(!m.contains("out-of-service"), "{m}");
 }
