@@ -118,8 +118,8 @@ enum Task {
     GuestRelay { host: String },
     /// lvms-rs installed on two real nodes on one shared LUN: the control plane, a kubelet with
     /// containerd in each VM, local images, `kubectl apply -k` of deploy/base, and the e2e test
-    /// `installed` (ADR 0018); with `LVMS_INSTALLED_SHARED=1` also `installed_shared` (one LUN on
-    /// both nodes, not yet passing: docs/known-limitations.md).
+    /// `installed` (ADR 0018), then `installed_shared` (one LUN on both nodes: failover after a
+    /// node's power loss, and its rejoin).
     Installed {
         /// Keep the cluster up after the test (for development).
         #[arg(long)]

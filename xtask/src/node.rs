@@ -26,6 +26,10 @@ use std::{
     net::{Ipv4Addr, SocketAddrV4},
     path::{Path, PathBuf},
     process::{Command, ExitCode},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     thread,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -35,7 +39,7 @@ use anyhow::{Context, Result, bail};
 use crate::{
     cluster, e2e, guest, images,
     report::Counts,
-    vm::{self, Disk, VmSpec},
+    vm::{self, Disk, Kernel, RunningVm, VmSpec},
 };
 
 /// One test node: its Node name, its spare disk's serial, and its index `n` (1, 2), which names
@@ -186,6 +190,7 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
     lun.shared = true;
     let mut node_dirs = Vec::new();
     let mut vms = Vec::new();
+    let mut specs = Vec::new();
     for (node, ports) in NODES.iter().zip(&ports) {
         let state = if node.n == 1 {
             state_disk.clone()
@@ -225,8 +230,10 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
             &crt,
             &key,
         )?;
-        let spec = node_vm(repo, node, &node_dir, &assets, control_plane.port, *ports)?;
-        vms.push(vm::start(repo, &kernel, spec.disks(disks))?);
+        let spec =
+            node_vm(repo, node, &node_dir, &assets, control_plane.port, *ports)?.disks(disks);
+        vms.push(vm::start(repo, &kernel, spec.clone())?);
+        specs.push(spec);
         node_dirs.push(node_dir);
     }
     println!(
@@ -253,15 +260,16 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
     println!("installed: kubectl apply done");
 
     let [node1, node2] = &NODES;
+    let pids = vms
+        .iter()
+        .map(|vm| vm.pid().to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let reboots = Reboots::start(repo, kernel, specs, vms, dir.join("reboot"))?;
     let mut cmd = Command::new(&suite);
-    // `installed::` (the node-local story on node 1); with LVMS_INSTALLED_SHARED=1 also
-    // `installed_shared::` (one LUN on both nodes; it ends one of them), which is not yet in
-    // `cargo xtask test`: its first CI run stopped at node 1's CSINode key (known limitations).
-    let filter = if std::env::var("LVMS_INSTALLED_SHARED").as_deref() == Ok("1") {
-        "installed"
-    } else {
-        "installed::"
-    };
+    // `installed::` (the node-local story on node 1), then `installed_shared::` (one LUN on both
+    // nodes; it kills one and boots it again through `reboots`).
+    let filter = "installed";
     cmd.args([filter, "--ignored", "--test-threads=1", "--nocapture"])
         .env("KUBECONFIG", &kubeconfig)
         .env("LVMS_E2E_DEVICE", node1.device_path())
@@ -278,14 +286,10 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
             "LVMS_E2E_SHARED_DEVICE",
             format!("/dev/disk/by-id/virtio-{}", lun.serial),
         )
-        // The failover test ends a node as a power loss would: its machine killed.
-        .env(
-            "LVMS_E2E_PIDS",
-            vms.iter()
-                .map(|vm| vm.pid().to_string())
-                .collect::<Vec<_>>()
-                .join(","),
-        );
+        // The failover test ends a node as a power loss would: its machine killed; then boots
+        // it again through `reboots`.
+        .env("LVMS_E2E_PIDS", pids)
+        .env("LVMS_E2E_REBOOT_DIR", &reboots.dir);
     let (ok, summary) = e2e::run_pass(repo, cmd, &dir.join("work"))?;
     if !ok {
         diagnose(&kubeconfig, &node_dirs);
@@ -307,7 +311,7 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
     for p in &ports {
         guest::at(p.exec).poweroff();
     }
-    for vm in vms {
+    for vm in reboots.stop() {
         let _ = vm.wait();
     }
     drop(control_plane);
@@ -324,6 +328,75 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Boots a node again when the test asks, after it killed the node's machine (the rejoin after a
+/// power loss): the test creates `<dir>/<n>` (n = 1, 2); this kills what is left of that machine,
+/// waits for it to be gone, boots the node on the same disks (node.sh starts its services and
+/// kubelet as at the first boot) and writes the new machine's process id to `<dir>/<n>.pid`.
+struct Reboots {
+    dir: PathBuf,
+    vms: Arc<Mutex<Vec<Option<RunningVm>>>>,
+    stop: Arc<AtomicBool>,
+    thread: thread::JoinHandle<()>,
+}
+
+impl Reboots {
+    fn start(
+        repo: &Path,
+        kernel: Kernel,
+        specs: Vec<VmSpec>,
+        vms: Vec<RunningVm>,
+        dir: PathBuf,
+    ) -> Result<Self> {
+        fs::create_dir_all(&dir)?;
+        let vms = Arc::new(Mutex::new(vms.into_iter().map(Some).collect::<Vec<_>>()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (repo, dir, vms, stop) = (repo.to_owned(), dir.clone(), vms.clone(), stop.clone());
+            thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    thread::sleep(Duration::from_secs(1));
+                    for (i, spec) in specs.iter().enumerate() {
+                        let request = dir.join((i + 1).to_string());
+                        if fs::remove_file(&request).is_err() {
+                            continue;
+                        }
+                        let mut vms = vms.lock().unwrap_or_else(|e| e.into_inner());
+                        if let Some(mut old) = vms[i].take() {
+                            old.kill();
+                            let _ = old.wait();
+                        }
+                        match vm::start(&repo, &kernel, spec.clone()) {
+                            Ok(vm) => {
+                                println!("installed: node {} booted again", i + 1);
+                                let _ = fs::write(
+                                    dir.join(format!("{}.pid", i + 1)),
+                                    vm.pid().to_string(),
+                                );
+                                vms[i] = Some(vm);
+                            }
+                            Err(e) => println!("installed: booting node {} again: {e:#}", i + 1),
+                        }
+                    }
+                }
+            })
+        };
+        Ok(Self {
+            dir,
+            vms,
+            stop,
+            thread,
+        })
+    }
+
+    /// Stops answering requests; the machines running now.
+    fn stop(self) -> Vec<RunningVm> {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+        let mut vms = self.vms.lock().unwrap_or_else(|e| e.into_inner());
+        vms.drain(..).flatten().collect()
+    }
 }
 
 /// The index in [`NODES`] of the node an HTTP CONNECT request line's destination is on: its node

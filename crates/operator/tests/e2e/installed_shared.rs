@@ -6,11 +6,13 @@
 //! the fence hook themselves; a MULTI_NODE block volume is used by a pod on each node at once;
 //! then the node without the operator is killed under a StatefulSet pod that wrote to a shared
 //! linear and a shared thin volume, and with no step by the test but waiting, the pod runs on the
-//! other node and reads back what it wrote: no activation before sanlock's host-dead time.
+//! other node and reads back what it wrote: no activation before sanlock's host-dead time. Last,
+//! the killed node boots again and joins the class by itself.
 //!
 //! Besides `installed::`'s variables it needs `LVMS_E2E_NODE2`, `LVMS_E2E_VM2`,
-//! `LVMS_E2E_DEVICE2`, `LVMS_E2E_SHARED_DEVICE` and `LVMS_E2E_PIDS` (the two machines' process
-//! ids, node 1's first).
+//! `LVMS_E2E_DEVICE2`, `LVMS_E2E_SHARED_DEVICE`, `LVMS_E2E_PIDS` (the two machines' process
+//! ids, node 1's first) and `LVMS_E2E_REBOOT_DIR` (where a file named `1` or `2` asks
+//! `cargo xtask installed` to boot that node again).
 
 use std::time::{Duration, Instant};
 
@@ -213,18 +215,19 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
     pvcs.create(&PostParams::default(), &block_claim)
         .await
         .unwrap();
-    let token = support::suffix();
-    // Block 0 is node 1's, block 1 node 2's; each writes its own, then reads the other's.
-    let script = |mine: u32, theirs: u32| {
+    let block_token = support::suffix();
+    // Block 0 is node 1's, block 1 node 2's; each writes its own, then reads the other's. 4 KiB
+    // blocks: busybox's dd falls back to the page cache when O_DIRECT refuses a smaller one, and
+    // kubelet's loop device over a block volume keeps that cache (stale on the other node).
+    let script = |mine: usize, theirs: usize| {
         format!(
-            "printf '%-512s' 'from-{mine}-{token}' | dd of=/dev/xvda bs=512 seek={mine} count=1 \
-             oflag=direct conv=notrunc,fsync 2>/dev/null && echo wrote; \
-             while :; do echo \"saw $(dd if=/dev/xvda bs=512 skip={theirs} count=1 iflag=direct \
+            "printf '%-4096s' 'from-{mine}-{block_token}' | dd of=/dev/xvda bs=4096 seek={mine} \
+             count=1 oflag=direct conv=notrunc,fsync 2>/dev/null && echo wrote; \
+             while :; do echo \"saw $(dd if=/dev/xvda bs=4096 skip={theirs} count=1 iflag=direct \
              2>/dev/null | tr -d ' \\000')\"; sleep 1; done"
         )
     };
     for (i, m) in members.iter().enumerate() {
-        let i = u32::try_from(i).unwrap();
         pods.create(
             &PostParams::default(),
             &installed::pod(
@@ -238,16 +241,16 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
         .await
         .unwrap();
     }
-    for i in 0..2u32 {
+    for i in 0..2 {
         let name = format!("both-{i}");
         wait_running(&pods, &name).await;
-        let other = format!("from-{}-{token}", 1 - i);
+        let other = format!("from-{}-{block_token}", 1 - i);
         wait_log(&pods, &name, "each pod reads the other node's block", |l| {
             (l.strip_prefix("saw ") == Some(other.as_str())).then_some(())
         })
         .await;
     }
-    for i in 0..2u32 {
+    for i in 0..2 {
         let p = pods.get(&format!("both-{i}")).await.unwrap();
         assert_eq!(
             p.status.and_then(|s| s.phase).as_deref(),
@@ -256,18 +259,19 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
         );
     }
     println!("installed_shared: a MULTI_NODE block volume is used by a pod on each node at once");
-    for i in 0..2u32 {
+    for i in 0..2 {
         delete_pod(&pods, &format!("both-{i}")).await;
     }
 
     // Failover: a StatefulSet pod on the node without the operator (which must survive to see
     // the death; one replica, issue 35) writes to a shared linear and a shared thin volume.
     let survivor_name = operator_node(&client).await;
-    let (victim, survivor) = if members[0].name == survivor_name {
-        (&members[1], &members[0])
+    let (v, s) = if members[0].name == survivor_name {
+        (1, 0)
     } else {
-        (&members[0], &members[1])
+        (0, 1)
     };
+    let (victim, survivor) = (&members[v], &members[s]);
     let thin_class: StorageClass = serde_json::from_value(json!({
         "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
         "metadata": {"name": format!("{}-thin-{}", storage_class_name(SAN), support::suffix())},
@@ -462,6 +466,112 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
         timing.host_dead_seconds(),
         IO_TIMEOUT
     );
+
+    // The killed node boots again and joins the class by itself (its sanlock takes its host id
+    // back, the old lease being dead by now), then reads through the LUN what the other wrote.
+    let reboot_dir = std::env::var("LVMS_E2E_REBOOT_DIR").expect("LVMS_E2E_REBOOT_DIR is set");
+    // What the killed node last wrote of itself: the rejoin must show in a newer write.
+    let stale = statuses
+        .get(&victim.name)
+        .await
+        .unwrap()
+        .resource_version()
+        .unwrap_or_default();
+    let booted = Instant::now();
+    std::fs::write(
+        std::path::Path::new(&reboot_dir).join((v + 1).to_string()),
+        "",
+    )
+    .unwrap();
+    eventually("the killed node is Ready again", SLOW, || {
+        let nodes = nodes.clone();
+        let name = victim.name.clone();
+        async move {
+            let n = nodes.get(&name).await.map_err(|e| e.to_string())?;
+            let ready = ready_status(&n);
+            (ready == "True").then_some(()).ok_or(ready)
+        }
+    })
+    .await;
+    let node_ready = booted.elapsed();
+    eventually("the rebooted node joins the shared class", SLOW, || {
+        let statuses = statuses.clone();
+        let name = victim.name.clone();
+        let host_id = host_ids[v];
+        let stale = stale.clone();
+        async move {
+            let status = statuses.get(&name).await.map_err(|e| e.to_string())?;
+            if status.resource_version().as_deref() == Some(stale.as_str()) {
+                return Err("its status is the one written before the kill".to_owned());
+            }
+            let shared = status
+                .spec
+                .lvm_vg_status
+                .iter()
+                .find(|c| c.name == SAN)
+                .and_then(|c| c.shared.clone())
+                .ok_or("no shared status")?;
+            (shared.lockspace == lvms_api::LockspaceState::Joined
+                && shared.host_id == Some(host_id))
+            .then_some(())
+            .ok_or(format!("{shared:?}"))
+        }
+    })
+    .await;
+    let joined = booted.elapsed();
+    wait_ready(&clusters).await;
+    let cluster_ready = booted.elapsed();
+    pods.create(
+        &PostParams::default(),
+        &installed::pod(
+            "again",
+            &env.image,
+            &script(v, s),
+            json!({"claim": "both", "block": true}),
+            &victim.name,
+        ),
+    )
+    .await
+    .unwrap();
+    wait_running(&pods, "again").await;
+    let other = format!("from-{s}-{block_token}");
+    wait_log(&pods, "again", "the rebooted node reads the LUN", |l| {
+        (l.strip_prefix("saw ") == Some(other.as_str())).then_some(())
+    })
+    .await;
+    println!(
+        "installed_shared: rejoin after the reboot of {}: node Ready {:.0} s, lockspace joined \
+         (host id {}) {:.0} s, LVMCluster Ready {:.0} s, a pod there read the LUN {:.0} s",
+        victim.name,
+        node_ready.as_secs_f64(),
+        host_ids[v],
+        joined.as_secs_f64(),
+        cluster_ready.as_secs_f64(),
+        booted.elapsed().as_secs_f64()
+    );
+    // Kubelet asked NodeGetInfo when the plugin registered after the boot, while the lockspace
+    // was still joining (sanlock waits out the lease of the node's former self): the operator set
+    // the class's node label once the node joined; CSINode shows what NodeGetInfo answered.
+    let keys = Api::<CSINode>::all(client.clone())
+        .get(&victim.name)
+        .await
+        .ok()
+        .and_then(|c| c.spec.drivers.into_iter().find(|d| d.name == DRIVER))
+        .and_then(|d| d.topology_keys)
+        .unwrap_or_default();
+    let label = nodes
+        .get(&victim.name)
+        .await
+        .unwrap()
+        .labels()
+        .get(&shared_topology_key(SAN))
+        .cloned();
+    assert_eq!(label.as_deref(), Some("true"), "the class's node label");
+    println!(
+        "installed_shared: after the reboot {} has CSINode keys {keys:?}",
+        victim.name
+    );
+    delete_pod(&pods, "again").await;
     let _ = Api::<StorageClass>::all(client.clone())
         .delete(&thin_name, &DeleteParams::default())
         .await;
