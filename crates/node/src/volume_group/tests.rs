@@ -467,6 +467,17 @@ fn report(state: shared::State, host_id: Option<u16>, failures: usize) -> Shared
     }
 }
 
+/// What a node with a hardware watchdog, wdmd, sanlock using it and the kill hook shows.
+fn armed() -> fencing::WatchdogSeen {
+    fencing::WatchdogSeen {
+        device: true,
+        identity: Some("iTCO_wdt".into()),
+        wdmd: shared::Daemon::Running,
+        sanlock_uses_watchdog: Some(true),
+        kill_command: "/usr/bin/lvms fence".into(),
+    }
+}
+
 /// A joined report whose fencing `judge` decided from `seen`.
 fn fenced_report(policy: fencing::Policy, seen: &fencing::WatchdogSeen) -> SharedReport {
     SharedReport {
@@ -534,13 +545,7 @@ fn a_joined_class_without_armed_fencing_fails_with_the_fix_unless_disabled() {
 #[test]
 fn a_node_the_fence_hook_fenced_says_so_in_its_status() {
     let (v, class) = shared_class();
-    let seen = fencing::WatchdogSeen {
-        device: true,
-        identity: Some("iTCO_wdt".into()),
-        wdmd: shared::Daemon::Running,
-        sanlock_uses_watchdog: Some(true),
-        kill_command: "/usr/bin/lvms fence".into(),
-    };
+    let seen = armed();
     let mut fenced = fenced_report(fencing::Policy::Required, &seen);
     fenced.fencing.as_mut().unwrap().fenced = true;
     fenced.plan.state = shared::State::Failed {
@@ -568,13 +573,7 @@ fn a_node_the_fence_hook_fenced_says_so_in_its_status() {
 fn the_io_timeout_shown_is_the_one_sanlock_keeps_once_it_says() {
     let (v, class) = shared_class();
     assert_eq!(class.shared().unwrap().io_timeout_seconds, 20);
-    let seen = fencing::WatchdogSeen {
-        device: true,
-        identity: Some("iTCO_wdt".into()),
-        wdmd: shared::Daemon::Running,
-        sanlock_uses_watchdog: Some(true),
-        kill_command: "/usr/bin/lvms fence".into(),
-    };
+    let seen = armed();
     let mut kept = fenced_report(fencing::Policy::Required, &seen);
     kept.fencing
         .as_mut()

@@ -70,6 +70,18 @@ fn labelled(mut node: Node, value: &str) -> Node {
     node
 }
 
+/// n1 (host id 1) dead in the shared class, as n2 sees it, fenced.
+fn n1_dead(cause: Cause) -> Death {
+    Death {
+        node: "n1".into(),
+        class: SAN.into(),
+        host_id: 1,
+        seen_by: "n2".into(),
+        fenced: true,
+        cause,
+    }
+}
+
 fn deaths(nodes: &[Node], statuses: &[LVMVolumeGroupNodeStatus], watchdog: &str) -> Vec<Death> {
     dead_nodes(nodes, statuses, &shared_policies(&[cluster(watchdog)]))
 }
@@ -80,14 +92,7 @@ fn a_not_ready_node_whose_lease_another_node_counts_dead_is_dead_and_fenced() {
     let statuses = [status("n1", 1, &[1, 2], &[]), status("n2", 2, &[2], &[1])];
     assert_eq!(
         deaths(&nodes, &statuses, "Required"),
-        [Death {
-            node: "n1".into(),
-            class: SAN.into(),
-            host_id: 1,
-            seen_by: "n2".into(),
-            fenced: true,
-            cause: Cause::NotReady,
-        }]
+        [n1_dead(Cause::NotReady)]
     );
     // Without fencing it is still found, and only reported.
     let d = deaths(&nodes, &statuses, "Disabled");
@@ -254,15 +259,7 @@ fn a_pod_is_released_only_when_every_persistent_volume_is_a_dead_classs_volume()
 
 #[test]
 fn the_waiting_message_names_the_node_the_witness_and_the_fix() {
-    let death = Death {
-        node: "n1".into(),
-        class: SAN.into(),
-        host_id: 1,
-        seen_by: "n2".into(),
-        fenced: true,
-        cause: Cause::NotReady,
-    };
-    let m = waits_message(&death, &["nfs".into()]);
+    let m = waits_message(&n1_dead(Cause::NotReady), &["nfs".into()]);
     for part in [
         "node n1",
         "on n2",
@@ -282,17 +279,7 @@ fn a_ready_node_the_hook_fenced_is_dead_once_another_node_counts_its_lease_dead(
     let early = [fenced_status("n1", 1), status("n2", 2, &[1, 2], &[])];
     assert!(deaths(&nodes, &early, "Required").is_empty());
     let dead = [fenced_status("n1", 1), status("n2", 2, &[2], &[1])];
-    assert_eq!(
-        deaths(&nodes, &dead, "Required"),
-        [Death {
-            node: "n1".into(),
-            class: SAN.into(),
-            host_id: 1,
-            seen_by: "n2".into(),
-            fenced: true,
-            cause: Cause::Fenced,
-        }]
-    );
+    assert_eq!(deaths(&nodes, &dead, "Required"), [n1_dead(Cause::Fenced)]);
     // Not fenced by its own account: Ready, so not dead, whatever the witness says.
     let unfenced = [status("n1", 1, &[], &[]), status("n2", 2, &[2], &[1])];
     assert!(deaths(&nodes, &unfenced, "Required").is_empty());
@@ -337,15 +324,7 @@ fn the_topology_label_goes_while_the_node_is_fenced_and_comes_back_once_it_joine
 
 #[test]
 fn a_fenced_live_nodes_waiting_pod_is_told_to_delete_it_not_to_taint_the_node() {
-    let death = Death {
-        node: "n1".into(),
-        class: SAN.into(),
-        host_id: 1,
-        seen_by: "n2".into(),
-        fenced: true,
-        cause: Cause::Fenced,
-    };
-    let m = waits_message(&death, &["nfs".into()]);
+    let m = waits_message(&n1_dead(Cause::Fenced), &["nfs".into()]);
     for part in [
         "node n1",
         "fence hook",

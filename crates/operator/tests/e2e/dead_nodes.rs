@@ -100,6 +100,19 @@ async fn logical_volume(client: &Client, name: &str, node: &str, class: &str) {
         .unwrap();
 }
 
+/// Creates `cluster` in `ns`; the API of the node statuses there.
+async fn create_cluster(
+    client: &Client,
+    ns: &str,
+    cluster: &LVMCluster,
+) -> Api<LVMVolumeGroupNodeStatus> {
+    Api::<LVMCluster>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), cluster)
+        .await
+        .unwrap();
+    Api::<LVMVolumeGroupNodeStatus>::namespaced(client.clone(), ns)
+}
+
 /// A bound claim `name` in `ns` on a PersistentVolume of `driver` with handle `handle`.
 async fn bound_claim(client: &Client, ns: &str, name: &str, driver: &str, handle: &str) {
     let pv_name = format!("{ns}-{name}");
@@ -179,11 +192,7 @@ async fn a_node_whose_lease_another_node_counts_dead_has_its_shared_pods_and_vol
         ]}},
     }))
     .unwrap();
-    Api::<LVMCluster>::namespaced(client.clone(), &ns.name)
-        .create(&PostParams::default(), &cluster)
-        .await
-        .unwrap();
-    let statuses = Api::<LVMVolumeGroupNodeStatus>::namespaced(client.clone(), &ns.name);
+    let statuses = create_cluster(&client, &ns.name, &cluster).await;
     // Before: node "alive" sees "dead" silent, not yet dead.
     for s in [
         node_status(&ns.name, &dead, 1, &[1, 2], &[]),
@@ -361,11 +370,7 @@ async fn a_fenced_live_node_loses_its_shared_pods_and_label_the_taint_needs_the_
         ]}},
     }))
     .unwrap();
-    Api::<LVMCluster>::namespaced(client.clone(), &ns.name)
-        .create(&PostParams::default(), &cluster)
-        .await
-        .unwrap();
-    let statuses = Api::<LVMVolumeGroupNodeStatus>::namespaced(client.clone(), &ns.name);
+    let statuses = create_cluster(&client, &ns.name, &cluster).await;
     let mut cut_status = class_statuses(&ns.name, &cut, &[(SAN, 4, &[], &[])]);
     cut_status["spec"]["nodeStatus"][0]["status"] = json!("Failed");
     cut_status["spec"]["nodeStatus"][0]["shared"]["lockspace"] = json!("NotJoined");
