@@ -144,14 +144,50 @@ fn lvm_lockspaces(text: &str) -> impl Iterator<Item = (String, Option<&str>)> {
     })
 }
 
-/// Whether lvmlockd answers on `socket`: a connection accepted (and closed at once).
+/// lvm's own greeting to lvmlockd (libdaemon's `hello`, as every lvm command opens the
+/// connection): a request, then libdaemon's end-of-message marker.
+const LVMLOCKD_HELLO: &[u8] = b"request = \"hello\"\n\n##\n";
+
+/// Whether lvmlockd answers on `socket`: it replies `OK` to lvm's `hello` (a connection closed
+/// without a request would make lvmlockd log `client recv bad message`).
 fn lvmlockd_answers(socket: &Path) -> Daemon {
-    match std::os::unix::net::UnixStream::connect(socket) {
-        Ok(_) => Daemon::Running,
+    use std::io::{Read as _, Write as _};
+    let mut stream = match std::os::unix::net::UnixStream::connect(socket) {
+        Ok(s) => s,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Daemon::Stopped(format!("no socket at {}", socket.display()))
+            return Daemon::Stopped(format!("no socket at {}", socket.display()));
         }
-        Err(e) => Daemon::Stopped(format!("its socket {} refused: {e}", socket.display())),
+        Err(e) => {
+            return Daemon::Stopped(format!("its socket {} refused: {e}", socket.display()));
+        }
+    };
+    let timeout = Some(std::time::Duration::from_secs(5));
+    let _ = stream.set_read_timeout(timeout);
+    let _ = stream.set_write_timeout(timeout);
+    let mut reply = Vec::new();
+    let answered = stream.write_all(LVMLOCKD_HELLO).and_then(|()| {
+        let mut buf = [0u8; 1024];
+        while !reply.ends_with(b"\n##\n") && reply.len() < 64 * 1024 {
+            match stream.read(&mut buf)? {
+                0 => break,
+                n => reply.extend_from_slice(&buf[..n]),
+            }
+        }
+        Ok(())
+    });
+    let text = String::from_utf8_lossy(&reply);
+    let compact: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+    match answered {
+        Ok(()) if compact.contains("response=\"OK\"") => Daemon::Running,
+        Ok(()) => Daemon::Stopped(format!(
+            "its socket {} did not answer lvm's hello: {:?}",
+            socket.display(),
+            text.trim()
+        )),
+        Err(e) => Daemon::Stopped(format!(
+            "its socket {} did not answer lvm's hello: {e}",
+            socket.display()
+        )),
     }
 }
 

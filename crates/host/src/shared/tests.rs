@@ -50,12 +50,49 @@ fn sanlock_status_lists_joined_lvmlockd_lockspaces_only() {
 
 /// A socket that answers as lvmlockd's would (bound and listening; nothing is read from it).
 fn lvmlockd() -> (tempfile::TempDir, std::path::PathBuf) {
+    // lvmlockd's reply to lvm's hello (libdaemon's format).
+    socket_answering("response=\"OK\"\nprotocol=\"lvmlockd\"\nversion=1\n\n##\n")
+}
+
+/// A socket that answers every connection's first message with `reply` (for as long as the test
+/// runs: the thread is left behind).
+fn socket_answering(reply: &'static str) -> (tempfile::TempDir, std::path::PathBuf) {
+    use std::io::{Read as _, Write as _};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("lvmlockd.socket");
     let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-    // Kept listening for the test's life: leaked on purpose.
-    std::mem::forget(listener);
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().map_while(Result::ok) {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 256];
+            while !got.ends_with(b"\n##\n") {
+                match conn.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            if String::from_utf8_lossy(&got).contains("hello") {
+                let _ = conn.write_all(reply.as_bytes());
+            }
+        }
+    });
     (dir, path)
+}
+
+#[test]
+fn lvmlockd_answers_only_when_the_socket_replies_ok_to_hello() {
+    let (_live, socket) = lvmlockd();
+    assert_eq!(lvmlockd_answers(&socket), Daemon::Running);
+    let (_other, socket) = socket_answering("response=\"unknown request\"\n\n##\n");
+    let Daemon::Stopped(why) = lvmlockd_answers(&socket) else {
+        panic!("a socket that does not answer OK is not lvmlockd");
+    };
+    assert!(why.contains("did not answer lvm's hello"), "{why}");
+    let dir = tempfile::tempdir().unwrap();
+    assert!(matches!(
+        lvmlockd_answers(&dir.path().join("none")),
+        Daemon::Stopped(why) if why.contains("no socket")
+    ));
 }
 
 #[test]
