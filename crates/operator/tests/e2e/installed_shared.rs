@@ -23,7 +23,7 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, LogParams, PostParams},
+    api::{DeleteParams, LogParams, Patch, PatchParams, PostParams},
 };
 use lvms_api::{
     LVMCluster, LVMVolumeGroupNodeStatus, shared_topology_key, storage_class_name,
@@ -78,6 +78,18 @@ async fn operator_node(client: &Client) -> String {
         .spec
         .and_then(|s| s.node_name)
         .expect("the operator's pod is scheduled")
+}
+
+/// Marks `node` unschedulable (or schedulable again), as `kubectl cordon` does.
+async fn cordon(nodes: &Api<Node>, node: &str, unschedulable: bool) {
+    nodes
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": unschedulable}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("cordon {node} = {unschedulable}: {e}"));
 }
 
 fn ready_status(node: &Node) -> String {
@@ -299,10 +311,6 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
                 "metadata": {"labels": {"app": "mover"}},
                 "spec": {
                     "terminationGracePeriodSeconds": 1,
-                    "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-                        {"weight": 100, "preference": {"matchExpressions": [
-                            {"key": "kubernetes.io/hostname", "operator": "In",
-                             "values": [victim.name]}]}}]}},
                     "containers": [{
                         "name": "c", "image": env.image, "imagePullPolicy": "Never",
                         "command": ["/bin/sh", "-c", format!(
@@ -325,11 +333,17 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
         },
     }))
     .unwrap();
+    // The pod must start on the node that will die, and a preference is only a score (one CI run
+    // placed it on the other node): the survivor is cordoned until the pod runs. Nothing the
+    // failover needs stays cordoned.
+    let nodes = Api::<Node>::all(client.clone());
+    cordon(&nodes, &survivor.name, true).await;
     Api::<StatefulSet>::namespaced(client.clone(), &ns.name)
         .create(&PostParams::default(), &sts)
         .await
         .unwrap();
     wait_running(&pods, "mover-0").await;
+    cordon(&nodes, &survivor.name, false).await;
     wait_log(&pods, "mover-0", "the pod wrote both volumes", |l| {
         (l == "wrote").then_some(())
     })
@@ -362,7 +376,6 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
         "installed_shared: killed {} (the StatefulSet's pod on it), {} survives",
         victim.name, survivor.name
     );
-    let nodes = Api::<Node>::all(client.clone());
     let lvs = Api::<LogicalVolume>::all(client.clone());
     let mut not_ready = None;
     let mut dead_seen = None;
