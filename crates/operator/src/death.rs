@@ -11,9 +11,9 @@
 //!   and no Ready node reports the id live.
 //!
 //! A fenced node that is still Ready loses the class's topology label (`shared.lvms.topolvm.io/C`),
-//! so the scheduler puts no pod of the class there until it joins again; the label is back once its
-//! status shows it joined and not fenced ([`topology_labels`]). It is never tainted out of service:
-//! it is alive, with other drivers' volumes attached.
+//! so the scheduler puts no pod of the class there until it joins again; the label is given back
+//! once its status shows it joined and not fenced ([`topology_labels`]). It is never tainted out of
+//! service: it is alive, with other drivers' volumes attached.
 //!
 //! sanlock frees a dead host's leases exactly then, because by then the host has stopped writing:
 //! its watchdog reset it, or its kill hook gave every device of the class the error target. That
@@ -195,20 +195,28 @@ pub fn dead_nodes(
 /// NodeGetInfo).
 pub const JOINED_LABEL_VALUE: &str = "true";
 
-/// A change of a shared class's topology label on a node: set to `true`, or removed (`None`).
+/// The annotation (`fenced.lvms.topolvm.io/<class>`) that records the operator removed a class's
+/// topology label from a fenced node: only such a label is given back.
+pub fn fenced_annotation(class: &str) -> String {
+    format!("fenced.lvms.topolvm.io/{class}")
+}
+
+/// A change of a shared class's topology label on a node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LabelChange {
     pub node: String,
-    pub key: String,
-    pub value: Option<&'static str>,
+    pub class: String,
+    /// `true`: remove the label and record it in [`fenced_annotation`]; `false`: give the label
+    /// back (`true`) and drop the record.
+    pub fence: bool,
 }
 
 /// The topology labels to change. A node whose status says it is fenced from a shared class of
-/// `policies` loses the class's label, so no pod of the class is scheduled there (its value is
-/// removed, never changed: kubelet refuses a plugin whose NodeGetInfo contradicts an existing
-/// label). A node whose status shows it joined and not fenced gets `true` when it has no label:
-/// back after a fence, or joined after its plugin registered (NodeGetInfo answers without a class
-/// still joining, so kubelet set no label).
+/// `policies` and that has the class's label loses it (so no pod of the class is scheduled there),
+/// with an annotation saying the operator took it; once its status shows it joined and not
+/// fenced, a label the operator took is given back. No other label is touched: kubelet sets them
+/// at registration, and the node agent's leave takes them away (the value is never changed either:
+/// kubelet refuses a plugin whose NodeGetInfo contradicts an existing label).
 pub fn topology_labels(
     nodes: &[Node],
     statuses: &[LVMVolumeGroupNodeStatus],
@@ -222,17 +230,17 @@ pub fn topology_labels(
             if !policies.contains_key(s.class) {
                 continue;
             }
-            let key = shared_topology_key(s.class);
-            let labelled = node.labels().contains_key(&key);
-            let value = match (labelled, s.fenced, s.joined) {
-                (true, true, _) => None,
-                (false, false, true) => Some(JOINED_LABEL_VALUE),
+            let labelled = node.labels().contains_key(&shared_topology_key(s.class));
+            let taken = node.annotations().contains_key(&fenced_annotation(s.class));
+            let fence = match (s.fenced, labelled, taken, s.joined) {
+                (true, true, _, _) => true,
+                (false, _, true, true) => false,
                 _ => continue,
             };
             out.push(LabelChange {
                 node: name.clone(),
-                key,
-                value,
+                class: s.class.to_owned(),
+                fence,
             });
         }
     }

@@ -5,7 +5,7 @@
 //! nodes of classes without fencing get a warning Event on the Node and nothing else. The fenced
 //! deaths go on to the handover ([`super::node_removal::hand_over_shared_volumes`]). First it
 //! removes a class's topology label from a node whose status says the hook fenced it from the
-//! class, and sets it again once the node joined ([`death::topology_labels`]).
+//! class, and gives it back once the node joined again ([`death::topology_labels`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -78,9 +78,11 @@ pub async fn release_dead_nodes(
     // Labels first: the pods deleted below must not be scheduled back onto a fenced node.
     for change in death::topology_labels(&nodes.items, &statuses.items, &policies) {
         if label(client, &change).await {
-            out.labelled.push(match change.value {
-                Some(v) => format!("{} {}={v}", change.node, change.key),
-                None => format!("{} {}-", change.node, change.key),
+            let key = lvms_api::shared_topology_key(&change.class);
+            out.labelled.push(if change.fence {
+                format!("{} {key}-", change.node)
+            } else {
+                format!("{} {key}=true", change.node)
             });
         }
     }
@@ -206,19 +208,27 @@ async fn delete_now(client: &Client, pod: &Pod) -> bool {
     }
 }
 
-/// Sets or removes one topology label (merge patch); whether it was done.
+/// Takes one topology label away (recording it in an annotation) or gives it back (merge patch);
+/// whether it was done.
 async fn label(client: &Client, change: &LabelChange) -> bool {
-    let patch = serde_json::json!({"metadata": {"labels": {&change.key: change.value}}});
+    let key = lvms_api::shared_topology_key(&change.class);
+    let note = death::fenced_annotation(&change.class);
+    let patch = if change.fence {
+        serde_json::json!({"metadata": {"labels": {&key: null}, "annotations": {&note: "true"}}})
+    } else {
+        serde_json::json!({"metadata": {"labels": {&key: death::JOINED_LABEL_VALUE},
+                                        "annotations": {&note: null}}})
+    };
     match Api::<Node>::all(client.clone())
         .patch(&change.node, &PatchParams::default(), &Patch::Merge(patch))
         .await
     {
         Ok(_) => {
-            info!(node = %change.node, key = %change.key, value = ?change.value, "set a shared class's topology label (none: removed)");
+            info!(node = %change.node, class = %change.class, fenced = change.fence, "changed a shared class's topology label");
             true
         }
         Err(e) => {
-            warn!(node = %change.node, key = %change.key, error = %e, "setting a shared class's topology label failed; the next pass retries");
+            warn!(node = %change.node, class = %change.class, error = %e, "changing a shared class's topology label failed; the next pass retries");
             false
         }
     }

@@ -288,13 +288,12 @@ fn a_ready_node_the_hook_fenced_is_dead_once_another_node_counts_its_lease_dead(
 }
 
 #[test]
-fn the_topology_label_goes_while_the_node_is_fenced_and_comes_back_once_it_joined() {
+fn the_topology_label_goes_while_the_node_is_fenced_and_only_that_label_comes_back() {
     let policies = shared_policies(&[cluster("Required")]);
-    let key = lvms_api::shared_topology_key(SAN);
-    let change = |node: &str, value| LabelChange {
-        node: node.into(),
-        key: key.clone(),
-        value,
+    let change = |fence| LabelChange {
+        node: "n1".into(),
+        class: SAN.into(),
+        fence,
     };
     let nodes = [
         labelled(node("n1", "True"), "true"),
@@ -303,21 +302,31 @@ fn the_topology_label_goes_while_the_node_is_fenced_and_comes_back_once_it_joine
     let statuses = [fenced_status("n1", 1), status("n2", 2, &[2], &[1])];
     assert_eq!(
         topology_labels(&nodes, &statuses, &policies),
-        [change("n1", None)]
+        [change(true)]
     );
-    // Gone already: nothing more; joined again: back.
-    let unlabelled = [node("n1", "True"), labelled(node("n2", "True"), "true")];
-    assert!(topology_labels(&unlabelled, &statuses, &policies).is_empty());
+    // Taken (the annotation says so): nothing more while fenced; joined again: given back.
+    let mut taken = node("n1", "True");
+    taken
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(fenced_annotation(SAN), "true".into());
+    let taken = [taken, labelled(node("n2", "True"), "true")];
+    assert!(topology_labels(&taken, &statuses, &policies).is_empty());
     let rejoined = [status("n1", 1, &[1, 2], &[]), status("n2", 2, &[1, 2], &[])];
     assert_eq!(
-        topology_labels(&unlabelled, &rejoined, &policies),
-        [change("n1", Some(JOINED_LABEL_VALUE))]
+        topology_labels(&taken, &rejoined, &policies),
+        [change(false)]
     );
-    // No longer fenced but not joined yet (its lockspace starting): still no label.
+    // No longer fenced but not joined yet (its lockspace starting): not yet.
     let mut starting = fenced_status("n1", 1);
     let shared = starting.spec.lvm_vg_status[0].shared.as_mut().unwrap();
     shared.fencing = None;
-    assert!(topology_labels(&unlabelled, &[starting], &policies).is_empty());
+    assert!(topology_labels(&taken, &[starting], &policies).is_empty());
+    // A label the operator did not take is never added: kubelet sets it at registration, and a
+    // node that left the class has it taken away by its agent, whatever a stale status says.
+    let bare = [node("n1", "True")];
+    assert!(topology_labels(&bare, &rejoined, &policies).is_empty());
     // A class that is not shared (or not in any LVMCluster) is never touched.
     assert!(topology_labels(&nodes, &statuses, &BTreeMap::new()).is_empty());
 }

@@ -24,7 +24,10 @@ use serde_json::json;
 
 use crate::support::{self, TestNamespace, WAIT, consistently, eventually};
 
-const SAN: &str = "san";
+/// The shared class of the first test; each test has its own (the e2e suite runs them beside the
+/// shared-stack test, whose node joins a class `san`, and the handover picks any Ready node with a
+/// class's label).
+const SAN: &str = "deadsan";
 
 async fn set_ready(client: &Client, node: &str, ready: &str) {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
@@ -337,7 +340,8 @@ async fn a_fenced_live_node_loses_its_shared_pods_and_label_the_taint_needs_the_
     if !support::enabled(TEST) {
         return;
     }
-    const BARE: &str = "bare";
+    const BARE: &str = "barefence";
+    const SAN: &str = "cutsan";
     let client = support::client().await;
     support::install_crds(&client).await;
     let sfx = support::suffix();
@@ -349,10 +353,13 @@ async fn a_fenced_live_node_loses_its_shared_pods_and_label_the_taint_needs_the_
     let [fenced, unfenced, cut, alive] =
         ["fenced", "unfenced", "cut", "alive"].map(|n| format!("lvms-e2e-{sfx}-{n}"));
     let joined = lvms_api::shared_topology_key(SAN);
-    for n in [&fenced, &unfenced, &alive] {
+    for n in [&fenced, &unfenced] {
         support::create_node(&client, n, &[]).await;
     }
-    support::create_node(&client, &cut, &[(joined.as_str(), "true")]).await;
+    // kubelet's label on the nodes joined to the class.
+    for n in [&cut, &alive] {
+        support::create_node(&client, n, &[(joined.as_str(), "true")]).await;
+    }
     set_ready(&client, &alive, "True").await;
     set_ready(&client, &cut, "True").await;
     set_ready(&client, &fenced, "Unknown").await;
