@@ -550,8 +550,8 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
         booted.elapsed().as_secs_f64()
     );
     // Kubelet asked NodeGetInfo when the plugin registered after the boot, while the lockspace
-    // was still joining (sanlock waits out the lease of the node's former self): the operator set
-    // the class's node label once the node joined; CSINode shows what NodeGetInfo answered.
+    // was still joining (sanlock waits out the lease of the node's former self): the class's node
+    // label is the one from before the reboot; CSINode shows what NodeGetInfo answered.
     let keys = Api::<CSINode>::all(client.clone())
         .get(&victim.name)
         .await
