@@ -367,7 +367,15 @@ impl Reboots {
                             old.kill();
                             let _ = old.wait();
                         }
-                        match vm::start(&repo, &kernel, spec.clone()) {
+                        // The old machine's relay lets its ports go from its accept threads, a
+                        // moment after the machine is gone (a CI run found one still bound).
+                        let until = Instant::now() + Duration::from_secs(30);
+                        let mut booted = vm::start(&repo, &kernel, spec.clone());
+                        while booted.is_err() && Instant::now() < until {
+                            thread::sleep(Duration::from_millis(500));
+                            booted = vm::start(&repo, &kernel, spec.clone());
+                        }
+                        match booted {
                             Ok(vm) => {
                                 println!("installed: node {} booted again", i + 1);
                                 let _ = fs::write(
