@@ -215,7 +215,7 @@ pub struct LabelChange {
 /// `policies` and that has the class's label loses it (so no pod of the class is scheduled there),
 /// with an annotation saying the operator took it; once its status shows it joined and not
 /// fenced, a label the operator took is given back. No other label is touched: kubelet sets them
-/// at registration, and the node agent's leave takes them away (the value is never changed either:
+/// at registration, and they go when the node leaves the class (the value is never changed either:
 /// kubelet refuses a plugin whose NodeGetInfo contradicts an existing label).
 pub fn topology_labels(
     nodes: &[Node],

@@ -46,8 +46,6 @@ pub struct Released {
     pub deleted: Vec<String>,
     /// Pods left for the admin (`namespace/name`).
     pub waiting: Vec<String>,
-    /// Topology labels set (`node key=value`) or removed (`node key-`).
-    pub labelled: Vec<String>,
 }
 
 /// One pass over the `LVMCluster`s in `ns` (see the module's documentation). Stops at the first
@@ -77,14 +75,7 @@ pub async fn release_dead_nodes(
     let mut out = Released::default();
     // Labels first: the pods deleted below must not be scheduled back onto a fenced node.
     for change in death::topology_labels(&nodes.items, &statuses.items, &policies) {
-        if label(client, &change).await {
-            let key = lvms_api::shared_topology_key(&change.class);
-            out.labelled.push(if change.fence {
-                format!("{} {key}-", change.node)
-            } else {
-                format!("{} {key}=true", change.node)
-            });
-        }
+        label(client, &change).await;
     }
     let deaths = death::dead_nodes(&nodes.items, &statuses.items, &policies);
     let mut fenced: BTreeMap<&str, Vec<&Death>> = BTreeMap::new();
@@ -209,8 +200,8 @@ async fn delete_now(client: &Client, pod: &Pod) -> bool {
 }
 
 /// Takes one topology label away (recording it in an annotation) or gives it back (merge patch);
-/// whether it was done.
-async fn label(client: &Client, change: &LabelChange) -> bool {
+/// a failure is logged and retried by the next pass.
+async fn label(client: &Client, change: &LabelChange) {
     let key = lvms_api::shared_topology_key(&change.class);
     let note = death::fenced_annotation(&change.class);
     let patch = if change.fence {
@@ -225,11 +216,9 @@ async fn label(client: &Client, change: &LabelChange) -> bool {
     {
         Ok(_) => {
             info!(node = %change.node, class = %change.class, fenced = change.fence, "changed a shared class's topology label");
-            true
         }
         Err(e) => {
             warn!(node = %change.node, class = %change.class, error = %e, "changing a shared class's topology label failed; the next pass retries");
-            false
         }
     }
 }
