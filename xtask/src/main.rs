@@ -180,8 +180,7 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
     // once for all its phases.
     if !matches!(
         task,
-        Task::Deps
-            | Task::Helm
+        Task::Helm
             | Task::GuestServe { .. }
             | Task::GuestConnect { .. }
             | Task::GuestRelay { .. }
