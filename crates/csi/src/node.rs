@@ -74,6 +74,10 @@ pub struct NodeService<B, R> {
     fs: Filesystems<R>,
     in_flight: InFlight,
     options: NodeOptions,
+    /// Where sysfs is (`/sys`; tests give their own).
+    sys_root: std::path::PathBuf,
+    /// Where the fence hook leaves its records ([`lvms_host::fence::RECORD_DIR`]).
+    fence_records: std::path::PathBuf,
 }
 
 // ---- errors ----
@@ -193,6 +197,89 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
             fs,
             in_flight: InFlight::default(),
             options,
+            sys_root: std::path::PathBuf::from("/sys"),
+            fence_records: std::path::PathBuf::from(lvms_host::fence::RECORD_DIR),
+        }
+    }
+
+    /// Reads sysfs under `sys_root` instead of `/sys`, and the fence hook's records from
+    /// `fence_records`.
+    #[must_use]
+    pub fn with_host_paths(
+        mut self,
+        sys_root: impl Into<std::path::PathBuf>,
+        fence_records: impl Into<std::path::PathBuf>,
+    ) -> Self {
+        self.sys_root = sys_root.into();
+        self.fence_records = fence_records.into();
+        self
+    }
+
+    /// For unpublish and unstage of a volume no class here serves: its device-mapper device if
+    /// one is still here, as after the fence hook gave a shared class's devices the `error`
+    /// target, or after the volume was handed to another node while still mounted here. Kubelet
+    /// must be able to unmount it, or nothing of the class is ever free on this node again. With
+    /// `fenced_only` (no class is served here at all, which is also the case while the node
+    /// agent starts) only a device of a class the fence hook fenced counts.
+    fn leftover_device(
+        &self,
+        id: &str,
+        fenced_only: bool,
+    ) -> Result<Option<DeviceIds>, RequestError> {
+        let found = lvms_host::fence::lv_device(&self.sys_root, id).map_err(|source| {
+            RequestError::Device {
+                device: format!("{}/block/dm-*", self.sys_root.display()),
+                source,
+            }
+        })?;
+        let Some(found) = found.filter(|f| {
+            !fenced_only || lvms_host::fence::record_path(&self.fence_records, &f.vg).exists()
+        }) else {
+            return Ok(None);
+        };
+        let dev_fs = rustix::fs::stat("/dev").map_err(|e| RequestError::Device {
+            device: "/dev".to_owned(),
+            source: e.into(),
+        })?;
+        #[allow(clippy::useless_conversion)] // st_dev is not u64 on every target
+        let node_fs = dev_pair(u64::from(dev_fs.st_dev));
+        tracing::warn!(
+            device = %found.name,
+            "the volume is not served on this node (its class fenced, or the volume handed to \
+             another node), but its device is still here: unmounting what of it kubelet asks"
+        );
+        Ok(Some(DeviceIds {
+            rdev: found.dev,
+            node_fs,
+            node_name: found.kernel,
+        }))
+    }
+
+    /// Claims the volume (as [`Self::begin`]) for unpublish or unstage: the volume, or else the
+    /// ids of its device left here ([`Self::leftover_device`]).
+    async fn begin_unmount(
+        &self,
+        id: &str,
+    ) -> Result<(Guard, Result<Volume, DeviceIds>), RequestError> {
+        let guard = self
+            .in_flight
+            .try_claim(&[id])
+            .map_err(RequestError::Busy)?;
+        let err = match self.lookup(id).await {
+            Ok(vol) => return Ok((guard, Ok(vol))),
+            Err(e) => e,
+        };
+        let fenced_only = match &err {
+            RequestError::NotFound(_) => false,
+            RequestError::Lookup {
+                source: lvms_engine::backend::BackendError::Unavailable(_),
+                ..
+            } => true,
+            _ => return Err(err),
+        };
+        match self.leftover_device(id, fenced_only)? {
+            Some(ids) => Ok((guard, Err(ids))),
+            None => Err(err),
         }
     }
 
@@ -367,11 +454,20 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
         request::path("staging_target_path", &req.staging_target_path)?;
         request::our_volume_id(&req.volume_id)?;
         let staging = req.staging_target_path.as_str();
-        let (_guard, vol) = self.begin(&req.volume_id).await?;
-        let ids = device_ids(&vol.device)?;
+        let (_guard, vol) = self.begin_unmount(&req.volume_id).await?;
+        let ids = match &vol {
+            Ok(vol) => device_ids(&vol.device)?,
+            Err(left) => Some(left.clone()),
+        };
         for _ in 0..MAX_STACKED_MOUNTS {
             match table::decide_unmount(&self.mounts().await?, ids.as_ref(), staging) {
                 Unmount::Nothing => {
+                    // Not served here: the node agent removes the device when the class joins
+                    // again (a fenced class), or it was never active here.
+                    let Ok(vol) = vol else {
+                        tracing::info!("unstaged (the volume is not served on this node)");
+                        return Ok(NodeUnstageVolumeResponse {});
+                    };
                     self.backend.release(&vol.id).await.map_err(|source| {
                         UnstageError::Release {
                             id: vol.id.clone(),
@@ -467,8 +563,12 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
             return self.unpublish_ephemeral(req).await;
         }
         let target = req.target_path.as_str();
-        let (_guard, vol) = self.begin(&req.volume_id).await?;
-        self.unmount_target(target, &vol).await?;
+        let (_guard, vol) = self.begin_unmount(&req.volume_id).await?;
+        let ids = match &vol {
+            Ok(vol) => device_ids(&vol.device)?,
+            Err(left) => Some(left.clone()),
+        };
+        self.unmount_ids(target, ids).await?;
         tracing::info!("unpublished");
         Ok(NodeUnpublishVolumeResponse {})
     }
@@ -484,6 +584,15 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
             Some(vol) => device_ids(&vol.device)?,
             None => None,
         };
+        self.unmount_ids(target, ids).await
+    }
+
+    /// [`Self::unmount_target`] of the device `ids` names (`None`: no device).
+    async fn unmount_ids(
+        &self,
+        target: &str,
+        ids: Option<DeviceIds>,
+    ) -> Result<(), UnpublishError> {
         for _ in 0..MAX_STACKED_MOUNTS {
             match table::decide_unmount(&self.mounts().await?, ids.as_ref(), target) {
                 Unmount::Nothing => {

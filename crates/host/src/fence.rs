@@ -95,6 +95,61 @@ pub fn devices_of(sys: &Path, vg: &str) -> std::io::Result<BTreeMap<String, BTre
     Ok(out)
 }
 
+/// A device-mapper device of an LVM volume, as sysfs shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LvDevice {
+    /// Its kernel name (`dm-3`).
+    pub kernel: String,
+    /// Its device-mapper name (`san-csi--1234`).
+    pub name: String,
+    /// Its volume group (`san`).
+    pub vg: String,
+    /// Its device numbers.
+    pub dev: (u32, u32),
+}
+
+/// The device-mapper device under `sys` of the LVM volume named `lv` in any volume group: one
+/// whose uuid is LVM's (`LVM-…`) and whose name is `<vg>-<lv>`. A volume this node no longer
+/// serves (its class fenced, the volume handed over) may still have one, mounted where kubelet
+/// asks to unmount it.
+pub fn lv_device(sys: &Path, lv: &str) -> std::io::Result<Option<LvDevice>> {
+    let block = sys.join("block");
+    for entry in std::fs::read_dir(&block)? {
+        let kernel = entry?.file_name().to_string_lossy().into_owned();
+        if !kernel.starts_with("dm-") {
+            continue;
+        }
+        let dir = block.join(&kernel);
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).map(|s| s.trim().to_owned());
+        let (Ok(name), Ok(uuid)) = (read("dm/name"), read("dm/uuid")) else {
+            continue;
+        };
+        let Some((vg, _)) = split_dm_name(&name).filter(|(_, l)| l == lv) else {
+            continue;
+        };
+        if !uuid.starts_with("LVM-") {
+            continue;
+        }
+        let dev = read("dev")?;
+        let parsed = dev
+            .split_once(':')
+            .and_then(|(ma, mi)| Some((ma.parse().ok()?, mi.parse().ok()?)));
+        let Some(dev) = parsed else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{}/dev reads {dev:?}, not MAJOR:MINOR", dir.display()),
+            ));
+        };
+        return Ok(Some(LvDevice {
+            kernel,
+            name,
+            vg,
+            dev,
+        }));
+    }
+    Ok(None)
+}
+
 /// Fences `devices` (from [`devices_of`]) in [`fence_order`]: wipe every table, then remove what
 /// nothing holds open.
 pub async fn fence<R: Runner>(

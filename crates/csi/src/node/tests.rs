@@ -38,6 +38,8 @@ struct TestBackend {
     activations: AtomicUsize,
     /// What `classes` answers (none unless a test sets them).
     classes: Mutex<Vec<DeviceClassConfig>>,
+    /// No class is served: lookups answer UNAVAILABLE, as the node agent's backend does then.
+    down: std::sync::atomic::AtomicBool,
 }
 
 fn volume(id: &str) -> Volume {
@@ -75,6 +77,9 @@ impl Backend for TestBackend {
         Ok(true)
     }
     async fn get(&self, id: &str) -> lvms_engine::backend::Result<Option<Volume>> {
+        if self.down.load(Ordering::Relaxed) {
+            return Err(BackendError::Unavailable("no class is served".to_owned()));
+        }
         Ok(self.volumes.lock().unwrap().get(id).cloned())
     }
     async fn list(&self) -> lvms_engine::backend::Result<Vec<Volume>> {
@@ -132,6 +137,7 @@ impl Setup {
             volumes: Mutex::new(HashMap::from([(id.clone(), volume(&id))])),
             activations: AtomicUsize::new(0),
             classes: Mutex::new(vec![]),
+            down: Default::default(),
         });
         let fs = Filesystems::new(fake.clone()).with_proc_root(proc.path());
         let svc = NodeService::new(backend.clone(), fs, options);
@@ -949,6 +955,110 @@ async fn unstage_unmounts_the_volume_and_gives_up_when_mounts_keep_appearing() {
         .await;
     assert_eq!(code(got), Code::FailedPrecondition);
     s.fake.assert_done();
+}
+
+/// A volume no class on this node serves (its class fenced, or the volume handed over) whose
+/// device-mapper device is still here: kubelet can unmount it, and nothing else.
+#[tokio::test]
+async fn unpublish_and_unstage_of_a_volume_not_served_here_unmount_only_its_leftover_device() {
+    let s = Setup::new(NodeOptions::default());
+    let gone = volume_lv_name("pvc-gone");
+    let sys = tempfile::tempdir().unwrap();
+    let dm = sys.path().join("block/dm-7");
+    std::fs::create_dir_all(dm.join("dm")).unwrap();
+    let (ma, mi) = ids().rdev;
+    std::fs::write(dm.join("dev"), format!("{ma}:{mi}\n")).unwrap();
+    std::fs::write(dm.join("dm/uuid"), "LVM-abc\n").unwrap();
+    std::fs::write(
+        dm.join("dm/name"),
+        format!("san-{}\n", gone.replace('-', "--")),
+    )
+    .unwrap();
+    let svc = NodeService::new(
+        s.backend.clone(),
+        Filesystems::new(s.fake.clone()).with_proc_root(s.proc.path()),
+        NodeOptions::default(),
+    )
+    .with_host_paths(sys.path(), sys.path().join("records"));
+    let (target, staging) = (s.path("t"), s.staging());
+    let unpublish = |id: &str| NodeUnpublishVolumeRequest {
+        volume_id: id.to_owned(),
+        target_path: target.clone(),
+    };
+    let unstage = |id: &str| NodeUnstageVolumeRequest {
+        volume_id: id.to_owned(),
+        staging_target_path: staging.clone(),
+    };
+
+    // Nothing of it mounted: both are done.
+    std::fs::create_dir(&target).unwrap();
+    svc.node_unpublish_volume(Request::new(unpublish(&gone)))
+        .await
+        .unwrap();
+    assert!(!std::path::Path::new(&target).exists());
+    svc.node_unstage_volume(Request::new(unstage(&gone)))
+        .await
+        .unwrap();
+
+    // Its filesystem mounted at both paths: unmounted (the scripted table keeps showing it).
+    s.mountinfo(&[fs_line(40, &target, "rw"), fs_line(41, &staging, "rw")]);
+    for path in [&target, &staging] {
+        for _ in 0..MAX_STACKED_MOUNTS {
+            s.fake.expect(&["umount", path]).succeeds();
+        }
+    }
+    let err = svc
+        .node_unpublish_volume(Request::new(unpublish(&gone)))
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("still mounted"), "{}", err.message());
+    let err = svc
+        .node_unstage_volume(Request::new(unstage(&gone)))
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("still mounted"), "{}", err.message());
+    s.fake.assert_done();
+
+    // Another device at the path is left alone.
+    s.mountinfo(&[format!(
+        "42 1 253:99 / {staging} rw - ext4 /dev/mapper/vg1-other rw"
+    )]);
+    let got = svc.node_unstage_volume(Request::new(unstage(&gone))).await;
+    assert_eq!(code(got), Code::FailedPrecondition);
+
+    // Not LVM's device, or no device at all: NOT_FOUND, as before, and nothing runs.
+    std::fs::write(dm.join("dm/uuid"), "CRYPT-LUKS2-abc\n").unwrap();
+    s.mountinfo(&[fs_line(41, &staging, "rw")]);
+    let got = svc.node_unstage_volume(Request::new(unstage(&gone))).await;
+    assert_eq!(code(got), Code::NotFound);
+    let other = volume_lv_name("pvc-other");
+    let got = svc.node_unstage_volume(Request::new(unstage(&other))).await;
+    assert_eq!(code(got), Code::NotFound);
+    let got = svc
+        .node_unpublish_volume(Request::new(unpublish(&other)))
+        .await;
+    assert_eq!(code(got), Code::NotFound);
+    assert!(s.fake.calls().iter().all(|c| c.program == "umount"));
+    assert_eq!(s.backend.activations.load(Ordering::Relaxed), 0);
+
+    // No class served at all (as while the node agent starts): only a device of a class the
+    // fence hook fenced counts.
+    std::fs::write(dm.join("dm/uuid"), "LVM-abc\n").unwrap();
+    s.mountinfo(&[]);
+    s.backend.down.store(true, Ordering::Relaxed);
+    let got = svc.node_unstage_volume(Request::new(unstage(&gone))).await;
+    assert_eq!(code(got), Code::Unavailable);
+    let records = sys.path().join("records");
+    std::fs::create_dir_all(&records).unwrap();
+    std::fs::write(records.join("fenced-san"), "{}").unwrap();
+    svc.node_unstage_volume(Request::new(unstage(&gone)))
+        .await
+        .unwrap();
+    std::fs::create_dir(&target).unwrap();
+    svc.node_unpublish_volume(Request::new(unpublish(&gone)))
+        .await
+        .unwrap();
+    assert!(!std::path::Path::new(&target).exists());
 }
 
 // ---- stats, expand ----

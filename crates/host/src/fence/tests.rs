@@ -145,3 +145,43 @@ fn open_counts_are_read_per_device_and_odd_lines_skipped() {
     assert_eq!(counts.get("other-vol"), Some(&0));
     assert_eq!(counts.len(), 3);
 }
+
+#[test]
+fn lv_device_finds_an_lvm_volume_by_its_lv_name_in_any_group() {
+    let dir = tempfile::tempdir().unwrap();
+    sysfs(
+        dir.path(),
+        &[
+            ("dm-0", "lunpath", &[]),
+            ("dm-1", "other-csi--1", &[]),
+            ("dm-2", "san-csi--1", &[]),
+            ("dm-3", "san-csi--12", &[]),
+        ],
+    );
+    let block = dir.path().join("block");
+    for (kernel, uuid, dev) in [
+        ("dm-0", "mpath-lun0", "253:0"),
+        // Not LVM's, though named like one of its volumes.
+        ("dm-1", "CRYPT-LUKS2-1", "253:1"),
+        ("dm-2", "LVM-abcdef", "253:2"),
+        ("dm-3", "LVM-ghijkl", "253:3"),
+    ] {
+        std::fs::write(block.join(kernel).join("dm/uuid"), format!("{uuid}\n")).unwrap();
+        std::fs::write(block.join(kernel).join("dev"), format!("{dev}\n")).unwrap();
+    }
+    assert_eq!(
+        lv_device(dir.path(), "csi-1").unwrap(),
+        Some(LvDevice {
+            kernel: "dm-2".to_owned(),
+            name: "san-csi--1".to_owned(),
+            vg: "san".to_owned(),
+            dev: (253, 2),
+        })
+    );
+    assert_eq!(
+        lv_device(dir.path(), "csi-12").unwrap().unwrap().dev,
+        (253, 3)
+    );
+    assert_eq!(lv_device(dir.path(), "csi-2").unwrap(), None);
+    assert_eq!(lv_device(dir.path(), "lun0").unwrap(), None);
+}
