@@ -49,6 +49,11 @@ pub struct LogicalVolumeSpec {
     /// `raidConfig`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout: Option<VolumeLayout>,
+    /// A shared class's volume: `Linear` or `Thin` (lvms-rs; TopoLVM has no such field), from the
+    /// StorageClass parameter `lvms.topolvm.io/volume-mode`. Absent: the class's
+    /// `sharedConfig.volumeMode`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_mode: Option<crate::SharedVolumeMode>,
 }
 
 /// A thick volume's layout (`spec.layout`).

@@ -122,10 +122,7 @@ pub fn device_class_config(vg: &LVMVolumeGroup) -> Result<DeviceClassConfig, Str
         access: if spec.is_shared() {
             let c = spec.shared_config.clone().unwrap_or_default();
             Access::Shared(SharedConfig {
-                volume_mode: match c.volume_mode_or_default() {
-                    lvms_api::SharedVolumeMode::Linear => SharedVolumeMode::Linear,
-                    lvms_api::SharedVolumeMode::Thin => SharedVolumeMode::Thin,
-                },
+                volume_mode: c.volume_mode_or_default().into(),
                 wipe_policy: match c.wipe_policy_or_default() {
                     lvms_api::WipePolicy::Full => WipePolicy::Full,
                     lvms_api::WipePolicy::UnsafeFast => WipePolicy::UnsafeFast,
@@ -145,4 +142,22 @@ pub fn device_class_config(vg: &LVMVolumeGroup) -> Result<DeviceClassConfig, Str
             lvms_api::AdoptFrom::CsiDriverLvm => Adopt::CsiDriverLvm,
         }),
     })
+}
+
+impl From<lvms_api::SharedVolumeMode> for SharedVolumeMode {
+    fn from(mode: lvms_api::SharedVolumeMode) -> Self {
+        match mode {
+            lvms_api::SharedVolumeMode::Linear => Self::Linear,
+            lvms_api::SharedVolumeMode::Thin => Self::Thin,
+        }
+    }
+}
+
+impl From<SharedVolumeMode> for lvms_api::SharedVolumeMode {
+    fn from(mode: SharedVolumeMode) -> Self {
+        match mode {
+            SharedVolumeMode::Linear => Self::Linear,
+            SharedVolumeMode::Thin => Self::Thin,
+        }
+    }
 }

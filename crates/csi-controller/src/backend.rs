@@ -246,6 +246,7 @@ impl Backend for NodeBackend {
                 source,
                 access_type,
                 layout: req.lv_type.map(|l| l.to_api()),
+                volume_mode: req.volume_mode.map(Into::into),
             },
         ))
         .await
@@ -267,6 +268,7 @@ impl Backend for NodeBackend {
                 source: source.id.clone(),
                 access_type: "ro".to_owned(),
                 layout: None,
+                volume_mode: None,
             },
         ))
         .await

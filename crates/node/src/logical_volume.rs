@@ -244,7 +244,7 @@ fn plan_create(lv: &LogicalVolume, observed: &Observed<'_>, status: &LogicalVolu
             class,
             size,
             lv_type,
-            volume_mode: None,
+            volume_mode: lv.spec.volume_mode.map(Into::into),
             source: None,
             ephemeral: None,
         });

@@ -3,7 +3,7 @@
 
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use lvms_api::topolvm::{LayoutType, LogicalVolumeSpec, VolumeLayout};
-use lvms_core::lvattr::LvHealth;
+use lvms_core::{config::SharedVolumeMode, lvattr::LvHealth};
 
 use super::*;
 
@@ -242,6 +242,23 @@ fn the_layout_on_the_object_is_the_layout_made() {
     lv.spec.layout = Some(mirror.to_api());
     match plan(&lv, &observed(None, None)) {
         Step::Create(req) => assert_eq!(req.lv_type, Some(mirror)),
+        other => panic!("expected a create, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_volume_mode_on_the_object_is_the_mode_made() {
+    let mut lv = ours("pvc-1", "1Gi");
+    assert!(matches!(
+        plan(&lv, &observed(None, None)),
+        Step::Create(NewVolume {
+            volume_mode: None,
+            ..
+        })
+    ));
+    lv.spec.volume_mode = Some(lvms_api::SharedVolumeMode::Thin);
+    match plan(&lv, &observed(None, None)) {
+        Step::Create(req) => assert_eq!(req.volume_mode, Some(SharedVolumeMode::Thin)),
         other => panic!("expected a create, got {other:?}"),
     }
 }
