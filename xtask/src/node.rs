@@ -82,6 +82,14 @@ const NODES: [NodeSpec; 2] = [
 /// The shared LUN both nodes attach (`/dev/disk/by-id/virtio-lun0` in both), as
 /// [`crate::shared`] attaches it.
 const LUN: &str = "lun0=3072";
+/// The device-mapper map each node sees the LUN through (node.sh), as multipath would give it: the
+/// class's path, and what the lost-path test switches to the error target (`lun-path lose`).
+const LUN_MAP: &str = "lun0";
+
+/// The LUN's serial (its by-id name in the guests).
+fn lun_serial() -> &'static str {
+    LUN.split_once('=').map_or(LUN, |(serial, _)| serial)
+}
 /// Guest ports: the command server and the API server's CONNECT proxy.
 const EXEC_GUEST_PORT: u16 = guest::GUEST_PORT;
 const CONNECT_GUEST_PORT: u16 = 7001;
@@ -282,10 +290,7 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
         .env("LVMS_E2E_NODE2", node2.name)
         .env("LVMS_E2E_DEVICE2", node2.device_path())
         .env("LVMS_E2E_VM2", format!("127.0.0.1:{}", ports[1].exec))
-        .env(
-            "LVMS_E2E_SHARED_DEVICE",
-            format!("/dev/disk/by-id/virtio-{}", lun.serial),
-        )
+        .env("LVMS_E2E_SHARED_DEVICE", format!("/dev/mapper/{LUN_MAP}"))
         // The failover test ends a node as a power loss would: its machine killed; then boots
         // it again through `reboots`.
         .env("LVMS_E2E_PIDS", pids)
@@ -496,6 +501,11 @@ fn node_vm(
         ])
         .env("NODE_DIR", s(node_dir))
         .env("NODE_DISK", "/dev/disk/by-id/virtio-node")
+        .env(
+            "NODE_LUN",
+            format!("/dev/disk/by-id/virtio-{}", lun_serial()),
+        )
+        .env("NODE_LUN_MAP", LUN_MAP)
         .env("NODE_NAME", node.name)
         .env("NODE_IP", node.ip().to_string())
         .env("POD_SUBNET", node.pod_subnet())

@@ -6,7 +6,8 @@
 # Environment: NODE_DIR (host directory with kubelet.kubeconfig and ca.crt; logs go to
 # NODE_DIR/logs), NODE_DISK (the disk for the node's state: an ext4 filesystem whose containerd/
 # holds the images, imported by the host, xtask/src/images.rs), NODE_NAME, NODE_IP (this node's
-# own address, on a dummy interface: every node is 10.0.2.15 on its slirp link), POD_SUBNET (this
+# own address, on a dummy interface: every node is 10.0.2.15 on its slirp link), NODE_LUN and
+# NODE_LUN_MAP (the shared LUN's by-id path and the name of the map over it), POD_SUBNET (this
 # node's pod addresses), API_PORT (the API server's port on the host, 10.0.2.2 here), KUBELET (the
 # kubelet binary), XTASK, EXEC_PORT and CONNECT_PORT (the guest ports of the command server and
 # the API server's proxy).
@@ -40,6 +41,29 @@ mkdir -p /dev/shm
 mountpoint -q /dev/shm || mount -t tmpfs -o mode=1777,nosuid,nodev shm /dev/shm
 # Bidirectional mount propagation (the node plugin's mounts reaching kubelet) needs shared mounts.
 mount --make-rshared /
+
+# The shared LUN behind a device-mapper map with a multipath uuid (`mpath-…`), as multipath gives
+# a SAN LUN: LVM hides the raw path as a multipath component, the class names the map, and the
+# lost-path test takes the path away (`lun-path lose`: every I/O fails, as when the SAN path dies)
+# and gives it back (`lun-path restore`).
+if [ -n "${NODE_LUN:-}" ]; then
+  raw=$(readlink -f "$NODE_LUN")
+  sectors=$(blockdev --getsz "$raw")
+  dmsetup create "$NODE_LUN_MAP" --uuid "mpath-$NODE_LUN_MAP" --table "0 $sectors linear $raw 0"
+  cat > /run/node-bin/lun-path <<EOF
+#!/bin/sh
+set -e
+case "\$1" in
+  lose) table="0 $sectors error" ;;
+  restore) table="0 $sectors linear $raw 0" ;;
+  *) echo "usage: lun-path lose|restore" >&2; exit 2 ;;
+esac
+dmsetup suspend --noflush $NODE_LUN_MAP
+dmsetup load $NODE_LUN_MAP --table "\$table"
+dmsetup resume $NODE_LUN_MAP
+EOF
+  chmod +x /run/node-bin/lun-path
+fi
 
 # The node's disk: /var/lib (kubelet, CNI state) and /var/log over directories on it, the
 # container store (with the images) in it.

@@ -46,6 +46,12 @@ const LOCAL: &str = "local";
 /// lvmlockd's `--sanlock-timeout` in the guests (xtask/src/node.sh), which the class matches.
 const IO_TIMEOUT: u32 = 5;
 const CLUSTER: &str = "shared";
+/// lvm on a node, as the node agent runs it for the class: under lvmlockd, through the class's
+/// devices file (the LUN's raw path shows as a duplicate of the map otherwise: the user-mode
+/// kernel's disks do not show the map as their holder, so LVM cannot tell them multipath
+/// components).
+const LVM: &str = "LVM_SYSTEM_DIR=/etc/lvm lvm";
+const LVM_CLASS: &str = "--config global/use_lvmlockd=1 --devicesfile lvms-san.devices";
 
 /// One of the two nodes.
 struct Member {
@@ -175,14 +181,24 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
             m.name
         );
         m.vm.ok("test -x /var/lib/lvms/bin/lvms").await;
-        let status = statuses.get(&m.name).await.unwrap();
-        let shared = status
-            .spec
-            .lvm_vg_status
-            .iter()
-            .find(|v| v.name == SAN)
-            .and_then(|v| v.shared.clone())
-            .unwrap_or_else(|| panic!("{}: no shared status: {status:?}", m.name));
+        // (The operator counts a node joined under `Required` only once it reports its fencing;
+        // the test reads each node's report itself.)
+        let shared = eventually("the node reports its fencing of the class", SLOW, || {
+            let statuses = statuses.clone();
+            let name = m.name.clone();
+            async move {
+                let status = statuses.get(&name).await.map_err(|e| e.to_string())?;
+                status
+                    .spec
+                    .lvm_vg_status
+                    .iter()
+                    .find(|v| v.name == SAN)
+                    .and_then(|v| v.shared.clone())
+                    .filter(|s| s.fencing.is_some())
+                    .ok_or(format!("{status:?}"))
+            }
+        })
+        .await;
         let fencing = shared.fencing.clone().expect("fencing reported");
         assert!(fencing.kill_hook, "{}: {fencing:?}", m.name);
         assert_eq!(shared.io_timeout_seconds, i32::try_from(IO_TIMEOUT).ok());
@@ -313,10 +329,13 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
                     "terminationGracePeriodSeconds": 1,
                     "containers": [{
                         "name": "c", "image": env.image, "imagePullPolicy": "Never",
+                        // After the token, it keeps writing both volumes (the lost path then
+                        // hits filesystems in use).
                         "command": ["/bin/sh", "-c", format!(
                             "if [ -f /lin/token ]; then echo \"read $(cat /lin/token) $(cat /thin/token)\"; \
                              else echo {token} > /lin/token && echo {token} > /thin/token && sync \
-                             && echo wrote; fi; sleep 3600")],
+                             && echo wrote; fi; \
+                             while :; do date > /lin/busy; date > /thin/busy; sync; sleep 1; done")],
                         "volumeMounts": [{"name": "lin", "mountPath": "/lin"},
                                          {"name": "thin", "mountPath": "/thin"}],
                     }],
@@ -368,6 +387,26 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
         }
         handles
     };
+    // The thin claim's volume is thin: its own pool on the LUN (the StorageClass's volume-mode
+    // parameter reached the node agent through the LogicalVolume).
+    let lv = Api::<LogicalVolume>::all(client.clone())
+        .get(&handles[1])
+        .await
+        .unwrap();
+    assert_eq!(
+        lv.spec.volume_mode,
+        Some(lvms_api::SharedVolumeMode::Thin),
+        "{:?}",
+        lv.spec
+    );
+    let segtype = victim
+        .vm
+        .ok(&format!(
+            "{LVM} lvs {LVM_CLASS} --noheadings -o segtype {SAN}/{}",
+            handles[1]
+        ))
+        .await;
+    assert_eq!(segtype.trim(), "thin", "the thin claim's LV");
 
     // Power loss: the victim's machine is killed. The test only watches from here on.
     let killed = Instant::now();
@@ -572,11 +611,296 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
         victim.name
     );
     delete_pod(&pods, "again").await;
+
+    lost_path(&LostPath {
+        client: &client,
+        ns: &ns.name,
+        fenced: survivor,
+        taker: victim,
+        fenced_host_id: host_ids[s],
+        handles: &handles,
+        token: &token,
+    })
+    .await;
     let _ = Api::<StorageClass>::all(client.clone())
         .delete(&thin_name, &DeleteParams::default())
         .await;
     println!(
         "installed_shared: done in {:.0} s",
         started.elapsed().as_secs_f64()
+    );
+}
+
+/// What the lost-path story works on.
+struct LostPath<'a> {
+    client: &'a Client,
+    ns: &'a str,
+    /// The node that loses its path: it runs the StatefulSet's pod (and the operator, which does
+    /// not use the LUN and stays up).
+    fenced: &'a Member,
+    /// The other node, where the pod goes.
+    taker: &'a Member,
+    fenced_host_id: i32,
+    /// The pod's two volumes (linear, thin).
+    handles: &'a [String],
+    token: &'a str,
+}
+
+/// Lost path under Kubernetes: the LUN's path of the node that runs `mover-0` goes to the error
+/// target under its mounted volumes, which it keeps writing. Sanlock there cannot renew its lease
+/// and the fence hook gives the class's devices the error target; the node stays Ready, says it
+/// was fenced, and the other node counts its lease dead: the operator releases the pod (no
+/// out-of-service taint) and takes the class's label from the fenced node, and the pod runs on the
+/// other node and reads what it wrote. Both filesystems check clean. Kubelet unmounts the fenced
+/// volumes on the fenced node; when the path is back, the node joins again by itself (an Event
+/// says so) and gets its label back.
+async fn lost_path(t: &LostPath<'_>) {
+    let pods = Api::<Pod>::namespaced(t.client.clone(), t.ns);
+    let nodes = Api::<Node>::all(t.client.clone());
+    let statuses = Api::<LVMVolumeGroupNodeStatus>::namespaced(t.client.clone(), INSTALL_NS);
+    let lvs = Api::<LogicalVolume>::all(t.client.clone());
+    let before = pods.get("mover-0").await.unwrap();
+    assert_eq!(
+        before.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some(t.fenced.name.as_str()),
+        "the pod runs on the node whose path goes"
+    );
+    let label = shared_topology_key(SAN);
+    let annotation = lvms_operator::death::fenced_annotation(SAN);
+    let shared_of = |s: &LVMVolumeGroupNodeStatus| {
+        s.spec
+            .lvm_vg_status
+            .iter()
+            .find(|v| v.name == SAN)
+            .and_then(|v| v.shared.clone())
+    };
+
+    t.fenced.vm.ok("/run/node-bin/lun-path lose").await;
+    let lost = Instant::now();
+    println!(
+        "installed_shared: {}'s path to the LUN now fails every I/O",
+        t.fenced.name
+    );
+    let (mut fenced_at, mut dead_seen, mut deleted, mut handed, mut unlabelled, mut running) =
+        (None, None, None, None, None, None);
+    let read = loop {
+        assert!(
+            lost.elapsed() < SLOW,
+            "the pod did not run on {} within {SLOW:?} of the lost path (fenced {fenced_at:?}, \
+             dead seen {dead_seen:?}, deleted {deleted:?}, handed {handed:?}, label taken \
+             {unlabelled:?}, running {running:?})",
+            t.taker.name
+        );
+        let at = lost.elapsed();
+        if fenced_at.is_none()
+            && let Ok(st) = statuses.get(&t.fenced.name).await
+            && shared_of(&st)
+                .and_then(|s| s.fencing)
+                .is_some_and(|f| f.fenced)
+        {
+            fenced_at = Some(at);
+        }
+        if dead_seen.is_none()
+            && let Ok(st) = statuses.get(&t.taker.name).await
+            && shared_of(&st).is_some_and(|s| s.dead_host_ids.contains(&t.fenced_host_id))
+        {
+            dead_seen = Some(at);
+        }
+        let node = nodes.get(&t.fenced.name).await.unwrap();
+        assert_eq!(ready_status(&node), "True", "a fenced node stays Ready");
+        assert!(
+            node.spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_none_or(|ts| ts
+                    .iter()
+                    .all(|t| t.key != "node.kubernetes.io/out-of-service")),
+            "a fenced node that still runs is never tainted out of service"
+        );
+        if unlabelled.is_none() && !node.labels().contains_key(&label) {
+            assert!(
+                node.annotations().contains_key(&annotation),
+                "{:?}",
+                node.annotations()
+            );
+            unlabelled = Some(at);
+        }
+        let now = pods.get_opt("mover-0").await.ok().flatten();
+        if deleted.is_none() && now.as_ref().is_none_or(|p| p.uid() != before.uid()) {
+            deleted = Some(at);
+        }
+        if handed.is_none() {
+            let mut all = true;
+            for h in t.handles {
+                all &= lvs
+                    .get(h)
+                    .await
+                    .is_ok_and(|lv| lv.spec.node_name == t.taker.name);
+            }
+            if all {
+                handed = Some(at);
+            }
+        }
+        if let Some(p) = now.filter(|p| p.uid() != before.uid()) {
+            if let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+                assert_eq!(node, t.taker.name, "the pod goes to the node with the path");
+            }
+            if running.is_none()
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            {
+                running = Some(at);
+            }
+            if running.is_some()
+                && let Ok(log) = pods.logs("mover-0", &LogParams::default()).await
+                && let Some(line) = log.lines().find(|l| l.starts_with("read "))
+            {
+                break line.to_owned();
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let moved = lost.elapsed();
+    assert_eq!(
+        read,
+        format!("read {} {}", t.token, t.token),
+        "what it wrote, on both volumes"
+    );
+    let fenced_at = fenced_at.expect("the node said it was fenced");
+    let deleted = deleted.expect("the old pod went");
+    assert!(
+        fenced_at <= deleted,
+        "the pod was released ({deleted:?}) before its node said it was fenced ({fenced_at:?})"
+    );
+    let secs = |d: Option<Duration>| {
+        d.map_or_else(|| "-".to_owned(), |d| format!("{:.0}", d.as_secs_f64()))
+    };
+    println!(
+        "installed_shared: lost path on {}: fenced by the hook {} s, its lease counted dead by {} \
+         {} s, pod deleted {} s, volumes handed over {} s, label taken {} s, Running on {} {} s, \
+         read back {:.0} s",
+        t.fenced.name,
+        secs(Some(fenced_at)),
+        t.taker.name,
+        secs(dead_seen),
+        secs(Some(deleted)),
+        secs(handed),
+        secs(unlabelled),
+        t.taker.name,
+        secs(running),
+        moved.as_secs_f64()
+    );
+
+    // Both filesystems check clean: the pod stops, and each volume, once its node let it go, is
+    // checked where it is (its journal was replayed by the taker's mount).
+    Api::<StatefulSet>::namespaced(t.client.clone(), t.ns)
+        .patch(
+            "mover",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 0}})),
+        )
+        .await
+        .unwrap();
+    eventually("the pod is gone", SLOW, || {
+        let pods = pods.clone();
+        async move {
+            match pods.get_opt("mover-0").await {
+                Ok(None) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    for h in t.handles {
+        let check = format!(
+            "{LVM} lvchange {LVM_CLASS} -aey {SAN}/{h} && {{ e2fsck -fn /dev/{SAN}/{h}; rc=$?; \
+             {LVM} lvchange {LVM_CLASS} -an {SAN}/{h}; exit $rc; }}"
+        );
+        let out = eventually("the volume checks clean", SLOW, || {
+            let vm = t.taker.vm.clone();
+            let check = check.clone();
+            async move {
+                let (code, out) = vm.sh(&check).await;
+                (code == 0).then_some(out.clone()).ok_or(out)
+            }
+        })
+        .await;
+        println!("installed_shared: e2fsck -fn of {h} after the lost path: clean\n{out}");
+    }
+
+    // Nothing of the class is open on the fenced node any more (kubelet unmounted the volumes):
+    // it waits only for the path. The path comes back, and the node joins again by itself.
+    t.fenced.vm.ok("/run/node-bin/lun-path restore").await;
+    let restored = Instant::now();
+    eventually("the fenced node joins again by itself", SLOW, || {
+        let statuses = statuses.clone();
+        let name = t.fenced.name.clone();
+        async move {
+            let st = statuses.get(&name).await.map_err(|e| e.to_string())?;
+            let shared = shared_of(&st).ok_or("no shared status")?;
+            let fenced = shared.fencing.as_ref().is_some_and(|f| f.fenced);
+            (!fenced && shared.host_id.is_some())
+                .then_some(())
+                .ok_or(format!("{shared:?}"))
+        }
+    })
+    .await;
+    let rejoined = restored.elapsed();
+    let line = format!("s lvm_{SAN}:{}:", t.fenced_host_id);
+    eventually(
+        "its sanlock holds the class's lockspace again",
+        SLOW,
+        || {
+            let vm = t.fenced.vm.clone();
+            let line = line.clone();
+            async move {
+                let (code, out) = vm.sh("sanlock client status").await;
+                (code == 0
+                    && out
+                        .lines()
+                        .any(|l| l.starts_with(&line) && !l.contains(" ADD")))
+                .then_some(())
+                .ok_or(out)
+            }
+        },
+    )
+    .await;
+    let events =
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(t.client.clone(), INSTALL_NS);
+    let note = eventually("an Event says the node joined again", SLOW, || {
+        let events = events.clone();
+        let name = t.fenced.name.clone();
+        async move {
+            let list = events
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            list.items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some("Rejoined"))
+                .filter_map(|e| e.note)
+                .find(|n| n.contains(&name))
+                .ok_or_else(|| "no Rejoined Event yet".to_owned())
+        }
+    })
+    .await;
+    eventually("the class's label is back", SLOW, || {
+        let nodes = nodes.clone();
+        let name = t.fenced.name.clone();
+        let (label, annotation) = (label.clone(), annotation.clone());
+        async move {
+            let n = nodes.get(&name).await.map_err(|e| e.to_string())?;
+            (n.labels().get(&label).map(String::as_str) == Some("true")
+                && !n.annotations().contains_key(&annotation))
+            .then_some(())
+            .ok_or(format!("{:?} {:?}", n.labels(), n.annotations()))
+        }
+    })
+    .await;
+    println!(
+        "installed_shared: {} joined again {:.0} s after its path came back, label back {:.0} s \
+         ({note})",
+        t.fenced.name,
+        rejoined.as_secs_f64(),
+        restored.elapsed().as_secs_f64()
     );
 }
