@@ -38,8 +38,8 @@ use crate::{
 /// round trips.
 pub(crate) const SLOW: Duration = Duration::from_secs(600);
 pub(crate) const INSTALL_NS: &str = "lvms-system";
-const OPERATOR: &str = "lvms-operator";
-const NODE_DAEMON_SET: &str = "vg-manager";
+pub(crate) const OPERATOR: &str = "lvms-operator";
+pub(crate) const NODE_DAEMON_SET: &str = "vg-manager";
 pub(crate) const DRIVER: &str = lvms_api::DEFAULT_DRIVER_NAME;
 /// The StorageClass the operator renders for the device class `e2e`.
 const CLASS: &str = "lvms-e2e";

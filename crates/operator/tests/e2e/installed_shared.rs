@@ -17,7 +17,7 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::{
-    apps::v1::StatefulSet,
+    apps::v1::{DaemonSet, Deployment, StatefulSet},
     core::v1::{Node, PersistentVolumeClaim, Pod},
     storage::v1::{CSINode, StorageClass},
 };
@@ -34,8 +34,8 @@ use serde_json::json;
 
 use crate::{
     installed::{
-        self, DRIVER, INSTALL_NS, SLOW, delete_pod, operator_ready, since_apply, wait_log,
-        wait_running,
+        self, DRIVER, INSTALL_NS, NODE_DAEMON_SET, OPERATOR, SLOW, delete_pod, operator_ready,
+        since_apply, wait_log, wait_running,
     },
     stack::Vm,
     support::{self, TestNamespace, eventually},
@@ -622,6 +622,7 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
         token: &token,
     })
     .await;
+    rollback(&client, &ns.name, &token).await;
     let _ = Api::<StorageClass>::all(client.clone())
         .delete(&thin_name, &DeleteParams::default())
         .await;
@@ -902,5 +903,75 @@ async fn lost_path(t: &LostPath<'_>) {
         t.fenced.name,
         rejoined.as_secs_f64(),
         restored.elapsed().as_secs_f64()
+    );
+}
+
+/// Rollback, as docs/shared-classes.md says (issue 38): lvms-rs's Deployment and DaemonSet are
+/// deleted (the CRDs, the `LVMCluster`, the `LogicalVolume`s, the claims and the LVs stay) and the
+/// Deployment is created again as it was applied; the operator renders the DaemonSet again, and
+/// the StatefulSet's pod, started anew, is served and reads back what it wrote.
+async fn rollback(client: &Client, ns: &str, token: &str) {
+    let deployments = Api::<Deployment>::namespaced(client.clone(), INSTALL_NS);
+    let daemonsets = Api::<DaemonSet>::namespaced(client.clone(), INSTALL_NS);
+    let lvms_pods = Api::<Pod>::namespaced(client.clone(), INSTALL_NS);
+    let saved = deployments.get(OPERATOR).await.unwrap();
+    let started = Instant::now();
+    deployments
+        .delete(OPERATOR, &DeleteParams::default())
+        .await
+        .unwrap();
+    daemonsets
+        .delete(NODE_DAEMON_SET, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("lvms-rs's pods are gone", SLOW, || {
+        let lvms_pods = lvms_pods.clone();
+        async move {
+            let list = lvms_pods
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let names: Vec<String> = list.items.iter().map(ResourceExt::name_any).collect();
+            names.is_empty().then_some(()).ok_or(format!("{names:?}"))
+        }
+    })
+    .await;
+    let gone = started.elapsed();
+    let again = Deployment {
+        metadata: kube::api::ObjectMeta {
+            name: saved.metadata.name.clone(),
+            namespace: saved.metadata.namespace.clone(),
+            labels: saved.metadata.labels.clone(),
+            ..Default::default()
+        },
+        spec: saved.spec.clone(),
+        status: None,
+    };
+    deployments
+        .create(&PostParams::default(), &again)
+        .await
+        .unwrap();
+    operator_ready(client).await;
+    let sts = Api::<StatefulSet>::namespaced(client.clone(), ns);
+    sts.patch(
+        "mover",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 1}})),
+    )
+    .await
+    .unwrap();
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    wait_running(&pods, "mover-0").await;
+    let expected = format!("read {token} {token}");
+    wait_log(&pods, "mover-0", "the pod reads what it wrote", |l| {
+        (l == expected).then_some(())
+    })
+    .await;
+    println!(
+        "installed_shared: rollback: lvms-rs's pods gone {:.0} s after its Deployment and \
+         DaemonSet were deleted; created again, the StatefulSet's pod read back its data {:.0} s \
+         after the deletion",
+        gone.as_secs_f64(),
+        started.elapsed().as_secs_f64()
     );
 }
