@@ -169,7 +169,7 @@ pub fn phases(repo: &Path, list: &Path) -> Vec<Phase> {
         xtask("e2e on a real control plane", 490, 45, &["e2e"]),
         // Two nodes (two user-mode guests): 1,103 s alone for both scenarios (the node-local one
         // 340 s, the shared one 555 s, most of it waiting on sanlock's host-dead time).
-        xtask("installed on two real nodes", 1100, 80, &["installed"]),
+        xtask("installed on two real nodes", 1300, 80, &["installed"]),
     ]
 }
 

@@ -6,8 +6,12 @@
 //! the fence hook themselves; a MULTI_NODE block volume is used by a pod on each node at once;
 //! then the node without the operator is killed under a StatefulSet pod that wrote to a shared
 //! linear and a shared thin volume, and with no step by the test but waiting, the pod runs on the
-//! other node and reads back what it wrote: no activation before sanlock's host-dead time. Last,
-//! the killed node boots again and joins the class by itself.
+//! other node and reads back what it wrote: no activation before sanlock's host-dead time. Then
+//! the killed node boots again and joins the class by itself. Then the other node loses its path
+//! to the LUN under the pod (its map switched to the error target): the hook fences it, the pod
+//! moves back, both filesystems check clean, and once the path is back the node joins again by
+//! itself. Last, the rollback: lvms-rs's Deployment and DaemonSet deleted and the Deployment
+//! created again, and the pod is served again.
 //!
 //! Besides `installed::`'s variables it needs `LVMS_E2E_NODE2`, `LVMS_E2E_VM2`,
 //! `LVMS_E2E_DEVICE2`, `LVMS_E2E_SHARED_DEVICE`, `LVMS_E2E_PIDS` (the two machines' process
@@ -23,7 +27,7 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, LogParams, Patch, PatchParams, PostParams},
+    api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams},
 };
 use lvms_api::{
     LVMCluster, LVMVolumeGroupNodeStatus, shared_topology_key, storage_class_name,
@@ -453,17 +457,8 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
         if deleted.is_none() && now.as_ref().is_none_or(|p| p.uid() != first.uid()) {
             deleted = Some(t);
         }
-        if handed.is_none() {
-            let mut all = true;
-            for h in &handles {
-                all &= lvs
-                    .get(h)
-                    .await
-                    .is_ok_and(|lv| lv.spec.node_name == survivor.name);
-            }
-            if all {
-                handed = Some(t);
-            }
+        if handed.is_none() && all_on(&lvs, &handles, &survivor.name).await {
+            handed = Some(t);
         }
         if let Some(p) = now.filter(|p| p.uid() != first.uid()) {
             let spec_node = p.spec.as_ref().and_then(|s| s.node_name.clone());
@@ -477,10 +472,9 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
                 running = Some(t);
             }
             if running.is_some()
-                && let Ok(log) = pods.logs("mover-0", &LogParams::default()).await
-                && let Some(line) = log.lines().find(|l| l.starts_with("read "))
+                && let Some(line) = read_line(&pods).await
             {
-                break line.to_owned();
+                break line;
             }
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -632,6 +626,24 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
     );
 }
 
+/// Whether every volume of `handles` is handed to `node`.
+async fn all_on(lvs: &Api<LogicalVolume>, handles: &[String], node: &str) -> bool {
+    for h in handles {
+        if !lvs.get(h).await.is_ok_and(|lv| lv.spec.node_name == node) {
+            return false;
+        }
+    }
+    true
+}
+
+/// The line the StatefulSet's pod prints when it finds its token: `read <lin> <thin>`.
+async fn read_line(pods: &Api<Pod>) -> Option<String> {
+    let log = pods.logs("mover-0", &LogParams::default()).await.ok()?;
+    log.lines()
+        .find(|l| l.starts_with("read "))
+        .map(str::to_owned)
+}
+
 /// What the lost-path story works on.
 struct LostPath<'a> {
     client: &'a Client,
@@ -730,17 +742,8 @@ async fn lost_path(t: &LostPath<'_>) {
         if deleted.is_none() && now.as_ref().is_none_or(|p| p.uid() != before.uid()) {
             deleted = Some(at);
         }
-        if handed.is_none() {
-            let mut all = true;
-            for h in t.handles {
-                all &= lvs
-                    .get(h)
-                    .await
-                    .is_ok_and(|lv| lv.spec.node_name == t.taker.name);
-            }
-            if all {
-                handed = Some(at);
-            }
+        if handed.is_none() && all_on(&lvs, t.handles, &t.taker.name).await {
+            handed = Some(at);
         }
         if let Some(p) = now.filter(|p| p.uid() != before.uid()) {
             if let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
@@ -752,10 +755,9 @@ async fn lost_path(t: &LostPath<'_>) {
                 running = Some(at);
             }
             if running.is_some()
-                && let Ok(log) = pods.logs("mover-0", &LogParams::default()).await
-                && let Some(line) = log.lines().find(|l| l.starts_with("read "))
+                && let Some(line) = read_line(&pods).await
             {
-                break line.to_owned();
+                break line;
             }
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -916,25 +918,39 @@ async fn rollback(client: &Client, ns: &str, token: &str) {
     let lvms_pods = Api::<Pod>::namespaced(client.clone(), INSTALL_NS);
     let saved = deployments.get(OPERATOR).await.unwrap();
     let started = Instant::now();
+    let gone = |what: &'static str, selector: &'static str| {
+        let lvms_pods = lvms_pods.clone();
+        eventually(what, SLOW, move || {
+            let lvms_pods = lvms_pods.clone();
+            async move {
+                let list = lvms_pods
+                    .list(&ListParams::default().labels(selector))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let names: Vec<String> = list.items.iter().map(ResourceExt::name_any).collect();
+                names.is_empty().then_some(()).ok_or(format!("{names:?}"))
+            }
+        })
+    };
+    // The operator first, and its pod gone, or while it shuts down it renders the DaemonSet
+    // again (a first version of this test deleted both at once and the DaemonSet came back).
     deployments
         .delete(OPERATOR, &DeleteParams::default())
         .await
         .unwrap();
+    gone(
+        "the operator's pod is gone",
+        "app.kubernetes.io/name=lvms-operator",
+    )
+    .await;
     daemonsets
         .delete(NODE_DAEMON_SET, &DeleteParams::default())
         .await
         .unwrap();
-    eventually("lvms-rs's pods are gone", SLOW, || {
-        let lvms_pods = lvms_pods.clone();
-        async move {
-            let list = lvms_pods
-                .list(&Default::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            let names: Vec<String> = list.items.iter().map(ResourceExt::name_any).collect();
-            names.is_empty().then_some(()).ok_or(format!("{names:?}"))
-        }
-    })
+    gone(
+        "the node pods are gone",
+        "app.kubernetes.io/name=vg-manager",
+    )
     .await;
     let gone = started.elapsed();
     let again = Deployment {
