@@ -43,9 +43,10 @@ mountpoint -q /dev/shm || mount -t tmpfs -o mode=1777,nosuid,nodev shm /dev/shm
 mount --make-rshared /
 
 # The shared LUN behind a device-mapper map with a multipath uuid (`mpath-…`), as multipath gives
-# a SAN LUN: LVM hides the raw path as a multipath component, the class names the map, and the
-# lost-path test takes the path away (`lun-path lose`: every I/O fails, as when the SAN path dies)
-# and gives it back (`lun-path restore`).
+# a SAN LUN: the class names the map (its devices file records it by that uuid; the user-mode
+# kernel's disks do not show the map as their holder, so plain lvm commands also see the raw path,
+# as a duplicate), and the lost-path test takes the path away (`lun-path lose`: every I/O fails,
+# as when the SAN path dies) and gives it back (`lun-path restore`).
 if [ -n "${NODE_LUN:-}" ]; then
   raw=$(readlink -f "$NODE_LUN")
   sectors=$(blockdev --getsz "$raw")

@@ -255,18 +255,22 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
         }))
     }
 
-    /// Claims the volume (as [`Self::begin`]) for unpublish or unstage: the volume, or else the
-    /// ids of its device left here ([`Self::leftover_device`]).
+    /// Claims the volume (as [`Self::begin`]) for unpublish or unstage: the volume (`None`: not
+    /// served here, its device left here, [`Self::leftover_device`]) and the ids of its device
+    /// (`None`: it has none, so nothing mounted is it).
     async fn begin_unmount(
         &self,
         id: &str,
-    ) -> Result<(Guard, Result<Volume, DeviceIds>), RequestError> {
+    ) -> Result<(Guard, Option<Volume>, Option<DeviceIds>), RequestError> {
         let guard = self
             .in_flight
             .try_claim(&[id])
             .map_err(RequestError::Busy)?;
         let err = match self.lookup(id).await {
-            Ok(vol) => return Ok((guard, Ok(vol))),
+            Ok(vol) => {
+                let ids = device_ids(&vol.device)?;
+                return Ok((guard, Some(vol), ids));
+            }
             Err(e) => e,
         };
         let fenced_only = match &err {
@@ -278,7 +282,7 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
             _ => return Err(err),
         };
         match self.leftover_device(id, fenced_only)? {
-            Some(ids) => Ok((guard, Err(ids))),
+            Some(ids) => Ok((guard, None, Some(ids))),
             None => Err(err),
         }
     }
@@ -454,17 +458,13 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
         request::path("staging_target_path", &req.staging_target_path)?;
         request::our_volume_id(&req.volume_id)?;
         let staging = req.staging_target_path.as_str();
-        let (_guard, vol) = self.begin_unmount(&req.volume_id).await?;
-        let ids = match &vol {
-            Ok(vol) => device_ids(&vol.device)?,
-            Err(left) => Some(left.clone()),
-        };
+        let (_guard, vol, ids) = self.begin_unmount(&req.volume_id).await?;
         for _ in 0..MAX_STACKED_MOUNTS {
             match table::decide_unmount(&self.mounts().await?, ids.as_ref(), staging) {
                 Unmount::Nothing => {
                     // Not served here: the node agent removes the device when the class joins
                     // again (a fenced class), or it was never active here.
-                    let Ok(vol) = vol else {
+                    let Some(vol) = vol else {
                         tracing::info!("unstaged (the volume is not served on this node)");
                         return Ok(NodeUnstageVolumeResponse {});
                     };
@@ -563,11 +563,7 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
             return self.unpublish_ephemeral(req).await;
         }
         let target = req.target_path.as_str();
-        let (_guard, vol) = self.begin_unmount(&req.volume_id).await?;
-        let ids = match &vol {
-            Ok(vol) => device_ids(&vol.device)?,
-            Err(left) => Some(left.clone()),
-        };
+        let (_guard, _, ids) = self.begin_unmount(&req.volume_id).await?;
         self.unmount_ids(target, ids).await?;
         tracing::info!("unpublished");
         Ok(NodeUnpublishVolumeResponse {})

@@ -30,7 +30,7 @@ use kube::{
     api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams},
 };
 use lvms_api::{
-    LVMCluster, LVMVolumeGroupNodeStatus, shared_topology_key, storage_class_name,
+    LVMCluster, LVMVolumeGroupNodeStatus, SharedVGStatus, shared_topology_key, storage_class_name,
     topolvm::LogicalVolume,
 };
 use lvms_core::shared::fencing::Timing;
@@ -185,19 +185,14 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
             m.name
         );
         m.vm.ok("test -x /var/lib/lvms/bin/lvms").await;
-        // (The operator counts a node joined under `Required` only once it reports its fencing;
-        // the test reads each node's report itself.)
+        // (The operator does not judge a report without fencing, an older node agent's, so the
+        // LVMCluster can be Ready before a node reports it: the test waits for each node's.)
         let shared = eventually("the node reports its fencing of the class", SLOW, || {
             let statuses = statuses.clone();
             let name = m.name.clone();
             async move {
                 let status = statuses.get(&name).await.map_err(|e| e.to_string())?;
-                status
-                    .spec
-                    .lvm_vg_status
-                    .iter()
-                    .find(|v| v.name == SAN)
-                    .and_then(|v| v.shared.clone())
+                shared_of(&status)
                     .filter(|s| s.fencing.is_some())
                     .ok_or(format!("{status:?}"))
             }
@@ -444,12 +439,7 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
         }
         if dead_seen.is_none()
             && let Ok(s) = statuses.get(&survivor.name).await
-            && s.spec.lvm_vg_status.iter().any(|v| {
-                v.name == SAN
-                    && v.shared
-                        .as_ref()
-                        .is_some_and(|s| !s.dead_host_ids.is_empty())
-            })
+            && shared_of(&s).is_some_and(|s| !s.dead_host_ids.is_empty())
         {
             dead_seen = Some(t);
         }
@@ -493,9 +483,6 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
          from the last renewal)",
         timing.host_dead_seconds()
     );
-    let secs = |d: Option<Duration>| {
-        d.map_or_else(|| "-".to_owned(), |d| format!("{:.0}", d.as_secs_f64()))
-    };
     println!(
         "installed_shared: failover after the kill of {}: node not Ready {} s, death reported by \
          {} {} s, pod deleted {} s, volumes handed over {} s, new pod scheduled {} s, Running {} \
@@ -626,6 +613,20 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
     );
 }
 
+/// A node's report of the shared class.
+fn shared_of(s: &LVMVolumeGroupNodeStatus) -> Option<SharedVGStatus> {
+    s.spec
+        .lvm_vg_status
+        .iter()
+        .find(|v| v.name == SAN)
+        .and_then(|v| v.shared.as_deref().cloned())
+}
+
+/// Whole seconds, or `-` for a step not seen.
+fn secs(d: Option<Duration>) -> String {
+    d.map_or_else(|| "-".to_owned(), |d| format!("{:.0}", d.as_secs_f64()))
+}
+
 /// Whether every volume of `handles` is handed to `node`.
 async fn all_on(lvs: &Api<LogicalVolume>, handles: &[String], node: &str) -> bool {
     for h in handles {
@@ -680,13 +681,6 @@ async fn lost_path(t: &LostPath<'_>) {
     );
     let label = shared_topology_key(SAN);
     let annotation = lvms_operator::death::fenced_annotation(SAN);
-    let shared_of = |s: &LVMVolumeGroupNodeStatus| {
-        s.spec
-            .lvm_vg_status
-            .iter()
-            .find(|v| v.name == SAN)
-            .and_then(|v| v.shared.clone())
-    };
 
     t.fenced.vm.ok("/run/node-bin/lun-path lose").await;
     let lost = Instant::now();
@@ -774,9 +768,6 @@ async fn lost_path(t: &LostPath<'_>) {
         fenced_at <= deleted,
         "the pod was released ({deleted:?}) before its node said it was fenced ({fenced_at:?})"
     );
-    let secs = |d: Option<Duration>| {
-        d.map_or_else(|| "-".to_owned(), |d| format!("{:.0}", d.as_secs_f64()))
-    };
     println!(
         "installed_shared: lost path on {}: fenced by the hook {} s, its lease counted dead by {} \
          {} s, pod deleted {} s, volumes handed over {} s, label taken {} s, Running on {} {} s, \
