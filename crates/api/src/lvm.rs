@@ -172,10 +172,13 @@ pub struct DeviceClass {
     /// The nodes to create the volume group on; all schedulable nodes when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<NodeSelector>,
-    /// A thin pool in the volume group; volumes are thick when absent. Exclusive with `raidConfig`.
+    /// A thin pool in the volume group; volumes are thick when absent. With `raidConfig`, the
+    /// pool's data takes that RAID layout and its metadata is raid1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thin_pool_config: Option<ThinPoolConfig>,
-    /// LVM RAID layout of every volume of this class. Exclusive with `thinPoolConfig`; immutable.
+    /// LVM RAID layout of every volume of this class, or with `thinPoolConfig` of the thin pool's
+    /// data (its metadata is raid1 with as many copies as the layout survives lost devices);
+    /// immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub raid_config: Option<RaidConfig>,
     /// Whether this class's StorageClass is the cluster default. At most one class may be.
@@ -813,8 +816,6 @@ pub struct NodeStatus {
     doc = "LVMVolumeGroup is the Schema for the lvmvolumegroups API"
 )]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!has(self.raidConfig) || !has(self.thinPoolConfig)")
-    .message("raidConfig and thinPoolConfig are mutually exclusive"))]
 pub struct LVMVolumeGroupSpec {
     /// As in the device class.
     #[serde(default, skip_serializing_if = "Option::is_none")]

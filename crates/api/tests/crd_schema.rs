@@ -448,7 +448,7 @@ fn no_other_cel_rules_than_the_documented_ones() {
         }
     }
     assert_eq!(count(&schema("LVMCluster")), 8);
-    assert_eq!(count(&schema("LVMVolumeGroup")), 1);
+    assert_eq!(count(&schema("LVMVolumeGroup")), 0);
     assert_eq!(count(&schema("LVMVolumeGroupNodeStatus")), 0);
     assert_eq!(count(&schema("LogicalVolume")), 0);
 }
@@ -819,7 +819,7 @@ fn io_timeout_range_is_enforced_by_the_schema() {
 }
 
 #[test]
-fn lvm_volume_group_rejects_raid_with_thin_pool() {
+fn lvm_volume_group_takes_raid_with_a_thin_pool() {
     let vg = |spec: Value| {
         json!({"apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
             "metadata": {"name": "vg1", "namespace": "lvms"}, "spec": spec})
@@ -827,10 +827,8 @@ fn lvm_volume_group_rejects_raid_with_thin_pool() {
     let both = vg(
         json!({"raidConfig": {"type": "raid1"}, "thinPoolConfig": {"name": "tp", "overprovisionRatio": 1}}),
     );
-    assert_rejected_with(
-        &cel_errors("LVMVolumeGroup", &both, None),
-        "mutually exclusive",
-    );
+    // A RAID thin pool (ADR 0031).
+    assert!(cel_errors("LVMVolumeGroup", &both, None).is_empty());
     assert!(
         cel_errors(
             "LVMVolumeGroup",

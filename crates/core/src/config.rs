@@ -206,12 +206,13 @@ impl DeviceClassConfig {
     }
 
     /// Thick classes: the layout of a volume whose request names none (linear, or the RAID layout
-    /// of the class's `raidConfig`).
+    /// of the class's `raidConfig`). Thin volumes have none (linear): a thin class's `raidConfig`
+    /// is its pool's layout (ADR 0031).
     pub fn layout(&self) -> crate::layout::Layout {
-        self.raid_config.as_ref().map_or(
-            crate::layout::Layout::Linear,
-            crate::layout::Layout::of_raid_config,
-        )
+        match (&self.thin_pool_config, &self.raid_config) {
+            (None, Some(raid)) => crate::layout::Layout::of_raid_config(raid),
+            _ => crate::layout::Layout::Linear,
+        }
     }
 
     /// The class as a volume of volume mode `mode` sees it: a shared class with the request's mode
@@ -583,6 +584,23 @@ mod tests {
         let thick = DeviceClassConfig::named("vg2");
         assert_eq!((thick.thin_pool(), thick.overprovision_ratio()), (None, 1));
         assert_eq!(thick.layout(), crate::layout::Layout::Linear);
+        let raid = Some(RaidConfig {
+            raid_type: RaidType::Raid1,
+            mirrors: None,
+            stripes: None,
+            stripe_size: None,
+        });
+        let raid_thick = DeviceClassConfig {
+            raid_config: raid.clone(),
+            ..thick.clone()
+        };
+        assert_eq!(raid_thick.layout().name(), "raid1");
+        // A RAID thin class's volumes are thin: the RAID layout is the pool's.
+        let raid_thin = DeviceClassConfig {
+            raid_config: raid,
+            ..thin.clone()
+        };
+        assert_eq!(raid_thin.layout(), crate::layout::Layout::Linear);
         let shared = thick.with_shared(SharedConfig::default());
         let as_thin = shared.with_volume_mode(Some(SharedVolumeMode::Thin));
         assert!(!shared.makes_thin() && as_thin.makes_thin());

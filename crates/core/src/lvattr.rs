@@ -258,8 +258,11 @@ impl LvHealth {
         match self {
             Self::Ok => "volume is healthy",
             Self::Partial => {
-                "volume is partial: one of its LVM physical volumes is missing; reattach or replace the disk, \
-                 then repair with lvconvert --repair or vgreduce --removemissing"
+                "volume is partial: one of its LVM physical volumes is missing (a RAID volume, or a thin \
+                 volume on a RAID pool, still serves from its other images); reattach the disk and run \
+                 lvchange --refresh, or replace it: vgextend the group with a new disk, lvconvert \
+                 --repair each RAID LV (of a thin pool: <pool>_tdata and <pool>_tmeta, never the pool \
+                 itself), then vgreduce --removemissing"
             }
             Self::RefreshNeeded => {
                 "a RAID device of the volume had a transient failure: run lvchange --refresh once the device \

@@ -34,6 +34,7 @@ use crate::{
     },
     filter::{self, ExclusionReason, FilterContext, Verdict, find_device, physical_volume_of},
     glob::{self, Pattern},
+    layout::{FreeSpace, Layout},
     lvattr::{LvAttr, VgAttr},
     model::{BlockDevice, LogicalVolume, PhysicalVolume, VolumeGroup},
     names::validate_lvm_name,
@@ -298,7 +299,10 @@ pub enum Action {
         name: String,
         pvs: Vec<String>,
     },
-    /// `None` sizes are left to LVM. `zero`: zero newly provisioned blocks.
+    /// `None` sizes are left to LVM. `zero`: zero newly provisioned blocks. With `raid`, the pool's
+    /// data is a RAID LV of that layout and its metadata a raid1 LV ([`PoolRaid`]), made first and
+    /// joined into the pool (`lvconvert --type thin-pool --poolmetadata`); `metadata_size` is then
+    /// always given.
     CreateThinPool {
         vg: String,
         name: String,
@@ -306,6 +310,8 @@ pub enum Action {
         chunk_size: Option<u64>,
         metadata_size: Option<u64>,
         zero: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        raid: Option<PoolRaid>,
     },
     /// Grow the pool's data to `data_size` bytes in total.
     ExtendThinPool {
@@ -330,6 +336,42 @@ pub enum Action {
     },
 }
 
+/// The RAID layout of a thin pool's two sub-volumes (ADR 0031): the data takes the class's
+/// `raidConfig`; the metadata is raid1 with as many extra copies as the data level survives lost
+/// devices ([`metadata_mirrors`]), so the pool survives what its data survives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolRaid {
+    pub data: RaidConfig,
+    pub metadata_mirrors: u32,
+}
+
+impl PoolRaid {
+    pub fn of(raid: &RaidConfig) -> Self {
+        Self {
+            data: raid.clone(),
+            metadata_mirrors: metadata_mirrors(raid),
+        }
+    }
+}
+
+/// The name of the raid1 LV a RAID thin pool's metadata is made as before it joins the pool
+/// (`<pool>_meta`; after `lvconvert` it is the pool's hidden `[<pool>_tmeta]`).
+pub fn pool_metadata_lv(pool: &str) -> String {
+    format!("{pool}_meta")
+}
+
+/// How many devices a RAID level may lose with no data lost, for certain: raid1 and raid10 their
+/// `mirrors` (default 1; raid10 loses more only when they fall in different mirror sets), raid4 and
+/// raid5 one, raid6 two. A RAID thin pool's metadata is raid1 with this many extra copies.
+pub fn metadata_mirrors(raid: &RaidConfig) -> u32 {
+    match raid.raid_type {
+        RaidType::Raid1 | RaidType::Raid10 => raid.mirrors.unwrap_or(1).max(1),
+        RaidType::Raid4 | RaidType::Raid5 => 1,
+        RaidType::Raid6 => 2,
+    }
+}
+
 /// Where the class stands after this plan.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "camelCase")]
@@ -338,8 +380,19 @@ pub enum ClassState {
     Ready,
     /// The plan has actions.
     Progressing,
+    /// A RAID class whose volume group lost LVM physical volumes: its RAID volumes go on with
+    /// fewer images and the class still serves them, but nothing is built or grown until the disks
+    /// are replaced and the volumes repaired (`reason` says how).
+    Degraded { reason: String },
     /// Nothing can be done until the configuration or the host changes.
     Failed { reason: String },
+}
+
+impl ClassState {
+    /// Whether the class serves volumes: `Ready`, or `Degraded` (RAID on fewer images).
+    pub fn serves(&self) -> bool {
+        matches!(self, Self::Ready | Self::Degraded { .. })
+    }
 }
 
 /// The outcome of [`plan_device_class`].
@@ -396,10 +449,15 @@ struct Selected<'a> {
 
 /// The logical volumes in the class's volume group that are not ours (they lack [`VG_OWNER_TAG`]),
 /// by name: an adopted group's volumes (csi-driver-lvm's `pvc-…`, ADR 0023) or volumes made by
-/// hand. The class's thin pool is ours though untagged. Nothing of lvms-rs ever removes them: the
+/// hand. The class's thin pool is ours though untagged (and so, on the way to it, the RAID data and
+/// metadata LVs a RAID pool is made of). Nothing of lvms-rs ever removes them: the
 /// driver and the garbage collector only see logical volumes tagged ours.
 pub fn foreign_volumes(class: &DeviceClassConfig, observed: &Observed) -> Vec<String> {
     let pool = class.thin_pool_config.as_ref().map(|tp| tp.name.as_str());
+    // A RAID pool's metadata before it joins the pool (ADR 0031).
+    let pool_meta = pool
+        .filter(|_| class.raid_config.is_some())
+        .map(pool_metadata_lv);
     let mut names: Vec<String> = observed
         .lvs
         .iter()
@@ -407,6 +465,7 @@ pub fn foreign_volumes(class: &DeviceClassConfig, observed: &Observed) -> Vec<St
         // Hidden sub-volumes (`[pool_tdata]`, `[lvol0_pmspare]`) belong to a visible one.
         .filter(|lv| !lv.name.starts_with('['))
         .filter(|lv| Some(lv.name.as_str()) != pool)
+        .filter(|lv| pool_meta.as_deref() != Some(lv.name.as_str()))
         .filter(|lv| !lv.tags.iter().any(|t| t == VG_OWNER_TAG))
         .map(|lv| lv.name.clone())
         .collect();
@@ -511,6 +570,29 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
         (None, _) => {}
     }
 
+    if let Some(vg) = vg
+        && VgAttr::parse(&vg.attr).is_ok_and(|a| a.is_partial())
+    {
+        // Checked before the devices: a lost disk is a required path missing, and leaves fewer
+        // usable devices than RAID needs.
+        return match &class.raid_config {
+            Some(_) => ClassPlan {
+                state: ClassState::Degraded {
+                    reason: degraded_reason(class, vg, observed, &devices),
+                },
+                devices,
+                actions: Vec::new(),
+            },
+            None => failed(
+                devices,
+                format!(
+                    "volume group {} is missing LVM physical volumes (partial): reattach or replace \
+                     the device, then run vgreduce --removemissing {}",
+                    vg.name, vg.name
+                ),
+            ),
+        };
+    }
     let unusable_required: Vec<String> = devices
         .iter()
         .filter(|d| !d.optional && !d.verdict.is_selected())
@@ -595,22 +677,10 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
             );
         }
     }
-    if let Some(vg) = vg
-        && VgAttr::parse(&vg.attr).is_ok_and(|a| a.is_partial())
-    {
-        return failed(
-            devices,
-            format!(
-                "volume group {} is missing LVM physical volumes (partial): reattach or replace the \
-                     device, then run vgreduce --removemissing {}",
-                vg.name, vg.name
-            ),
-        );
-    }
 
     if let (Some(vg), Some(tp)) = (vg, &class.thin_pool_config) {
         // Checked before growing the group, so a name conflict stops the class before any change.
-        if let Err(reason) = existing_pool(vg, tp, &observed.lvs) {
+        if let Err(reason) = existing_pool(vg, tp, class.raid_config.is_some(), &observed.lvs) {
             return failed(devices, reason);
         }
     }
@@ -678,7 +748,13 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
         Some(_) if !reduce.is_empty() => {}
         Some(vg) => {
             if let Some(tp) = &class.thin_pool_config {
-                match plan_thin_pool(vg, tp, &observed.lvs, &observed.pvs) {
+                match plan_thin_pool(
+                    vg,
+                    tp,
+                    class.raid_config.as_ref(),
+                    &observed.lvs,
+                    &observed.pvs,
+                ) {
                     Ok(Some(action)) => actions.push(action),
                     Ok(None) => {}
                     Err(reason) => return failed(devices, reason),
@@ -709,6 +785,55 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
         actions,
         state,
     }
+}
+
+/// Why a RAID class is degraded, naming what is lost and the repair, in the order lvm2 needs it.
+fn degraded_reason(
+    class: &DeviceClassConfig,
+    vg: &VolumeGroup,
+    observed: &Observed,
+    devices: &[DeviceReport],
+) -> String {
+    let missing: Vec<&str> = observed
+        .pvs
+        .iter()
+        .filter(|pv| pv.vg_name.as_deref() == Some(vg.name.as_str()) && pv.attr.contains('m'))
+        .map(|pv| pv.uuid.as_str())
+        .collect();
+    // The configured devices that are not (or no longer readable as) members: the lost disks.
+    let sel = &class.device_selector;
+    let lost: Vec<String> = devices
+        .iter()
+        .filter(|d| !matches!(d.verdict, DeviceVerdict::Member))
+        .filter(|d| sel.paths.contains(&d.path) || sel.optional_paths.contains(&d.path))
+        .map(|d| d.path.clone())
+        .collect();
+    let volumes = match &class.thin_pool_config {
+        Some(tp) => format!("{0}/{1}_tdata and {0}/{1}_tmeta", vg.name, tp.name),
+        None => format!("each RAID volume of {} (lvs -a {})", vg.name, vg.name),
+    };
+    format!(
+        "volume group {vg_name} is missing {n} of its LVM physical volumes (uuid {uuids}){lost}: its RAID \
+         volumes run on the remaining images and are still served, and nothing is built or grown \
+         until it is repaired. Reattach the disk and run lvchange --refresh {vg_name}; or replace it: \
+         pvcreate the new disk, vgextend {vg_name} with it, lvconvert --repair {volumes}, then \
+         vgreduce --removemissing {vg_name}. lvms-rs removes and wipes nothing of it",
+        vg_name = vg.name,
+        n = missing.len().max(1),
+        uuids = if missing.is_empty() {
+            "unknown".to_owned()
+        } else {
+            missing.join(", ")
+        },
+        lost = if lost.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; configured but not readable as members: {}",
+                lost.join(", ")
+            )
+        },
+    )
 }
 
 fn report_devices(
@@ -975,12 +1100,6 @@ fn check_config(class: &DeviceClassConfig) -> Result<(), String> {
             class.name
         ));
     }
-    if class.raid_config.is_some() && class.thin_pool_config.is_some() {
-        return Err(format!(
-            "device class {} sets both raidConfig and thinPoolConfig: choose one",
-            class.name
-        ));
-    }
     if let Some(tp) = &class.thin_pool_config {
         validate_lvm_name(&tp.name)
             .map_err(|e| format!("thinPoolConfig.name is not a valid LVM name: {e}"))?;
@@ -1027,37 +1146,58 @@ fn check_config(class: &DeviceClassConfig) -> Result<(), String> {
     Ok(())
 }
 
-/// The pool's target data size: `sizePercent` of the volume group's size, in whole extents.
-fn pool_target(vg: &VolumeGroup, tp: &ThinPoolConfig) -> u64 {
+/// The pool's target data size: `sizePercent` of the volume group's size, in whole extents; over
+/// RAID, of what the group holds in that layout (`data stripes ÷ images` of it: half for a raid1
+/// with one extra copy, two thirds for a raid5 of two stripes).
+fn pool_target(vg: &VolumeGroup, tp: &ThinPoolConfig, raid: Option<&Layout>) -> u64 {
     let pct = u128::from(tp.size_percent.min(100));
-    let bytes = u64::try_from(u128::from(vg.size) * pct / 100).unwrap_or(vg.size);
+    let (images, stripes) = raid
+        .and_then(|l| l.images(0))
+        .map_or((1, 1), |(i, s)| (u128::from(i.max(1)), u128::from(s)));
+    let bytes =
+        u64::try_from(u128::from(vg.size) * pct * stripes / 100 / images).unwrap_or(vg.size);
     round_down_to_extent(bytes, vg.extent_size).unwrap_or(0)
 }
 
-/// The class's thin pool if it exists; an error when a logical volume of that name is not a thin pool.
+/// What of the class's thin pool exists.
+enum Pool<'a> {
+    Absent,
+    Made(&'a LogicalVolume),
+    /// A RAID class's pool half made: its RAID data LV exists under the pool's name but is not a
+    /// pool yet (the node stopped between the steps of [`Action::CreateThinPool`]).
+    Joining(&'a LogicalVolume),
+}
+
+/// The class's thin pool as far as it exists; an error when a logical volume of that name is not
+/// a thin pool (nor, for a RAID class, the pool's RAID data on its way to one).
 fn existing_pool<'a>(
     vg: &VolumeGroup,
     tp: &ThinPoolConfig,
+    raid: bool,
     lvs: &'a [LogicalVolume],
-) -> Result<Option<&'a LogicalVolume>, String> {
+) -> Result<Pool<'a>, String> {
     match lvs
         .iter()
         .find(|lv| lv.vg_name == vg.name && lv.name == tp.name)
     {
-        Some(lv) if !is_thin_pool(lv) => Err(format!(
+        None => Ok(Pool::Absent),
+        Some(lv) if is_thin_pool(lv) => Ok(Pool::Made(lv)),
+        Some(lv) if raid && lv.segtype.starts_with("raid") => Ok(Pool::Joining(lv)),
+        Some(lv) => Err(format!(
             "logical volume {}/{} exists and is not a thin pool (segment type {}): choose another \
              thinPoolConfig.name or remove the volume",
             vg.name, tp.name, lv.segtype
         )),
-        found => Ok(found),
     }
 }
 
 /// The thin pool's action: create it with as much data as lvm2 can place beside its metadata and spare
-/// (see [`pool_fit`]), up to `sizePercent`; or grow it towards `sizePercent`.
+/// (see [`pool_fit`]; over RAID, [`raid_pool_cap`]), up to `sizePercent`; or grow it towards
+/// `sizePercent`.
 fn plan_thin_pool(
     vg: &VolumeGroup,
     tp: &ThinPoolConfig,
+    raid: Option<&RaidConfig>,
     lvs: &[LogicalVolume],
     pvs: &[PhysicalVolume],
 ) -> Result<Option<Action>, String> {
@@ -1068,30 +1208,52 @@ fn plan_thin_pool(
             vg.name
         ));
     }
+    let layout = raid.map(Layout::of_raid_config);
     let free = vg.free_count.saturating_mul(extent);
-    let target = pool_target(vg, tp);
-
-    if let Some(lv) = existing_pool(vg, tp, lvs)? {
-        // Grow towards the target as far as free space allows; never shrink.
-        let reachable = target.min(lv.size.saturating_add(free));
-        let reachable = round_down_to_extent(reachable, extent).unwrap_or(0);
-        if reachable >= lv.size.saturating_add(extent) {
-            return Ok(Some(Action::ExtendThinPool {
-                vg: vg.name.clone(),
-                name: tp.name.clone(),
-                data_size: reachable,
-            }));
-        }
-        return Ok(None);
+    let target = pool_target(vg, tp, layout.as_ref());
+    let mut pv_free: Vec<u64> = pvs
+        .iter()
+        .filter(|pv| pv.vg_name.as_deref() == Some(vg.name.as_str()) && pv.attr.starts_with('a'))
+        .map(|pv| pv.free / extent)
+        .collect();
+    if pv_free.is_empty() {
+        pv_free.push(vg.free_count);
     }
+
+    let joining = match existing_pool(vg, tp, raid.is_some(), lvs)? {
+        Pool::Made(lv) => {
+            // Grow towards the target as far as free space allows; never shrink. Over RAID every
+            // image grows on its own device.
+            let room = match &layout {
+                Some(l) => l.max_size(&FreeSpace::new(extent, pv_free.iter().map(|f| f * extent))),
+                None => free,
+            };
+            let reachable = target.min(lv.size.saturating_add(room));
+            let reachable = round_down_to_extent(reachable, extent).unwrap_or(0);
+            if reachable >= lv.size.saturating_add(extent) {
+                return Ok(Some(Action::ExtendThinPool {
+                    vg: vg.name.clone(),
+                    name: tp.name.clone(),
+                    data_size: reachable,
+                }));
+            }
+            return Ok(None);
+        }
+        Pool::Joining(lv) => Some(lv),
+        Pool::Absent => None,
+    };
 
     if target < extent {
         return Err(format!(
-            "thinPoolConfig.sizePercent {}% of volume group {} ({}) is less than one extent ({}): raise \
-             sizePercent or add devices",
+            "thinPoolConfig.sizePercent {}% of volume group {} ({}{}) is less than one extent ({}): \
+             raise sizePercent or add devices",
             tp.size_percent,
             vg.name,
             size(vg.size),
+            layout
+                .as_ref()
+                .map(|l| format!(", as {}", l.name()))
+                .unwrap_or_default(),
             size(extent)
         ));
     }
@@ -1119,22 +1281,46 @@ fn plan_thin_pool(
             .max()
             .map_or(0, |m| m.div_ceil(extent)),
     );
-    let mut pv_free: Vec<u64> = pvs
-        .iter()
-        .filter(|pv| pv.vg_name.as_deref() == Some(vg.name.as_str()) && pv.attr.starts_with('a'))
-        .map(|pv| pv.free / extent)
-        .collect();
-    if pv_free.is_empty() {
-        pv_free.push(vg.free_count);
+    if let (Some(raid), Some(layout)) = (raid, &layout) {
+        let data_size = match joining {
+            // The data is made: only the metadata (if not made yet) and the join are left.
+            Some(lv) => lv.size,
+            None => {
+                let cap = raid_pool_cap(layout, extent, &pv_free, meta_extents, spare_extents);
+                let data_size = target.min(cap);
+                if data_size < extent {
+                    return Err(format!(
+                        "thin pool {} does not fit volume group {} as {}: each of the {} devices \
+                         it needs must hold an image of the pool's data, beside a raid1 image of \
+                         its metadata ({}) and room for the pool metadata spare ({}); the group has \
+                         {} free ({}): add devices, or lower thinPoolConfig.metadataSize",
+                        tp.name,
+                        vg.name,
+                        layout.name(),
+                        layout.devices_needed(pv_free.len() as u64),
+                        size(metadata),
+                        size(spare_extents * extent),
+                        size(free),
+                        per_pv_free(&pv_free, extent),
+                    ));
+                }
+                data_size
+            }
+        };
+        return Ok(Some(Action::CreateThinPool {
+            vg: vg.name.clone(),
+            name: tp.name.clone(),
+            data_size,
+            chunk_size,
+            metadata_size: Some(metadata),
+            zero: true,
+            raid: Some(PoolRaid::of(raid)),
+        }));
     }
     let fit = pool_fit::max_data_extents(&pv_free, meta_extents, spare_extents)
         .map(|cap| cap.min(vg.free_count.saturating_sub(meta_extents + spare_extents)))
         .filter(|cap| *cap > 0);
     let Some(cap) = fit else {
-        let per_pv: Vec<String> = pv_free
-            .iter()
-            .map(|f| size(f.saturating_mul(extent)).to_string())
-            .collect();
         let (what, fix) = match metadata_size {
             Some(_) => (
                 "thinPoolConfig.metadataSize",
@@ -1142,19 +1328,11 @@ fn plan_thin_pool(
             ),
             None => ("LVM's choice", "add devices"),
         };
-        let on = match per_pv.as_slice() {
-            [one] => format!("{one} on its one LVM physical volume"),
-            many => format!(
-                "{} on its {} LVM physical volumes",
-                many.join(" + "),
-                many.len()
-            ),
-        };
         return Err(format!(
             "thin pool {} does not fit volume group {}: {} of data was requested \
              (thinPoolConfig.sizePercent {}%), and LVM needs the pool's metadata ({}, {what}) and its pool \
              metadata spare ({}) each whole on one LVM physical volume, beside at least one extent ({}) \
-             of data; the group has {} free ({on}): {fix}",
+             of data; the group has {} free ({}): {fix}",
             tp.name,
             vg.name,
             size(target),
@@ -1163,6 +1341,7 @@ fn plan_thin_pool(
             size(spare_extents * extent),
             size(extent),
             size(free),
+            per_pv_free(&pv_free, extent),
         ));
     };
     let data_size = target.min(cap * extent);
@@ -1182,7 +1361,40 @@ fn plan_thin_pool(
         chunk_size,
         metadata_size,
         zero: true,
+        raid: None,
     }))
+}
+
+/// `"1 GiB on its one LVM physical volume"`, `"1 GiB + 2 GiB on its 2 LVM physical volumes"`.
+fn per_pv_free(pv_free: &[u64], extent: u64) -> String {
+    let per_pv: Vec<String> = pv_free
+        .iter()
+        .map(|f| size(f.saturating_mul(extent)).to_string())
+        .collect();
+    match per_pv.as_slice() {
+        [one] => format!("{one} on its one LVM physical volume"),
+        many => format!(
+            "{} on its {} LVM physical volumes",
+            many.join(" + "),
+            many.len()
+        ),
+    }
+}
+
+/// The most data, in bytes, a new thin pool over RAID `layout` can get on physical volumes with
+/// `pv_free` free extents each, beside a raid1 metadata LV of `metadata` extents per image and a
+/// pool metadata spare of `spare` extents (linear, on one device lvm2 picks). Every device is
+/// assumed to hold a metadata image, its one-extent RAID metadata (`_rmeta`) and the spare: lvm2
+/// decides where they go, and what is planned must be placeable wherever it puts them. The data's
+/// own images are counted by [`Layout::max_size`] (one `_rmeta` extent each).
+fn raid_pool_cap(layout: &Layout, extent: u64, pv_free: &[u64], metadata: u64, spare: u64) -> u64 {
+    let reserve = metadata + 1 + spare;
+    layout.max_size(&FreeSpace::new(
+        extent,
+        pv_free
+            .iter()
+            .map(|f| f.saturating_sub(reserve).saturating_mul(extent)),
+    ))
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 //!
 //! Rules (numbers as in the issue):
 //! - create: 1 namespace, 2 a single LVMCluster, 3 one default class, 4 `sizePercent` above 90 warns,
-//!   5–11 RAID, 12–15 device paths, 16 fstype (enforced by the type, see below), 17 `chunkSize`,
+//!   5–11 RAID (5: with `thinPoolConfig`, of the thin pool), 12–15 device paths, 16 fstype (enforced by the type, see below), 17 `chunkSize`,
 //!   18 `metadataSize`, 19 Dynamic discovery without paths warns, 20–21 StorageClass options;
 //! - update: rules 3–21 on the new object, then 22–30 comparing each class with the old class of
 //!   the same name;
@@ -559,17 +559,12 @@ pub fn raid_min_devices(raid: &RaidConfig) -> i64 {
     }
 }
 
-/// Rules 5–11.
+/// Rules 5–11: the RAID layout of a thick class's volumes, or of a thin class's pool (rule 5).
 fn check_raid(class: &DeviceClass, raid: &RaidConfig, at: &str, review: &mut Review) {
     let kind = raid.raid_type;
     let raid_at = format!("{at}.raidConfig");
-    if class.thin_pool_config.is_some() {
-        review.error(
-            &raid_at,
-            "raidConfig and thinPoolConfig are mutually exclusive (RAID volumes are thick): remove one of \
-             them, and use a separate device class for the other",
-        );
-    }
+    // Rule 5 (ADR 0031): with a thinPoolConfig, raidConfig is the layout of the thin pool's data
+    // (and its metadata is raid1), so every rule here and every thin pool rule applies to the pair.
 
     match (raid.mirrors, mirrors(raid)) {
         (Some(_), None) => review.error(

@@ -60,8 +60,10 @@ pub struct ConvergeReport {
 }
 
 impl ConvergeReport {
+    /// Whether the class serves volumes: built (`Ready`), or a RAID class running on fewer
+    /// devices (`Degraded`).
     pub fn is_ready(&self) -> bool {
-        self.plan.state == ClassState::Ready
+        self.plan.state.serves()
     }
 }
 
@@ -220,7 +222,9 @@ impl<R: Runner> NodeHost for RealNodeHost<R> {
             devices: self.devices.discover().await?,
             pvs: self.lvm.pvs().await?,
             vgs: self.lvm.vgs().await?,
-            lvs: self.lvm.lvs(None).await?,
+            // Hidden sub-volumes too: a RAID thin pool's health is its `[pool_tdata]`'s and
+            // `[pool_tmeta]`'s.
+            lvs: self.lvm.lvs_all().await?,
             resolved,
             wiped: Default::default(),
             claimed: Default::default(),
@@ -245,17 +249,20 @@ impl<R: Runner> NodeHost for RealNodeHost<R> {
                 chunk_size,
                 metadata_size,
                 zero,
+                raid,
             } => {
-                self.lvm
-                    .thin_pool_create(&ThinPoolSpec {
-                        vg: vg.clone(),
-                        name: name.clone(),
-                        size: PoolSize::Bytes(*data_size),
-                        chunk_size: *chunk_size,
-                        metadata_size: *metadata_size,
-                        zero: *zero,
-                    })
-                    .await
+                let spec = ThinPoolSpec {
+                    vg: vg.clone(),
+                    name: name.clone(),
+                    size: PoolSize::Bytes(*data_size),
+                    chunk_size: *chunk_size,
+                    metadata_size: *metadata_size,
+                    zero: *zero,
+                };
+                match raid {
+                    Some(raid) => self.lvm.thin_pool_create_raid(&spec, raid).await,
+                    None => self.lvm.thin_pool_create(&spec).await,
+                }
             }
             Action::ExtendThinPool {
                 vg,

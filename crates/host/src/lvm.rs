@@ -38,7 +38,11 @@ mod report;
 use std::{collections::BTreeSet, time::Duration};
 
 pub use lvms_core::layout::Layout;
-use lvms_core::model::{LogicalVolume, PhysicalVolume, VolumeGroup};
+use lvms_core::{
+    config::RaidType,
+    model::{LogicalVolume, PhysicalVolume, VolumeGroup},
+    plan::{PoolRaid, pool_metadata_lv},
+};
 
 pub use self::{
     errors::classify,
@@ -417,6 +421,18 @@ impl<R: Runner> Lvm<R> {
         Ok(lvs)
     }
 
+    /// [`Lvm::lvs`] of every group with the hidden sub-volumes too (`lvs -a`: `[pool_tdata]`,
+    /// `[pool_tmeta]`, RAID images), named in brackets as LVM names them.
+    #[tracing::instrument(level = "debug", skip(self))]
+    pub async fn lvs_all(&self) -> Result<Vec<LogicalVolume>> {
+        let mut args = report_args("lvs", LV_FIELDS, None);
+        args.insert(1, "-a".to_owned());
+        let mut lvs = self.report(args, parse_lvs).await?;
+        self.shared_reports("lvs", LV_FIELDS, parse_lvs, &mut lvs)
+            .await?;
+        Ok(lvs)
+    }
+
     /// One logical volume, `None` if it (or its volume group) does not exist.
     #[tracing::instrument(level = "debug", skip(self))]
     pub async fn lv(&self, vg: &str, name: &str) -> Result<Option<LogicalVolume>> {
@@ -656,6 +672,76 @@ impl<R: Runner> Lvm<R> {
             .to_vec();
         args.extend(pool_args(spec)?);
         args.extend(["--name".to_owned(), spec.name.clone(), spec.vg.clone()]);
+        self.exec(args).await.map(drop)
+    }
+
+    /// Creates a thin pool over RAID (ADR 0031) in three commands, each skipped when its result is
+    /// already there, so an interrupted creation resumes: the data as a RAID LV of `raid.data`'s
+    /// layout under the pool's name (`lvcreate --type raidN … --size <data>`), the metadata as a
+    /// raid1 LV `<pool>_meta` with `raid.metadata_mirrors` extra copies, then both joined
+    /// (`lvconvert --yes --type thin-pool --poolmetadata <vg>/<pool>_meta [--chunksize <n>b]
+    /// --zero y|n <vg>/<pool>`), which also makes the pool metadata spare. `spec.size` must be
+    /// bytes and `spec.metadata_size` given.
+    #[tracing::instrument(level = "debug", skip(self))]
+    pub async fn thin_pool_create_raid(&self, spec: &ThinPoolSpec, raid: &PoolRaid) -> Result<()> {
+        check_vg_lv(&spec.vg, &spec.name)?;
+        let (PoolSize::Bytes(data), Some(metadata)) = (spec.size, spec.metadata_size) else {
+            return Err(Error::InvalidArgument(format!(
+                "thin pool {}/{} over RAID needs its data and metadata sizes in bytes",
+                spec.vg, spec.name
+            )));
+        };
+        let meta = pool_metadata_lv(&spec.name);
+        let data_lv = self.lv(&spec.vg, &spec.name).await?;
+        if data_lv.as_ref().is_some_and(|lv| lv.segtype == "thin-pool") {
+            return Ok(());
+        }
+        if data_lv.is_none() {
+            self.lv_create(&LvSpec {
+                vg: spec.vg.clone(),
+                name: spec.name.clone(),
+                size: data,
+                layout: Layout::of_raid_config(&raid.data),
+                tags: Vec::new(),
+            })
+            .await?;
+        }
+        if self.lv(&spec.vg, &meta).await?.is_none() {
+            self.lv_create(&LvSpec {
+                vg: spec.vg.clone(),
+                name: meta.clone(),
+                size: metadata,
+                layout: Layout::Raid {
+                    level: RaidType::Raid1,
+                    mirrors: Some(raid.metadata_mirrors),
+                    stripes: None,
+                    stripe_size: None,
+                    nosync: false,
+                    integrity: false,
+                },
+                tags: Vec::new(),
+            })
+            .await?;
+        }
+        let mut args = [
+            "lvconvert",
+            "--yes",
+            "--type",
+            "thin-pool",
+            "--poolmetadata",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        args.push(lv_path(&spec.vg, &meta));
+        if let Some(c) = spec.chunk_size {
+            check_size("chunk size", c)?;
+            args.extend(["--chunksize".to_owned(), bytes(c)]);
+        }
+        args.extend([
+            "--zero".to_owned(),
+            if spec.zero { "y" } else { "n" }.to_owned(),
+            lv_path(&spec.vg, &spec.name),
+        ]);
         self.exec(args).await.map(drop)
     }
 

@@ -26,7 +26,9 @@ type Gauges = Family<ClassLabels, Gauge<f64, AtomicU64>>;
 /// dashboards and alerts work unchanged): `topolvm_volumegroup_size_bytes`,
 /// `topolvm_volumegroup_available_bytes`, `topolvm_thinpool_size_bytes`,
 /// `topolvm_thinpool_data_percent`, `topolvm_thinpool_metadata_percent` and
-/// `topolvm_thinpool_overprovisioned_available`, each labelled `device_class` and `node`.
+/// `topolvm_thinpool_overprovisioned_available`, each labelled `device_class` and `node`; and, for
+/// RAID classes (thick, or a thin pool over RAID), lvms-rs's own `lvms_raid_health`,
+/// `lvms_raid_degraded_members` and `lvms_raid_min_sync_percent` ([`RaidNumbers`]).
 #[derive(Debug, Clone, Default)]
 pub struct StorageMetrics {
     vg_size: Gauges,
@@ -35,6 +37,21 @@ pub struct StorageMetrics {
     pool_data_percent: Gauges,
     pool_metadata_percent: Gauges,
     pool_overprovisioned_available: Gauges,
+    raid_health: Gauges,
+    raid_degraded_members: Gauges,
+    raid_min_sync_percent: Gauges,
+}
+
+/// A RAID class's health on this node, over its RAID volumes (a thin pool's data and metadata
+/// among them) and its LVM physical volumes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RaidNumbers {
+    /// 0 healthy, 1 degraded (a member missing, or not in sync), 2 failed.
+    pub health: u8,
+    /// LVM physical volumes missing.
+    pub degraded_members: u32,
+    /// The lowest sync percentage of its RAID volumes.
+    pub min_sync_percent: f64,
 }
 
 impl StorageMetrics {
@@ -71,12 +88,29 @@ impl StorageMetrics {
                  the pool's free space)",
                 &self.pool_overprovisioned_available,
             ),
+            (
+                "lvms_raid_health",
+                "Health of the device class's RAID volumes and RAID thin pool: 0 healthy, 1 degraded, \
+                 2 failed",
+                &self.raid_health,
+            ),
+            (
+                "lvms_raid_degraded_members",
+                "LVM physical volumes missing from the RAID device class's volume group",
+                &self.raid_degraded_members,
+            ),
+            (
+                "lvms_raid_min_sync_percent",
+                "Lowest sync percentage of the RAID device class's RAID volumes (its thin pool's data \
+                 and metadata included)",
+                &self.raid_min_sync_percent,
+            ),
         ] {
             registry.register(name, help, family.clone());
         }
     }
 
-    fn all(&self) -> [&Gauges; 6] {
+    fn all(&self) -> [&Gauges; 9] {
         [
             &self.vg_size,
             &self.vg_available,
@@ -84,7 +118,38 @@ impl StorageMetrics {
             &self.pool_data_percent,
             &self.pool_metadata_percent,
             &self.pool_overprovisioned_available,
+            &self.raid_health,
+            &self.raid_degraded_members,
+            &self.raid_min_sync_percent,
         ]
+    }
+
+    /// Sets `class`'s RAID numbers; `None` (not a RAID class, or no volume group yet) removes them.
+    pub fn record_raid(&self, node: &str, class: &str, raid: Option<RaidNumbers>) {
+        let labels = ClassLabels {
+            device_class: class.to_owned(),
+            node: node.to_owned(),
+        };
+        for (family, value) in [
+            (&self.raid_health, raid.map(|r| f64::from(r.health))),
+            (
+                &self.raid_degraded_members,
+                raid.map(|r| f64::from(r.degraded_members)),
+            ),
+            (
+                &self.raid_min_sync_percent,
+                raid.map(|r| r.min_sync_percent),
+            ),
+        ] {
+            match value {
+                Some(v) => {
+                    family.get_or_create(&labels).set(v);
+                }
+                None => {
+                    family.remove(&labels);
+                }
+            }
+        }
     }
 
     /// Sets `class`'s numbers from `usage`; numbers it lacks (no pool, an inactive pool's
@@ -303,5 +368,32 @@ mod tests {
         let text = m.encode();
         assert!(!text.contains("device_class=\"thin\""), "{text}");
         assert!(text.contains("device_class=\"thick\""), "{text}");
+    }
+
+    #[test]
+    fn raid_health_is_exported_per_class_and_removed_with_none_or_the_class() {
+        let storage = StorageMetrics::default();
+        let m = GcMetrics::with_storage("orphaned_volumes", Some(&storage));
+        let degraded = RaidNumbers {
+            health: 1,
+            degraded_members: 1,
+            min_sync_percent: 37.5,
+        };
+        storage.record_raid("node-a", "raid-thin", Some(degraded));
+        storage.record_raid("node-a", "mirror", Some(degraded));
+        let text = m.encode();
+        let l = |class: &str| format!("{{device_class=\"{class}\",node=\"node-a\"}}");
+        for line in [
+            format!("lvms_raid_health{} 1.0", l("raid-thin")),
+            format!("lvms_raid_degraded_members{} 1.0", l("raid-thin")),
+            format!("lvms_raid_min_sync_percent{} 37.5", l("raid-thin")),
+        ] {
+            assert!(text.contains(&line), "{line} missing in\n{text}");
+        }
+        storage.record_raid("node-a", "raid-thin", None);
+        storage.forget("node-a", "mirror");
+        let text = m.encode();
+        assert!(!text.contains("device_class=\"raid-thin\""), "{text}");
+        assert!(!text.contains("device_class=\"mirror\""), "{text}");
     }
 }

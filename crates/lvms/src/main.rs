@@ -552,6 +552,7 @@ fn print_report(r: &ConvergeReport) {
     let state = match &r.plan.state {
         ClassState::Ready => "Ready".to_owned(),
         ClassState::Progressing => "Progressing".to_owned(),
+        ClassState::Degraded { reason } => format!("Degraded: {reason}"),
         ClassState::Failed { reason } => format!("Failed: {reason}"),
     };
     println!("device class {}: {state}", r.device_class);

@@ -113,28 +113,31 @@ pub async fn run(args: NodeArgs) -> Result<()> {
     // Stages that wait for another node's lock, posted on their claims.
     let (stage_waits, waiting) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(lvms_node::stage_wait::post_events(client.clone(), waiting));
-    let vg_ctx = Arc::new(vg_reconciler::Context::new(
-        client.clone(),
-        &args.node_name,
-        &args.namespace,
-        RealNodeHost::new(runner.clone()),
-        shared_host(runner.clone(), &args.fence_hook_dir)?,
-        Box::new(move |classes| {
-            let shared: Vec<String> = classes
-                .iter()
-                .filter(|c| c.shared().is_some())
-                .map(|c| c.name.clone())
-                .collect();
-            LocalBackend::new(
-                node.clone(),
-                classes,
-                Lvm::new(Arc::new(LvmShell::new())).with_shared(shared),
-            )
-            .with_shared_stage_wait(stage_wait)
-            .with_stage_waits(stage_waits.clone())
-        }),
-    ));
     let storage = StorageMetrics::default();
+    let vg_ctx = Arc::new(
+        vg_reconciler::Context::new(
+            client.clone(),
+            &args.node_name,
+            &args.namespace,
+            RealNodeHost::new(runner.clone()),
+            shared_host(runner.clone(), &args.fence_hook_dir)?,
+            Box::new(move |classes| {
+                let shared: Vec<String> = classes
+                    .iter()
+                    .filter(|c| c.shared().is_some())
+                    .map(|c| c.name.clone())
+                    .collect();
+                LocalBackend::new(
+                    node.clone(),
+                    classes,
+                    Lvm::new(Arc::new(LvmShell::new())).with_shared(shared),
+                )
+                .with_shared_stage_wait(stage_wait)
+                .with_stage_waits(stage_waits.clone())
+            }),
+        )
+        .with_metrics(storage.clone()),
+    );
     let publisher = Publisher::new(
         client.clone(),
         &args.node_name,

@@ -126,6 +126,8 @@ pub struct Context<R, B> {
     /// The shared classes this node is still joining; `None` until [`Context::seed_settling`].
     settling: watch::Sender<Option<BTreeSet<String>>>,
     state: Mutex<State>,
+    /// RAID health on `/metrics` ([`Context::with_metrics`]).
+    metrics: Option<lvms_k8s::metrics::StorageMetrics>,
 }
 
 #[derive(Default)]
@@ -154,7 +156,14 @@ impl<R: Runner, B: Backend> Context<R, B> {
             backend: watch::channel(None).0,
             settling: watch::channel(None).0,
             state: Mutex::new(State::default()),
+            metrics: None,
         }
+    }
+
+    /// Sets each RAID class's health on `metrics` (`lvms_raid_*`) as it is reported.
+    pub fn with_metrics(mut self, metrics: lvms_k8s::metrics::StorageMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// The backend over the ready classes, as it changes (for the LogicalVolume reconciler and the CSI
@@ -589,9 +598,28 @@ async fn converge<R: Runner, B: Backend, L: NodeHost, S: SharedHost>(
     {
         rejoined_event(ctx, vg, &report.rejoined).await;
     }
+    if let Some(metrics) = &ctx.metrics {
+        metrics.record_raid(
+            &ctx.node,
+            &class,
+            status.raid_status.as_ref().map(raid_numbers),
+        );
+    }
     let ready = report.is_ready().then(|| config.clone());
     ctx.record(&class, Some(status), ready).await?;
     Ok(requeue)
+}
+
+fn raid_numbers(raid: &lvms_api::RaidStatus) -> lvms_k8s::metrics::RaidNumbers {
+    lvms_k8s::metrics::RaidNumbers {
+        health: match raid.status {
+            lvms_api::RaidHealth::Healthy => 0,
+            lvms_api::RaidHealth::Degraded => 1,
+            lvms_api::RaidHealth::Failed => 2,
+        },
+        degraded_members: u32::try_from(raid.degraded_member_count).unwrap_or(0),
+        min_sync_percent: raid.min_sync_percent,
+    }
 }
 
 /// An Event on `vg` saying this node, fenced from the shared class, joined it again by itself

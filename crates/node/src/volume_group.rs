@@ -98,17 +98,28 @@ fn discovery_status(vg: &LVMVolumeGroup) -> DeviceDiscoveryPolicyStatus {
     }
 }
 
-/// The health of a RAID class's volumes: every RAID LV of the group (hidden sub-volumes aside) with
-/// its sync percentage, and the group's LVM physical volumes, counting the missing ones. `Failed` when
-/// an LV reports failure, `Degraded` when anything is missing, partial, needs a refresh, has
-/// mismatches or is not in sync yet, else `Healthy`.
+/// The health of a RAID class's volumes: every RAID LV of the group with its sync percentage (the
+/// visible ones, and a RAID thin pool's hidden data and metadata, `pool_tdata` and `pool_tmeta`),
+/// and the group's LVM physical volumes, counting the missing ones. `Failed` when an LV reports
+/// failure, `Degraded` when anything is missing, partial, needs a refresh, has mismatches or is not
+/// in sync yet, else `Healthy`.
 pub fn raid_status(lvs: &[LogicalVolume], pvs: &[PhysicalVolume]) -> RaidStatus {
     let mut worst = RaidHealth::Healthy;
     let mut lv_health = Vec::new();
     let mut min_sync = 100.0_f64;
-    for lv in lvs
+    let pool_part = |name: &str| {
+        name.strip_prefix('[')
+            .and_then(|n| n.strip_suffix(']'))
+            .filter(|n| n.ends_with("_tdata") || n.ends_with("_tmeta"))
+            .map(str::to_owned)
+    };
+    for (lv, name) in lvs
         .iter()
-        .filter(|lv| lv.segtype.starts_with("raid") && !lv.name.starts_with('['))
+        .filter(|lv| lv.segtype.starts_with("raid"))
+        .filter_map(|lv| match pool_part(&lv.name) {
+            Some(part) => Some((lv, part)),
+            None => (!lv.name.starts_with('[')).then(|| (lv, lv.name.clone())),
+        })
     {
         let sync = lv.sync_percent.unwrap_or(100.0);
         min_sync = min_sync.min(sync);
@@ -120,7 +131,7 @@ pub fn raid_status(lvs: &[LogicalVolume], pvs: &[PhysicalVolume]) -> RaidStatus 
         };
         worst = worse(worst, this);
         lv_health.push(RaidLvHealth {
-            name: lv.name.clone(),
+            name,
             raid_type: lv.segtype.clone(),
             sync_percent: sync,
         });
@@ -196,6 +207,7 @@ pub fn vg_status(vg: &LVMVolumeGroup, plan: &ClassPlan) -> VGStatus {
     let (status, reason) = match &plan.state {
         ClassState::Ready => (VGStatusType::Ready, String::new()),
         ClassState::Progressing => (VGStatusType::Progressing, String::new()),
+        ClassState::Degraded { reason } => (VGStatusType::Degraded, reason.clone()),
         ClassState::Failed { reason } => (VGStatusType::Failed, reason.clone()),
     };
     VGStatus {

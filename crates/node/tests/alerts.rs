@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 
 use lvms_engine::backend::{PoolUsage, Usage};
-use lvms_k8s::metrics::{GcMetrics, StorageMetrics};
+use lvms_k8s::metrics::{GcMetrics, RaidNumbers, StorageMetrics};
 use promql_parser::parser::{self, Expr};
 use serde_json::Value;
 
@@ -36,6 +36,15 @@ fn exported() -> BTreeSet<String> {
                 overprovisioned_available: 1,
             }),
         },
+    );
+    storage.record_raid(
+        "n",
+        "raid-thin",
+        Some(RaidNumbers {
+            health: 1,
+            degraded_members: 1,
+            min_sync_percent: 100.0,
+        }),
     );
     let controller = GcMetrics::new("unclaimed_logical_volumes");
     let mut names = BTreeSet::new();
@@ -83,6 +92,9 @@ fn every_alert_parses_uses_exported_metrics_and_says_what_to_do() {
         "topolvm_thinpool_overprovisioned_available",
         "lvms_orphaned_volumes",
         "lvms_unclaimed_logical_volumes",
+        "lvms_raid_health",
+        "lvms_raid_degraded_members",
+        "lvms_raid_min_sync_percent",
     ] {
         assert!(exported.contains(name), "{name} not exported: {exported:?}");
     }

@@ -325,6 +325,32 @@ fn allocate(obs: &mut Observed, vg_name: &str, bytes: u64) {
     g.lv_count += 1;
 }
 
+/// Places `images` sub-volumes of `extents` each on different physical volumes of `vg_name`, the
+/// emptiest first (as lvm2's `normal` policy would), each whole on one; panics when they do not fit.
+fn allocate_images(obs: &mut Observed, vg_name: &str, images: u64, extents: u64) {
+    let mut used = BTreeSet::new();
+    for i in 0..images {
+        let pv = obs
+            .pvs
+            .iter_mut()
+            .filter(|p| p.vg_name.as_deref() == Some(vg_name) && !used.contains(&p.name))
+            .max_by_key(|p| p.free)
+            .unwrap_or_else(|| panic!("{vg_name}: no device left for image {i} of {images}"));
+        assert!(
+            pv.free >= extents * EXTENT,
+            "{vg_name}: image {i} of {images} needs {extents} extents on one device, {} has {}",
+            pv.name,
+            pv.free / EXTENT
+        );
+        pv.free -= extents * EXTENT;
+        used.insert(pv.name.clone());
+    }
+    let g = obs.vgs.iter_mut().find(|v| v.name == vg_name).unwrap();
+    g.free_count -= images * extents;
+    g.free = g.free_count * EXTENT;
+    g.lv_count += 1;
+}
+
 fn apply(obs: &mut Observed, actions: &[Action]) {
     for action in actions {
         match action {
@@ -443,6 +469,63 @@ fn apply(obs: &mut Observed, actions: &[Action]) {
                 chunk_size,
                 metadata_size,
                 zero,
+                raid: Some(raid),
+            } => {
+                assert!(*zero);
+                assert!(*chunk_size == Some(DEFAULT_CHUNK_SIZE) || chunk_size.is_none());
+                let meta = metadata_size.expect("a RAID pool's metadata size is given");
+                let meta = round_up_to_extent(meta, EXTENT).unwrap();
+                let layout = crate::layout::Layout::of_raid_config(&raid.data);
+                let (images, stripes) = layout.images(0).unwrap();
+                let data_extents = data_size.div_ceil(EXTENT).div_ceil(stripes);
+                if lv_of(obs, vg, name).is_none() {
+                    allocate_images(obs, vg, images, data_extents + 1);
+                }
+                allocate_images(
+                    obs,
+                    vg,
+                    u64::from(raid.metadata_mirrors) + 1,
+                    meta / EXTENT + 1,
+                );
+                let spare = lv_of(obs, vg, "[lvol0_pmspare]").map_or(0, |l| l.size);
+                if spare < meta {
+                    assert_eq!(spare, 0, "simulation does not grow spares");
+                    allocate_images(obs, vg, 1, meta / EXTENT);
+                    obs.lvs
+                        .push(new_lv(vg, "[lvol0_pmspare]", meta, "ewi-------", "linear"));
+                }
+                obs.lvs
+                    .retain(|lv| !(lv.vg_name == *vg && lv.name == *name));
+                let mut pool = new_lv(vg, name, *data_size, "twi-a-tz--", "thin-pool");
+                pool.metadata_size = Some(meta);
+                pool.data_percent = Some(0.0);
+                obs.lvs.push(pool);
+                let mut tdata = new_lv(
+                    vg,
+                    &format!("[{name}_tdata]"),
+                    *data_size,
+                    "rwi-aor---",
+                    raid.data.raid_type.as_lvm(),
+                );
+                tdata.stripes = Some(images);
+                tdata.stripe_size = Some(stripes);
+                obs.lvs.push(tdata);
+                obs.lvs.push(new_lv(
+                    vg,
+                    &format!("[{name}_tmeta]"),
+                    meta,
+                    "ewi-aor---",
+                    "raid1",
+                ));
+            }
+            Action::CreateThinPool {
+                vg,
+                name,
+                data_size,
+                chunk_size,
+                metadata_size,
+                zero,
+                raid: None,
             } => {
                 assert!(*zero);
                 assert!(lv_of(obs, vg, name).is_none(), "pool {name} created twice");
@@ -501,7 +584,15 @@ fn apply(obs: &mut Observed, actions: &[Action]) {
                     *data_size > current,
                     "extend {name} from {current} to {data_size}"
                 );
-                allocate(obs, vg, data_size - current);
+                // The simulation keeps a RAID pool's images and data stripes on its `_tdata`.
+                let tdata = lv_of(obs, vg, &format!("[{name}_tdata]"));
+                match tdata.and_then(|t| t.stripes.zip(t.stripe_size)) {
+                    Some((images, stripes)) => {
+                        let grow = (data_size - current).div_ceil(EXTENT).div_ceil(stripes);
+                        allocate_images(obs, vg, images, grow);
+                    }
+                    None => allocate(obs, vg, data_size - current),
+                }
                 for lv in obs.lvs.iter_mut() {
                     if lv.vg_name == *vg
                         && (lv.name == *name || lv.name == format!("[{name}_tdata]"))
@@ -632,6 +723,7 @@ fn existing_vg_gets_a_thin_pool_of_size_percent_with_static_defaults() {
             chunk_size: Some(DEFAULT_CHUNK_SIZE),
             metadata_size: Some(DEFAULT_METADATA_SIZE),
             zero: true,
+            raid: None,
         }]
     );
 }
@@ -1467,9 +1559,6 @@ fn invalid_names_and_settings_fail_without_actions() {
     let mut c = thin_class("vg1", from_ref(&a));
     c.thin_pool_config.as_mut().unwrap().metadata_size = Some(ByteSize(0));
     cases.push((c, "thinPoolConfig.metadataSize is 0"));
-    let mut c = raid_class("vg1", from_ref(&a), RaidType::Raid1);
-    c.thin_pool_config = Some(thin_config());
-    cases.push((c, "both raidConfig and thinPoolConfig"));
 
     for (class, needle) in cases {
         let plan = plan_device_class(&class, &host.obs);
@@ -1561,8 +1650,10 @@ fn actions_and_reports_serialise_in_camel_case() {
         chunk_size: None,
         metadata_size: Some(GIB),
         zero: true,
+        raid: None,
     };
     let v = serde_json::to_value(&a).unwrap();
+    assert!(v.get("raid").is_none(), "{v}");
     assert_eq!(v["action"], "createThinPool");
     assert_eq!(v["dataSize"], GIB);
     assert_eq!(v["metadataSize"], GIB);
@@ -1763,7 +1854,7 @@ proptest! {
                 prop_assert!(reason.contains("does not fit"), "{}", reason);
                 prop_assert!(lv_of(&host.obs, "vg1", "thin-pool-1").is_none());
             }
-            ClassState::Progressing => prop_assert!(false, "not converged: {:#?}", plans),
+            other => prop_assert!(false, "not converged: {:?} {:#?}", other, plans),
         }
     }
 
@@ -2537,4 +2628,280 @@ fn a_multipath_device_named_by_path_becomes_a_physical_volume_but_one_matched_by
             .any(|a| matches!(a, Action::CreatePhysicalVolume { .. })),
         "{plan:?}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// RAID thin pools (ADR 0031)
+
+fn raid_thin_class(paths: &[String], raid: RaidConfig) -> DeviceClassConfig {
+    DeviceClassConfig {
+        raid_config: Some(raid),
+        thin_pool_config: Some(thin_config()),
+        ..class("vg1", paths)
+    }
+}
+
+fn raid(raid_type: RaidType, mirrors: Option<u32>, stripes: Option<u32>) -> RaidConfig {
+    RaidConfig {
+        raid_type,
+        mirrors,
+        stripes,
+        stripe_size: None,
+    }
+}
+
+fn create_pool(plan: &ClassPlan) -> (u64, Option<u64>, Option<PoolRaid>) {
+    match plan.actions.as_slice() {
+        [
+            Action::CreateThinPool {
+                data_size,
+                metadata_size,
+                raid,
+                ..
+            },
+        ] => (*data_size, *metadata_size, raid.clone()),
+        other => panic!("expected one CreateThinPool, got {other:?}"),
+    }
+}
+
+#[test]
+fn metadata_is_raid1_with_as_many_copies_as_the_data_level_survives_losses() {
+    let cases = [
+        (raid(RaidType::Raid1, None, None), 1),
+        (raid(RaidType::Raid1, Some(2), None), 2),
+        (raid(RaidType::Raid10, None, None), 1),
+        (raid(RaidType::Raid10, Some(2), Some(2)), 2),
+        (raid(RaidType::Raid4, None, None), 1),
+        (raid(RaidType::Raid5, None, Some(4)), 1),
+        (raid(RaidType::Raid6, None, None), 2),
+    ];
+    for (r, mirrors) in cases {
+        assert_eq!(metadata_mirrors(&r), mirrors, "{r:?}");
+        assert_eq!(PoolRaid::of(&r).metadata_mirrors, mirrors);
+    }
+}
+
+#[test]
+fn raid1_thin_class_on_two_disks_gets_a_pool_of_size_percent_of_half_the_group() {
+    let mut host = Host::default();
+    let paths = [host.clean(10 * GIB), host.clean(10 * GIB)];
+    let mut class = raid_thin_class(&paths, raid(RaidType::Raid1, None, None));
+    class.thin_pool_config.as_mut().unwrap().size_percent = 70;
+    step(&class, &mut host.obs);
+    let vg = vg_of(&host.obs, "vg1").clone();
+    let plan = plan_device_class(&class, &host.obs);
+    assert_eq!(plan.state, ClassState::Progressing);
+    let (data, metadata, pool_raid) = create_pool(&plan);
+    // 70 % of the mirrored capacity (half the group), whole extents.
+    assert_eq!(
+        data,
+        round_down_to_extent(vg.size * 70 / 100 / 2, EXTENT).unwrap()
+    );
+    assert_eq!(metadata, Some(DEFAULT_METADATA_SIZE));
+    assert_eq!(
+        pool_raid,
+        Some(PoolRaid {
+            data: raid(RaidType::Raid1, None, None),
+            metadata_mirrors: 1
+        })
+    );
+    let plans = converge(&class, &mut host.obs);
+    assert_eq!(plans.last().unwrap().state, ClassState::Ready);
+    let pool = lv_of(&host.obs, "vg1", "thin-pool-1").unwrap();
+    assert_eq!(pool.size, data);
+}
+
+#[test]
+fn raid_pool_target_is_size_percent_of_what_the_layout_holds() {
+    let mut host = Host::default();
+    let paths: Vec<String> = (0..6).map(|_| host.clean(10 * GIB)).collect();
+    let raw = {
+        let mut obs = host.obs.clone();
+        step(&class("vg1", &paths), &mut obs);
+        vg_of(&obs, "vg1").size
+    };
+    // (layout, data stripes, images)
+    let cases = [
+        (raid(RaidType::Raid1, Some(2), None), 1, 3),
+        (raid(RaidType::Raid10, None, None), 2, 4),
+        (raid(RaidType::Raid5, None, None), 2, 3),
+        (raid(RaidType::Raid5, None, Some(5)), 5, 6),
+        (raid(RaidType::Raid6, None, None), 3, 5),
+    ];
+    for (r, stripes, images) in cases {
+        let mut obs = host.obs.clone();
+        let mut class = raid_thin_class(&paths, r.clone());
+        class.thin_pool_config.as_mut().unwrap().size_percent = 30;
+        step(&class, &mut obs);
+        let (data, _, _) = create_pool(&plan_device_class(&class, &obs));
+        let expected = round_down_to_extent(raw * 30 * stripes / 100 / images, EXTENT).unwrap();
+        assert_eq!(data, expected, "{r:?}");
+        let plans = converge(&class, &mut obs);
+        assert_eq!(plans.last().unwrap().state, ClassState::Ready, "{r:?}");
+    }
+}
+
+#[test]
+fn raid_pool_at_100_percent_is_capped_so_lvm_can_place_every_image() {
+    let mut host = Host::default();
+    let paths = [host.clean(2 * GIB), host.clean(2 * GIB)];
+    let mut class = raid_thin_class(&paths, raid(RaidType::Raid1, None, None));
+    let tp = class.thin_pool_config.as_mut().unwrap();
+    tp.size_percent = 100;
+    tp.metadata_size = Some(ByteSize(64 * MIB));
+    // The simulation panics when an image does not fit on its device.
+    let plans = converge(&class, &mut host.obs);
+    assert_eq!(plans.last().unwrap().state, ClassState::Ready);
+    let pool = lv_of(&host.obs, "vg1", "thin-pool-1").unwrap();
+    let per_disk = pv_free_extents(&host.obs, "vg1");
+    assert!(pool.size > GIB / 2, "{}", pool.size);
+    assert!(
+        per_disk.iter().all(|f| *f < 2 * GIB / EXTENT),
+        "{per_disk:?}"
+    );
+}
+
+#[test]
+fn raid_pool_that_cannot_fit_its_metadata_images_fails_naming_the_layout_and_the_fix() {
+    let mut host = Host::default();
+    let paths = [host.clean(GIB), host.clean(GIB)];
+    let class = raid_thin_class(&paths, raid(RaidType::Raid1, None, None));
+    // 1 GiB of default metadata per image and its spare cannot sit on 1 GiB disks.
+    let plans = converge(&class, &mut host.obs);
+    let reason = failed_reason(plans.last().unwrap());
+    for needle in [
+        "does not fit volume group vg1 as raid1",
+        "each of the 2 devices",
+        "lower thinPoolConfig.metadataSize",
+    ] {
+        assert!(reason.contains(needle), "{needle:?} not in {reason}");
+    }
+    assert!(lv_of(&host.obs, "vg1", "thin-pool-1").is_none());
+}
+
+#[test]
+fn raid_pool_grows_once_every_image_has_room_on_new_devices() {
+    let mut host = Host::default();
+    let a = host.clean(10 * GIB);
+    let b = host.clean(10 * GIB);
+    let mut class = raid_thin_class(&[a.clone(), b.clone()], raid(RaidType::Raid1, None, None));
+    converge(&class, &mut host.obs);
+    let before = lv_of(&host.obs, "vg1", "thin-pool-1").unwrap().size;
+    let c = host.clean(10 * GIB);
+    let d = host.clean(10 * GIB);
+    class.device_selector.paths = vec![a, b, c, d];
+    let plans = converge(&class, &mut host.obs);
+    assert!(
+        plans.iter().any(|p| p
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::ExtendThinPool { .. }))),
+        "{plans:#?}"
+    );
+    let after = lv_of(&host.obs, "vg1", "thin-pool-1").unwrap().size;
+    let vg = vg_of(&host.obs, "vg1");
+    assert!(after > before, "{before} -> {after}");
+    assert!(after <= vg.size * 90 / 100 / 2, "{after} of {}", vg.size);
+}
+
+#[test]
+fn half_made_raid_pool_is_finished_not_refused() {
+    let mut host = Host::default();
+    let paths = [host.clean(10 * GIB), host.clean(10 * GIB)];
+    let class = raid_thin_class(&paths, raid(RaidType::Raid1, None, None));
+    step(&class, &mut host.obs);
+    // The node stopped after `lvcreate --type raid1 … thin-pool-1`.
+    let mut data = new_lv("vg1", "thin-pool-1", 3 * GIB, "rwi-a-r---", "raid1");
+    data.stripes = Some(2);
+    data.stripe_size = Some(1);
+    host.obs.lvs.push(data);
+    let plan = plan_device_class(&class, &host.obs);
+    let (size, metadata, pool_raid) = create_pool(&plan);
+    assert_eq!(size, 3 * GIB);
+    assert!(metadata.is_some() && pool_raid.is_some());
+    // The pool's parts are not reported as someone else's volumes.
+    let mut meta = new_lv("vg1", "thin-pool-1_meta", GIB, "rwi-a-r---", "raid1");
+    meta.tags.clear();
+    host.obs.lvs.push(meta);
+    assert!(foreign_volumes(&class, &host.obs).is_empty());
+
+    // The same LV under a class without RAID is not its pool, nor is a linear one under RAID.
+    let plan = plan_device_class(&thin_class("vg1", &paths), &host.obs);
+    assert!(failed_reason(&plan).contains("is not a thin pool"));
+    host.obs.lvs.retain(|lv| lv.name != "thin-pool-1");
+    host.obs
+        .lvs
+        .push(new_lv("vg1", "thin-pool-1", GIB, "-wi-a-----", "linear"));
+    let plan = plan_device_class(&class, &host.obs);
+    assert!(failed_reason(&plan).contains("is not a thin pool (segment type linear)"));
+}
+
+#[test]
+fn pool_metadata_lv_of_a_class_without_raid_is_foreign() {
+    let mut host = Host::default();
+    let paths = [host.clean(10 * GIB)];
+    let class = thin_class("vg1", &paths);
+    converge(&class, &mut host.obs);
+    host.obs.lvs.push(new_lv(
+        "vg1",
+        "thin-pool-1_meta",
+        GIB,
+        "-wi-a-----",
+        "linear",
+    ));
+    assert_eq!(foreign_volumes(&class, &host.obs), ["thin-pool-1_meta"]);
+}
+
+fn lose_disk(obs: &mut Observed, path: &str) {
+    let pv = obs.pvs.iter_mut().find(|p| p.name == path).unwrap();
+    pv.name = "[unknown]".into();
+    pv.uuid = "wsj5Wc-lost".into();
+    pv.attr = "a-m".into();
+    obs.vgs[0].attr = "wz-pn-".into();
+    obs.devices.retain(|d| d.path != path);
+    obs.resolved.insert(path.to_owned(), None);
+}
+
+#[test]
+fn raid_class_that_lost_a_disk_is_degraded_names_the_disk_and_the_repair_and_touches_nothing() {
+    let mut host = Host::default();
+    let a = host.clean(10 * GIB);
+    let b = host.clean(10 * GIB);
+    let class = raid_thin_class(&[a, b.clone()], raid(RaidType::Raid1, None, None));
+    converge(&class, &mut host.obs);
+    lose_disk(&mut host.obs, &b);
+    let plan = plan_device_class(&class, &host.obs);
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    assert!(plan.state.serves());
+    let ClassState::Degraded { reason } = &plan.state else {
+        panic!("expected Degraded, got {:?}", plan.state);
+    };
+    for needle in [
+        "missing 1 of its LVM physical volumes (uuid wsj5Wc-lost)",
+        &b,
+        "lvconvert --repair vg1/thin-pool-1_tdata and vg1/thin-pool-1_tmeta",
+        "vgreduce --removemissing vg1",
+        "lvchange --refresh vg1",
+        "removes and wipes nothing",
+    ] {
+        assert!(reason.contains(needle), "{needle:?} not in {reason}");
+    }
+
+    // A thick RAID class names its RAID volumes instead; a class without RAID is failed.
+    let mut thick = class.clone();
+    thick.thin_pool_config = None;
+    match plan_device_class(&thick, &host.obs).state {
+        ClassState::Degraded { reason } => {
+            assert!(
+                reason.contains("lvconvert --repair each RAID volume of vg1"),
+                "{reason}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut plain = thick;
+    plain.raid_config = None;
+    let plan = plan_device_class(&plain, &host.obs);
+    assert!(failed_reason(&plan).contains("vgreduce --removemissing vg1"));
+    assert!(!plan.state.serves());
 }

@@ -257,13 +257,25 @@ fn size_percent_of_90_or_unset_is_not_a_warning() {
 // Rules 5–11: RAID
 
 #[test]
-fn raid_with_thin_pool_is_rejected_at_raid_config() {
+fn raid_with_thin_pool_is_a_raid_thin_pool_and_keeps_every_raid_and_thin_rule() {
     let mut class = raid(json!({"type": "raid1"}), 2);
     class["thinPoolConfig"] = json!({"name": "tp", "overprovisionRatio": 10});
+    assert_clean(&create(json!([class.clone()])));
+    // The RAID rules still apply: raid6 needs five devices.
+    let mut ten = raid(json!({"type": "raid6"}), 4);
+    ten["thinPoolConfig"] = class["thinPoolConfig"].clone();
+    assert_only_error(
+        &create(json!([ten])),
+        "spec.storage.deviceClasses[0].deviceSelector",
+        &["raid6"],
+    );
+    // And the thin ones: a chunk size out of range is refused.
+    class["thinPoolConfig"]["chunkSizeCalculationPolicy"] = json!("Static");
+    class["thinPoolConfig"]["chunkSize"] = json!("2Gi");
     assert_only_error(
         &create(json!([class])),
-        "spec.storage.deviceClasses[0].raidConfig",
-        &["mutually exclusive", "remove one of them"],
+        "spec.storage.deviceClasses[0].thinPoolConfig.chunkSize",
+        &[],
     );
 }
 

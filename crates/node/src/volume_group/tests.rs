@@ -297,6 +297,31 @@ fn pv(name: &str, attr: &str) -> PhysicalVolume {
 }
 
 #[test]
+fn raid_thin_pool_health_is_its_data_and_metadata_as_lvs_a_reports_them() {
+    // `lvs -a` of a raid1 thin pool with one disk lost (captured from lvm2 2.03 in the VM).
+    let pvs = [pv("/dev/mapper/ra", "a--"), pv("[unknown]", "a-m")];
+    let lvs = [
+        raid_lv("[lvol0_pmspare]", "ewi-------", "linear", None),
+        raid_lv("pool", "twi-aotzp-", "thin-pool", None),
+        raid_lv("[pool_tdata]", "rwi-aor-p-", "raid1", Some(100.0)),
+        raid_lv("[pool_tdata_rimage_0]", "iwi-aor---", "linear", None),
+        raid_lv("[pool_tdata_rimage_1]", "Iwi-aor-p-", "linear", None),
+        raid_lv("[pool_tmeta]", "ewi-aor-p-", "raid1", Some(42.0)),
+        raid_lv("t1", "Vwi-aotzp-", "thin", None),
+    ];
+    let s = raid_status(&lvs, &pvs);
+    assert_eq!(s.status, RaidHealth::Degraded);
+    assert_eq!((s.member_count, s.degraded_member_count), (2, 1));
+    assert_eq!(s.min_sync_percent, 42.0);
+    let names: Vec<&str> = s.lv_health.iter().map(|h| h.name.as_str()).collect();
+    assert_eq!(names, ["pool_tdata", "pool_tmeta"]);
+    // A failed metadata image fails the pool.
+    let mut failed = lvs.clone();
+    failed[5] = raid_lv("[pool_tmeta]", "ewi-aor-F-", "raid1", Some(100.0));
+    assert_eq!(raid_status(&failed, &pvs[..1]).status, RaidHealth::Failed);
+}
+
+#[test]
 fn raid_health_is_the_worst_of_its_volumes_and_members() {
     let pvs = [pv("/dev/vdb", "a--"), pv("/dev/vdc", "a--")];
     let healthy = [

@@ -134,7 +134,8 @@ async fn crds_install_and_the_api_server_enforces_bounds_and_immutability() {
         Some(20)
     );
 
-    // LVMVolumeGroup: RAID and a thin pool are mutually exclusive.
+    // LVMVolumeGroup: RAID and a thin pool together are a RAID thin pool (ADR 0031); the API
+    // server keeps both.
     let vgs = Api::<LVMVolumeGroup>::namespaced(client.clone(), &ns.name);
     let vg: LVMVolumeGroup = serde_json::from_value(json!({
         "apiVersion": "lvm.topolvm.io/v1alpha1",
@@ -147,12 +148,15 @@ async fn crds_install_and_the_api_server_enforces_bounds_and_immutability() {
         }
     }))
     .unwrap();
-    let (code, message) = api_error(vgs.create(&PostParams::default(), &vg).await);
-    assert_eq!(code, 422, "{message}");
-    assert!(
-        message.contains("raidConfig and thinPoolConfig are mutually exclusive"),
-        "{message}"
+    let made = vgs
+        .create(&PostParams::default(), &vg)
+        .await
+        .expect("a RAID thin pool is admitted");
+    assert_eq!(
+        made.spec.raid_config.as_ref().map(|r| r.raid_type),
+        Some(lvms_api::RaidType::Raid1)
     );
+    assert!(made.spec.thin_pool_config.is_some());
 
     let _ = clusters
         .delete("my-lvmcluster", &DeleteParams::default())

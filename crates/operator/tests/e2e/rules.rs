@@ -100,6 +100,13 @@ fn raid(config: Value, devices: usize) -> Value {
     json!({"name": "vg1", "default": true, "deviceSelector": {"paths": paths}, "raidConfig": config})
 }
 
+/// `raid()` with `base()`'s thin pool: a RAID thin pool (ADR 0031).
+fn raid_thin(config: Value, devices: usize) -> Value {
+    let mut class = raid(config, devices);
+    class["thinPoolConfig"] = base()["thinPoolConfig"].clone();
+    class
+}
+
 /// A second, thick class.
 fn thick(name: &str, paths: &[&str]) -> Value {
     json!({"name": name, "deviceSelector": {"paths": paths}})
@@ -127,14 +134,12 @@ fn object_rules() -> Vec<Case> {
             Warned("sizePercent of device class \"vg1\" is 95%"),
         )
         .by_adding(),
+        // A RAID thin pool is admitted (the valid twin) and keeps the RAID rules.
         case(
             5,
-            json!([raid(json!({"type": "raid1", "mirrors": 1}), 2)]),
-            json!([{"thinPoolConfig": base()["thinPoolConfig"].clone(),
-                    "name": "vg1", "default": true,
-                    "deviceSelector": {"paths": ["/dev/vd0", "/dev/vd1"]},
-                    "raidConfig": {"type": "raid1", "mirrors": 1}}]),
-            Refused("spec.storage.deviceClasses[0].raidConfig"),
+            json!([raid_thin(json!({"type": "raid1", "mirrors": 1}), 2)]),
+            json!([raid_thin(json!({"type": "raid6"}), 4)]),
+            Refused("spec.storage.deviceClasses[0].deviceSelector"),
         ),
         case(
             6,
@@ -587,6 +592,24 @@ fn update_rules() -> Vec<Case> {
             json!([raid(json!({"type": "raid1", "mirrors": 1}), 3)]),
             json!([raid(json!({"type": "raid1", "mirrors": 2}), 3)]),
             Refused("spec.storage.deviceClasses[0].raidConfig"),
+        ),
+        case(
+            26,
+            json!([raid_thin(json!({"type": "raid1", "mirrors": 1}), 2)]),
+            json!([raid_thin(json!({"type": "raid1", "mirrors": 1}), 2)
+                .as_object()
+                .map(|c| {
+                    let mut c = c.clone();
+                    c.remove("raidConfig");
+                    c
+                })]),
+            Refused("spec.storage.deviceClasses[0].raidConfig"),
+        ),
+        case(
+            24,
+            json!([raid(json!({"type": "raid1", "mirrors": 1}), 2)]),
+            json!([raid_thin(json!({"type": "raid1", "mirrors": 1}), 2)]),
+            Refused("spec.storage.deviceClasses[0].thinPoolConfig"),
         ),
         case(
             27,
