@@ -1,5 +1,6 @@
 //! `cargo xtask sanity`: the CSI conformance suite (csi-test v5.4.0's csi-sanity) against `lvms standalone`
-//! in one boot of the test VM, in five modes (seven with `--shared-thin`): a thin class with mount volumes, the thin class with block
+//! in one boot of the test VM, in six modes (eight with `--shared-thin`): a thin class with mount volumes, the thin class with block
+//! volumes, a RAID thin class (raid1 pool data and metadata on two disks, ADR 0031) with mount
 //! volumes, a thick class (whose snapshot and clone specs are skipped: thick classes cannot snapshot),
 //! and a shared class with locking on (sanlock and lvmlockd in the VM): linear volumes mount and block
 //! (skipping the snapshot and clone specs), and with `--shared-thin` thin volumes mount and block,
@@ -66,6 +67,14 @@ const MODES: &[Mode] = &[
         params: "",
     },
     Mode {
+        name: "raid-thin-mount",
+        class: "sanity-raid-thin",
+        flags: &[],
+        extra: false,
+        shared: false,
+        params: "",
+    },
+    Mode {
         name: "thick",
         class: "sanity-thick",
         flags: &[NO_SNAPSHOTS],
@@ -112,7 +121,7 @@ const MODES: &[Mode] = &[
 ];
 
 /// The local classes' driver config: a thin class (the default, xfs) and a thick ext4 class, one
-/// disk each.
+/// disk each, and a RAID thin class on two.
 const CONFIG: &str = "\
 deviceClasses:
   - name: sanity-thin
@@ -129,6 +138,16 @@ deviceClasses:
     fstype: ext4
     deviceSelector:
       paths: [/dev/disk/by-id/virtio-sanity-thick]
+  - name: sanity-raid-thin
+    deviceSelector:
+      paths: [/dev/disk/by-id/virtio-sanity-raid-a, /dev/disk/by-id/virtio-sanity-raid-b]
+    raidConfig:
+      type: raid1
+    thinPoolConfig:
+      name: pool
+      sizePercent: 90
+      overprovisionRatio: 10
+      metadataSize: 64Mi
 ";
 
 /// The shared class's driver config: this node is sanlock host 1 and makes the shared volume group.
@@ -304,6 +323,8 @@ pub fn run(repo: &Path, shared_thin: bool, only: &[String]) -> Result<ExitCode> 
         &[
             "sanity-thin=4096",
             "sanity-thick=4096",
+            "sanity-raid-a=2048",
+            "sanity-raid-b=2048",
             "sanity-shared=8192",
         ],
     )?;

@@ -714,4 +714,378 @@ mod vm_local {
             "{err:?}"
         );
     }
+
+    // ---- RAID thin pools (ADR 0031) ----
+
+    fn raid_cfg(
+        raid_type: RaidType,
+        mirrors: Option<u32>,
+        stripes: Option<u32>,
+    ) -> lvms_core::config::RaidConfig {
+        lvms_core::config::RaidConfig {
+            raid_type,
+            mirrors,
+            stripes,
+            stripe_size: None,
+        }
+    }
+
+    /// A thin class over RAID `raid` on `paths`, its pool `size_percent` of what the layout
+    /// holds, with 8 MiB of pool metadata (a small pool, so that filling it is quick).
+    fn raid_thin_class(
+        vg: &str,
+        paths: &[String],
+        raid: lvms_core::config::RaidConfig,
+        ratio: u32,
+        size_percent: u8,
+    ) -> DeviceClassConfig {
+        let mut class = DeviceClassConfig::named(vg)
+            .with_thin_pool("pool", ratio)
+            .as_default();
+        class.device_selector.paths = paths.to_vec();
+        class.raid_config = Some(raid);
+        let tp = class.thin_pool_config.as_mut().unwrap();
+        tp.size_percent = size_percent;
+        tp.metadata_size_calculation_policy = lvms_core::config::CalculationPolicy::Static;
+        tp.metadata_size = Some(lvms_core::size::ByteSize(8 * MIB));
+        class
+    }
+
+    async fn build(class: &DeviceClassConfig) -> lvms_host::engine::ConvergeReport {
+        static RUNNER: lvms_host::runner::RealRunner = lvms_host::runner::RealRunner;
+        lvms_host::engine::converge(&lvms_host::engine::RealNodeHost::new(&RUNNER), class)
+            .await
+            .unwrap()
+    }
+
+    /// `lvs -a` field of a hidden sub-volume (`pool_tdata`), or of any LV.
+    fn lvs_a(vg: &str, lv: &str, field: &str) -> String {
+        sh(&format!(
+            "lvm lvs -a --noheadings --nosuffix --units b -o {field} {vg}/{lv} 2>/dev/null"
+        ))
+        .trim()
+        .to_owned()
+    }
+
+    /// Waits (up to 10 minutes) until the pool's data and metadata are in sync; returns how long.
+    fn wait_pool_in_sync(vg: &str) -> std::time::Duration {
+        let start = Instant::now();
+        loop {
+            let synced = ["pool_tdata", "pool_tmeta"]
+                .iter()
+                .all(|lv| lvs_a(vg, lv, "sync_percent") == "100.00");
+            if synced {
+                return start.elapsed();
+            }
+            assert!(start.elapsed().as_secs() < 600, "pool of {vg} not in sync");
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+    }
+
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn raid_thin_pools_on_raid1_and_raid10_hold_what_they_report_and_serve_every_thin_operation()
+     {
+        for (raid, disks, percent, segtype) in [
+            (raid_cfg(RaidType::Raid1, None, None), 2, 20, "raid1"),
+            (
+                raid_cfg(RaidType::Raid10, Some(1), Some(2)),
+                4,
+                10,
+                "raid10",
+            ),
+        ] {
+            let mut s = Scratch::new(disks, 1024);
+            let vg = s.vg_name();
+            let class = raid_thin_class(&vg, &s.disks, raid, 1, percent);
+            let report = build(&class).await;
+            assert!(report.is_ready(), "{segtype}: {:?}", report.plan.state);
+            // The pool's data takes the layout, its metadata is raid1, the spare is there.
+            assert_eq!(lvs_a(&vg, "pool", "segtype"), "thin-pool");
+            assert_eq!(lvs_a(&vg, "pool_tdata", "segtype"), segtype);
+            assert_eq!(lvs_a(&vg, "pool_tmeta", "segtype"), "raid1");
+            assert_eq!(lvs_a(&vg, "lvol0_pmspare", "segtype"), "linear");
+            assert!(
+                !lv_exists(&vg, "pool_meta"),
+                "the metadata LV joined the pool"
+            );
+            let sync = wait_pool_in_sync(&vg);
+
+            // What is reported is what the layout holds, never the raw disks: ratio 1, an empty
+            // pool offers its size, and a volume of that size is made and written to the end.
+            let raw: u64 = vgs_field(&vg, "vg_size").parse().unwrap();
+            let pool: u64 = lvs_a(&vg, "pool", "lv_size").parse().unwrap();
+            // sizePercent of the mirrored half, whole extents.
+            let half = raw * u64::from(percent) / 100 / 2;
+            assert_eq!(pool, half - half % EXTENT, "{segtype}: pool of {raw}");
+            let b = backend(vec![class.clone()]);
+            let cap = b.capacity(&vg, &Layout::Linear).await.unwrap();
+            assert_eq!(cap.available, pool, "{segtype}");
+            let big = b
+                .create_volume(&req("pvc-full", &vg, cap.maximum_volume_size))
+                .await
+                .unwrap();
+            let started = Instant::now();
+            sh(&format!(
+                "dd if=/dev/zero of={} bs=4M count={} oflag=direct status=none",
+                big.device,
+                big.size / (4 * MIB)
+            ));
+            let filled: f64 = lvs_a(&vg, "pool", "data_percent").parse().unwrap();
+            assert!(
+                filled > 99.0,
+                "{segtype}: pool {filled}% after filling the volume"
+            );
+            assert!(!b.get(&big.id).await.unwrap().unwrap().health.is_abnormal());
+            eprintln!(
+                "capacity {segtype}: {disks} disks of 1 GiB, sizePercent {percent}, volume group {} MiB, pool {} MiB \
+                 (initial sync {:.1} s), GetCapacity {} MiB, made and filled {} MiB in {:.1} s",
+                raw / MIB,
+                pool / MIB,
+                sync.as_secs_f64(),
+                cap.available / MIB,
+                big.size / MIB,
+                started.elapsed().as_secs_f64()
+            );
+            assert!(b.delete(&big.id).await.unwrap());
+
+            // Volume, snapshot, restore, clone and growth, with the data.
+            let vol = b.create_volume(&req("pvc-a", &vg, 32 * MIB)).await.unwrap();
+            assert!(vol.thin && lvs_field(&vg, &vol.id, "segtype") == "thin");
+            write_marker(&vol.device, "before-snapshot");
+            let snap = b
+                .create_snapshot(&NewSnapshot {
+                    name: "snap-a".into(),
+                    source_volume: vol.id.clone(),
+                })
+                .await
+                .unwrap();
+            write_marker(&vol.device, "after--snapshot");
+            let restored = b
+                .create_volume(&restore_req(
+                    "pvc-r",
+                    &vg,
+                    48 * MIB,
+                    Source::Snapshot(snap.id.clone()),
+                ))
+                .await
+                .unwrap();
+            let dev = b.activate(&restored.id).await.unwrap();
+            assert_eq!(read_marker(&dev, 15), "before-snapshot", "{segtype}");
+            let clone = b
+                .create_volume(&restore_req(
+                    "pvc-c",
+                    &vg,
+                    32 * MIB,
+                    Source::Volume(vol.id.clone()),
+                ))
+                .await
+                .unwrap();
+            let dev = b.activate(&clone.id).await.unwrap();
+            assert_eq!(read_marker(&dev, 15), "after--snapshot", "{segtype}");
+            assert_eq!(b.expand(&vol.id, 64 * MIB).await.unwrap(), 64 * MIB);
+            assert_eq!(dev_size(&vol.device), 64 * MIB);
+            assert_eq!(read_marker(&vol.device, 15), "after--snapshot");
+            for v in b.list().await.unwrap() {
+                assert!(!v.health.is_abnormal(), "{segtype}: {v:?}");
+            }
+        }
+    }
+
+    /// Device-mapper maps over loop disks, as a multipath device is named: `/dev/mapper/<name>`
+    /// (uuid `mpath-…`), 1 MiB into the disk so the raw loop device shows no LVM label. Switching a
+    /// map to the error target fails that disk under LVM. Dropped: the group removed, the maps too.
+    struct Maps {
+        vg: String,
+        names: Vec<String>,
+    }
+
+    impl Maps {
+        fn new(vg: &str, disks: &[String]) -> Self {
+            let names: Vec<String> = disks
+                .iter()
+                .map(|disk| {
+                    let name = lvms_testkit::unique("rt");
+                    sh(&format!(
+                        "dmsetup create {name} -u mpath-{name} --table \
+                         \"0 $(( $(blockdev --getsz {disk}) - 2048 )) linear {disk} 2048\" && \
+                         udevadm settle 2>/dev/null; true"
+                    ));
+                    name
+                })
+                .collect();
+            Self {
+                vg: vg.to_owned(),
+                names,
+            }
+        }
+
+        fn path(&self, i: usize) -> String {
+            format!("/dev/mapper/{}", self.names[i])
+        }
+
+        fn fail(&self, i: usize) {
+            let name = &self.names[i];
+            sh(&format!(
+                "dmsetup suspend --noflush {name} && \
+                 dmsetup load {name} --table \"0 $(blockdev --getsz /dev/mapper/{name}) error\" && \
+                 dmsetup resume {name}"
+            ));
+        }
+    }
+
+    impl Drop for Maps {
+        fn drop(&mut self) {
+            let vg = &self.vg;
+            let _ = sh_status(&format!(
+                "lvm vgchange -an {vg} >/dev/null 2>&1; lvm vgremove -ff -y {vg} >/dev/null 2>&1; \
+                 for m in {}; do dmsetup remove -f $m; done",
+                self.names.join(" ")
+            ));
+        }
+    }
+
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn raid1_thin_pool_keeps_writing_through_a_failed_disk_reports_it_and_comes_back_after_repair()
+     {
+        let mut s = Scratch::new(3, 1100);
+        let vg = s.vg_name();
+        let maps = Maps::new(&vg, &s.disks[..2]);
+        let mut class = raid_thin_class(
+            &vg,
+            &[maps.path(0), maps.path(1)],
+            raid_cfg(RaidType::Raid1, None, None),
+            10,
+            20,
+        );
+        let report = build(&class).await;
+        assert!(report.is_ready(), "{:?}", report.plan.state);
+        wait_pool_in_sync(&vg);
+        // Every read takes a new report, so the volume's health is seen at once (a driver sees it
+        // within its cache's TTL).
+        let b = backend(vec![class.clone()]).with_cache_ttl(std::time::Duration::ZERO);
+        let vol = b.create_volume(&req("pvc-w", &vg, 64 * MIB)).await.unwrap();
+        sh("head -c 33554432 /dev/urandom > /tmp/lvms-raid-data");
+
+        // The disk without the pool metadata spare fails while the volume is written.
+        let spare_on = lvs_a(&vg, "lvol0_pmspare", "devices");
+        let lost = if spare_on.contains(&maps.names[0]) {
+            1
+        } else {
+            0
+        };
+        // 1 MiB at a time, 50 ms apart: about half is written after the disk fails.
+        let mut writer = std::process::Command::new("sh")
+            .args([
+                "-c",
+                &format!(
+                    "for i in $(seq 0 31); do dd if=/tmp/lvms-raid-data of={} bs=1M count=1 \
+                     skip=$i seek=$i oflag=direct status=none || exit 1; sleep 0.05; done",
+                    vol.device
+                ),
+            ])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(800));
+        assert!(
+            writer.try_wait().unwrap().is_none(),
+            "the writes ended too soon"
+        );
+        let t0 = Instant::now();
+        maps.fail(lost);
+        let out = writer.wait_with_output().unwrap();
+        assert!(out.status.success(), "writes failed with a disk lost");
+        let written = t0.elapsed();
+        sh(&format!(
+            "cmp -n 33554432 /tmp/lvms-raid-data {}",
+            vol.device
+        ));
+
+        // The class is Degraded, still served, names the disk and the repair, and did nothing.
+        let report = build(&class).await;
+        let degraded = t0.elapsed();
+        let lvms_core::plan::ClassState::Degraded { reason } = &report.plan.state else {
+            panic!("expected Degraded, got {:?}", report.plan.state);
+        };
+        assert!(report.is_ready());
+        assert!(report.executed.is_empty(), "{:?}", report.executed);
+        for needle in [
+            maps.path(lost).as_str(),
+            &format!("lvconvert --repair {vg}/pool_tdata and {vg}/pool_tmeta"),
+            &format!("vgreduce --removemissing {vg}"),
+        ] {
+            assert!(reason.contains(needle), "{needle:?} not in {reason}");
+        }
+        // What raidStatus is computed from: the pool's hidden data and metadata, partial.
+        let lvm = Lvm::new(LvmShell::new());
+        let all = lvm.lvs_all().await.unwrap();
+        for part in ["[pool_tdata]", "[pool_tmeta]"] {
+            let lv = all
+                .iter()
+                .find(|lv| lv.vg_name == vg && lv.name == part)
+                .unwrap_or_else(|| panic!("{part} not in lvs -a"));
+            assert_eq!(lv.segtype, "raid1");
+            let attr = lvms_core::lvattr::LvAttr::parse(&lv.attr).unwrap();
+            assert_eq!(
+                attr.health(),
+                lvms_core::lvattr::LvHealth::Partial,
+                "{part}"
+            );
+        }
+        // The volume says so (its VolumeCondition), and reads back what was written.
+        let v = b.get(&vol.id).await.unwrap().unwrap();
+        assert_eq!(v.health, lvms_core::lvattr::LvHealth::Partial);
+        assert!(v.health.message().contains("_tdata and <pool>_tmeta"));
+        sh(&format!(
+            "sync; echo 3 > /proc/sys/vm/drop_caches; cmp -n 33554432 /tmp/lvms-raid-data {}",
+            vol.device
+        ));
+        // Nothing new is made in it (LVM changes nothing in a partial group): said so, and no
+        // capacity is offered.
+        let err = b
+            .create_volume(&req("pvc-during", &vg, 16 * MIB))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, BackendError::Unavailable(m) if m.contains("missing LVM physical volumes")),
+            "{err:?}"
+        );
+        assert_eq!(b.capacity(&vg, &Layout::Linear).await.unwrap().available, 0);
+
+        // A new disk, the repair the reason names, and the class is whole again.
+        let t1 = Instant::now();
+        let new = &s.disks[2];
+        sh(&format!(
+            "lvm pvcreate -q {new} 2>&1 && lvm vgextend -q {vg} {new} 2>&1 && \
+             lvm lvconvert -y --repair {vg}/pool_tdata 2>&1 && \
+             lvm lvconvert -y --repair {vg}/pool_tmeta 2>&1 && \
+             lvm vgreduce --removemissing {vg} 2>&1"
+        ));
+        let repaired = t1.elapsed();
+        let resync = wait_pool_in_sync(&vg);
+        class.device_selector.paths = vec![maps.path(1 - lost), new.clone()];
+        let report = build(&class).await;
+        assert_eq!(report.plan.state, lvms_core::plan::ClassState::Ready);
+        let v = b.get(&vol.id).await.unwrap().unwrap();
+        assert_eq!(v.health, lvms_core::lvattr::LvHealth::Ok);
+        assert!(b.capacity(&vg, &Layout::Linear).await.unwrap().available > 0);
+        b.create_volume(&req("pvc-after", &vg, 16 * MIB))
+            .await
+            .unwrap();
+        sh(&format!(
+            "sync; echo 3 > /proc/sys/vm/drop_caches; cmp -n 33554432 /tmp/lvms-raid-data {}",
+            vol.device
+        ));
+        sh("rm -f /tmp/lvms-raid-data");
+        eprintln!(
+            "degraded timeline: writes finished {:.1} s after the disk failed, class Degraded \
+             reported at {:.1} s; repair commands {:.1} s, resync {:.1} s",
+            written.as_secs_f64(),
+            degraded.as_secs_f64(),
+            repaired.as_secs_f64(),
+            resync.as_secs_f64()
+        );
+        drop(maps);
+    }
 }

@@ -77,7 +77,7 @@ use lvms_core::{
     capacity::{ThinPoolUsage, max_volume_size, min_volume_size, thick_available, thin_capacity},
     config::{SharedVolumeMode, WipePolicy},
     layout::FreeSpace,
-    lvattr::{LvAttr, LvHealth},
+    lvattr::{LvAttr, LvHealth, VgAttr},
     model::LogicalVolume,
     size::{ByteSize, round_up_to_extent},
 };
@@ -464,6 +464,29 @@ impl<R: Runner> LocalBackend<R> {
         Ok(report)
     }
 
+    /// Whether the class's volume group is missing LVM physical volumes (a RAID class that lost a
+    /// disk: its volumes are served, but LVM changes nothing in the group until it is repaired).
+    fn is_partial(report: &Report, class: &DeviceClassConfig) -> bool {
+        report
+            .vg(&class.name)
+            .is_some_and(|vg| VgAttr::parse(&vg.attr).is_ok_and(|a| a.is_partial()))
+    }
+
+    /// [`Self::converged_report`] for a change: refused while the group is partial, with the reason,
+    /// rather than with the `lvcreate` LVM would refuse.
+    async fn changeable_report(&self, class: &DeviceClassConfig) -> Result<Arc<Report>> {
+        let report = self.converged_report(class).await?;
+        if Self::is_partial(&report, class) {
+            return Err(BackendError::Unavailable(format!(
+                "volume group {} of device class {} on node {} is missing LVM physical volumes: its \
+                 volumes are still served, but nothing new is made in it until the lost disk is \
+                 replaced and its RAID volumes repaired (the class's status says how)",
+                class.name, class.name, self.node_id
+            )));
+        }
+        Ok(report)
+    }
+
     /// Our LV with this id, from the report; a miss is checked against a fresh report, so a mutation never
     /// acts on a stale "not there".
     async fn locate(&self, id: &str) -> Result<Option<LogicalVolume>> {
@@ -817,7 +840,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
             }
             return Ok(vol);
         }
-        let report = self.converged_report(class).await?;
+        let report = self.changeable_report(class).await?;
         let extent = self.extent_size(&report, &class.name)?;
         let size = self.round(req.size, extent)?;
         if let Some(source) = &req.source {
@@ -935,7 +958,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
         if let Some(lv) = report.find(&lv_name) {
             return self.adopt(lv, &req.name);
         }
-        let report = self.converged_report(class).await?;
+        let report = self.changeable_report(class).await?;
         let src = report
             .lv(&class.name, &req.source_volume)
             .filter(|lv| is_ours(lv))
@@ -1038,6 +1061,9 @@ impl<R: Runner> Backend for LocalBackend<R> {
         if size <= lv.size {
             return Ok(lv.size);
         }
+        if Self::is_partial(&report, class) {
+            self.changeable_report(class).await?;
+        }
         if class.shared().is_some() {
             if let Some(pool) = lv.pool_lv.as_deref() {
                 let fresh = self.fresh_report().await?;
@@ -1061,6 +1087,15 @@ impl<R: Runner> Backend for LocalBackend<R> {
         let report = self.converged_report(class).await?;
         let extent = self.extent_size(&report, &class.name)?;
         let minimum_volume_size = min_volume_size(extent);
+        if Self::is_partial(&report, class) {
+            // Nothing can be made in it until it is repaired: no node is picked for it.
+            return Ok(Capacity {
+                available: 0,
+                maximum_volume_size: 0,
+                minimum_volume_size,
+                devices: None,
+            });
+        }
         // `converged_report` made sure the volume group (and a thin class's pool) exist.
         let available = match report.pool(class) {
             Some(pool) => {
