@@ -435,6 +435,55 @@ mod vm_agent {
 
     #[tokio::test]
     #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn agent_raid_thin_class_makes_thin_volumes_and_reports_its_pools_health() {
+        let mut s = Scratch::new(2, 1100);
+        let class = s.vg_name();
+        let api = cluster();
+        put_vg(
+            &api,
+            &class,
+            json!({"deviceSelector": {"paths": [s.disks[0], s.disks[1]]},
+                   "raidConfig": {"type": "raid1", "mirrors": 1},
+                   "thinPoolConfig": {"name": "pool", "sizePercent": 20, "overprovisionRatio": 5,
+                                      "metadataSizeCalculationPolicy": "Static",
+                                      "metadataSize": "8Mi"},
+                   "default": true}),
+        );
+        let agent1 = agent(&api);
+        reconcile_vg(&api, &class, &agent1).await;
+        sh(&format!(
+            "for i in $(seq 1 120); do \
+               p=$(lvm lvs -a --noheadings -o sync_percent {class}/pool_tdata {class}/pool_tmeta | tr -d ' ' | sort -u); \
+               [ \"$p\" = 100.00 ] && break; sleep 1; done"
+        ));
+        assert_eq!(
+            reconcile_vg(&api, &class, &agent1).await,
+            Action::requeue(vg_reconciler::DYNAMIC_REQUEUE),
+            "health is looked at again"
+        );
+        let entry = vg_entry(&api, &class).unwrap();
+        assert_eq!(entry["status"], "Ready", "{entry}");
+        let raid = &entry["raidStatus"];
+        assert_eq!(raid["status"], "Healthy", "{entry}");
+        assert_eq!(raid["lvHealth"][0]["name"], "pool_tdata", "{entry}");
+        assert_eq!(raid["lvHealth"][1]["name"], "pool_tmeta", "{entry}");
+        assert_eq!(raid["lvHealth"][1]["raidType"], "raid1", "{entry}");
+        assert_eq!(raid["minSyncPercent"], 100.0, "{entry}");
+
+        // A LogicalVolume of the class becomes a thin volume in the RAID pool.
+        make_lv(&api, "pvc-t", "64Mi", &agent1).await;
+        let id = ids::volume_lv_name("pvc-t");
+        assert_eq!(lvs_field(&class, &id, "segtype"), "thin");
+        assert_eq!(lvs_field(&class, &id, "pool_lv"), "pool");
+
+        delete_lv(&api, "pvc-t", &agent1).await;
+        api.delete(&vg_path(&class));
+        reconcile_vg(&api, &class, &agent1).await;
+        assert_vg_gone(&class);
+    }
+
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
     async fn agent_raid_class_makes_raid_volumes_and_reports_their_health() {
         let mut s = Scratch::new(2, 1200);
         let class = s.vg_name();
