@@ -44,8 +44,13 @@ pub fn bench(repo: &Path, args: &[String]) -> Result<ExitCode> {
         command.push(' ');
         command.push_str(&vm::shell_quote(a));
     }
+    // `--raid-thin` compares a raid1 thin class with a plain one, each on disks of its own.
+    let mut disks = vec!["bench=8192"];
+    if args.iter().any(|a| a == "--raid-thin") {
+        disks.extend(["raid-plain=2048", "raid-a=2048", "raid-b=2048"]);
+    }
     let spec = VmSpec::new("bench", repo, command)
-        .disks(vm::disks(repo, &["bench=8192"])?)
+        .disks(vm::disks(repo, &disks)?)
         .memory_mib(1024)
         .timeout(Duration::from_secs(120 * 60));
     let out = vm::run_all(repo, vec![spec])?.remove(0);

@@ -9,6 +9,10 @@
 //!    the LVM processes it spawns in one idle minute while a CO polls `GetCapacity` and `ListVolumes`
 //!    every 10 s (target ≤ 1).
 //!
+//! `--raid-thin` measures a RAID thin class against a plain thin class instead (ADR 0031), both
+//! built by the engine's converge on disks of their own (`raid-plain`, `raid-a` and `raid-b`):
+//! thin `CreateVolume`, `CreateSnapshot` and sequential direct writes, and prints the ratios.
+//!
 //! `--scale N` runs the scale check instead (outside CI): `lvms converge` builds the volume group and
 //! thin pool with the LVMCluster defaults (Host metadata policy), N thin volumes are made in batches
 //! through one `lvm` process (not activated), and the time of single `lvcreate` processes and of the driver's
@@ -40,7 +44,7 @@ use lvms_csi::{
     server::{self, Services},
 };
 use lvms_engine::{
-    backend::{Backend, DeviceClassConfig},
+    backend::{Backend, DeviceClassConfig, NewSnapshot, NewVolume},
     local::LocalBackend,
 };
 use lvms_host::{lvm::Lvm, runner::Runner};
@@ -558,8 +562,158 @@ async fn scale(lvms: &str, device: &str, n: usize) {
     println!("at {} volumes: {}", n + 10, metadata_room());
 }
 
+/// One class of the `--raid-thin` comparison: a thin pool of 90% on `paths` (RAID1 with `raid`),
+/// 64 MiB of metadata.
+fn bench_class(name: &str, paths: &[&str], raid: bool) -> DeviceClassConfig {
+    let mut class = DeviceClassConfig::named(name).with_thin_pool(POOL, 10);
+    class.device_selector.paths = paths
+        .iter()
+        .map(|p| format!("/dev/disk/by-id/virtio-{p}"))
+        .collect();
+    if raid {
+        class.raid_config = Some(lvms_core::config::RaidConfig {
+            raid_type: lvms_core::config::RaidType::Raid1,
+            mirrors: None,
+            stripes: None,
+            stripe_size: None,
+        });
+    }
+    let tp = class.thin_pool_config.as_mut().unwrap();
+    tp.metadata_size_calculation_policy = lvms_core::config::CalculationPolicy::Static;
+    tp.metadata_size = Some(lvms_core::size::ByteSize(64 << 20));
+    class
+}
+
+/// What one class measured in `--raid-thin`.
+struct ClassRun {
+    create: Duration,
+    snapshot: Duration,
+    write_mib_s: f64,
+}
+
+const RAID_BENCH_VOLUMES: usize = 20;
+const RAID_BENCH_WRITE_MIB: u64 = 256;
+
+async fn raid_thin_class_run<R: Runner + Clone>(b: &LocalBackend<R>, class: &str) -> ClassRun {
+    let req = |name: String, size: u64| NewVolume {
+        name,
+        class: class.to_owned(),
+        size,
+        lv_type: None,
+        volume_mode: None,
+        source: None,
+        ephemeral: None,
+    };
+    let started = Instant::now();
+    let mut first = None;
+    for i in 0..RAID_BENCH_VOLUMES {
+        let v = b
+            .create_volume(&req(format!("{class}-v{i}"), 64 << 20))
+            .await
+            .unwrap();
+        first.get_or_insert(v.id);
+    }
+    let create = started.elapsed();
+    let origin = first.unwrap();
+    let started = Instant::now();
+    for i in 0..RAID_BENCH_VOLUMES {
+        b.create_snapshot(&NewSnapshot {
+            name: format!("{class}-s{i}"),
+            source_volume: origin.clone(),
+        })
+        .await
+        .unwrap();
+    }
+    let snapshot = started.elapsed();
+    let big = b
+        .create_volume(&req(format!("{class}-w"), RAID_BENCH_WRITE_MIB << 20))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    sh(&format!(
+        "dd if=/run/lvms-raid-bench.data of={} bs=1M oflag=direct conv=fsync status=none",
+        big.device
+    ));
+    let write = started.elapsed();
+    ClassRun {
+        create,
+        snapshot,
+        write_mib_s: RAID_BENCH_WRITE_MIB as f64 / write.as_secs_f64(),
+    }
+}
+
+/// `--raid-thin`: the cost of a RAID1 thin pool against a plain one, measured in one run.
+async fn raid_thin() {
+    static RUNNER: lvms_host::runner::RealRunner = lvms_host::runner::RealRunner;
+    let host = lvms_host::engine::RealNodeHost::new(&RUNNER);
+    let plain = bench_class("benchthin", &["raid-plain"], false);
+    let raid = bench_class("benchraid", &["raid-a", "raid-b"], true);
+    for class in [&plain, &raid] {
+        let report = lvms_host::engine::converge(&host, class).await.unwrap();
+        assert!(report.is_ready(), "{}: {:?}", class.name, report.plan.state);
+    }
+    let started = Instant::now();
+    while sh("lvm lvs -a --noheadings -o sync_percent benchraid/pool_tdata benchraid/pool_tmeta")
+        .split_whitespace()
+        .any(|p| p != "100.00")
+    {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let pool = |vg: &str| sh(&format!("lvm lvs --noheadings --units m -o lv_size {vg}/{POOL}"));
+    println!(
+        "raid-thin: plain thin pool {} on 1 disk, raid1 thin pool {} on 2 disks of 2 GiB; the raid1 \
+         pool's initial sync took {}",
+        pool("benchthin").trim(),
+        pool("benchraid").trim(),
+        secs(started.elapsed())
+    );
+    sh(&format!(
+        "head -c {} /dev/urandom > /run/lvms-raid-bench.data",
+        RAID_BENCH_WRITE_MIB << 20
+    ));
+    let b = LocalBackend::new(
+        "bench",
+        vec![plain, raid],
+        Lvm::new(Arc::new(lvms_host::shell::LvmShell::new())),
+    );
+    let thin = raid_thin_class_run(&b, "benchthin").await;
+    let mirrored = raid_thin_class_run(&b, "benchraid").await;
+    sh("rm -f /run/lvms-raid-bench.data");
+    println!("| measure | thin | raid1 thin | raid1 ÷ thin |");
+    println!("|---|---|---|---|");
+    for (what, a, b) in [
+        (
+            format!("{RAID_BENCH_VOLUMES} sequential thin CreateVolume"),
+            thin.create,
+            mirrored.create,
+        ),
+        (
+            format!("{RAID_BENCH_VOLUMES} sequential CreateSnapshot"),
+            thin.snapshot,
+            mirrored.snapshot,
+        ),
+    ] {
+        println!(
+            "| {what} | {} | {} | {:.2}× |",
+            secs(a),
+            secs(b),
+            b.as_secs_f64() / a.as_secs_f64()
+        );
+    }
+    println!(
+        "| sequential direct write, {RAID_BENCH_WRITE_MIB} MiB | {:.1} MiB/s | {:.1} MiB/s | {:.2}× |",
+        thin.write_mib_s,
+        mirrored.write_mib_s,
+        mirrored.write_mib_s / thin.write_mib_s
+    );
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
+    if std::env::args().any(|a| a == "--raid-thin") {
+        raid_thin().await;
+        return;
+    }
     let device = arg("--device").expect("--device /dev/... is required");
     let lvms = arg("--lvms").expect("--lvms /path/to/lvms is required");
     if let Some(n) = arg("--scale") {

@@ -1233,3 +1233,44 @@ fn device_class_storage_class_names_list_every_rendered_name() {
     let from_api: Vec<String> = c.spec.storage.storage_class_names().collect();
     assert_eq!(from_api, storage_class_names(&r));
 }
+
+#[test]
+fn raid_thin_class_renders_like_a_thin_class_with_its_raid_config_on_the_volume_group() {
+    let r = ok(
+        &cluster(
+            "\
+storage:
+  deviceClasses:
+  - name: vg1
+    default: true
+    deviceSelector:
+      paths: [/dev/sdb, /dev/sdc]
+    raidConfig:
+      type: raid1
+    thinPoolConfig:
+      name: thin-pool-1
+      sizePercent: 90
+      overprovisionRatio: 10
+",
+        ),
+        &cfg(),
+    );
+    // Snapshots and clones: a VolumeSnapshotClass, as for any thin class.
+    assert_eq!(r.snapshot_classes.len(), 1);
+    assert_eq!(json(&r.snapshot_classes[0])["metadata"]["name"], "lvms-vg1");
+    // Its StorageClass names no volume layout: the RAID is the pool's.
+    let sc = json(&r.storage_classes[0]);
+    assert_eq!(sc["allowVolumeExpansion"], true, "{sc}");
+    assert!(
+        sc["parameters"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .all(|k| !k.contains("lv-type")),
+        "{sc}"
+    );
+    // The node agent gets both configs.
+    let vg = json(&r.volume_groups[0]);
+    assert_eq!(vg["spec"]["raidConfig"]["type"], "raid1", "{vg}");
+    assert_eq!(vg["spec"]["thinPoolConfig"]["name"], "thin-pool-1", "{vg}");
+}
