@@ -892,6 +892,52 @@ mod vm_local {
         }
     }
 
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn raid_thin_pool_grows_with_the_class_every_image_on_its_own_disk() {
+        let mut s = Scratch::new(4, 1024);
+        let vg = s.vg_name();
+        let mut class = raid_thin_class(
+            &vg,
+            &s.disks[..2],
+            raid_cfg(RaidType::Raid1, None, None),
+            10,
+            20,
+        );
+        assert!(build(&class).await.is_ready());
+        let before: u64 = lvs_a(&vg, "pool", "lv_size").parse().unwrap();
+        class.device_selector.paths = s.disks.clone();
+        let report = build(&class).await;
+        assert!(report.is_ready(), "{:?}", report.plan.state);
+        assert!(
+            report
+                .executed
+                .iter()
+                .any(|a| matches!(a, lvms_core::plan::Action::ExtendThinPool { .. })),
+            "{:?}",
+            report.executed
+        );
+        let raw: u64 = vgs_field(&vg, "vg_size").parse().unwrap();
+        let after: u64 = lvs_a(&vg, "pool", "lv_size").parse().unwrap();
+        let half = raw * 20 / 100 / 2;
+        assert_eq!(after, half - half % EXTENT, "{before} -> {after} of {raw}");
+        assert!(after > before);
+        // Still two images of the same size, each on a disk of its own.
+        assert_eq!(lvs_a(&vg, "pool_tdata", "segtype"), "raid1");
+        for image in ["pool_tdata_rimage_0", "pool_tdata_rimage_1"] {
+            assert_eq!(lvs_a(&vg, image, "lv_size"), after.to_string(), "{image}");
+        }
+        let devices = |image: &str| -> std::collections::BTreeSet<String> {
+            lvs_a(&vg, image, "devices")
+                .split(',')
+                .map(|d| d.split('(').next().unwrap_or_default().to_owned())
+                .collect()
+        };
+        let (a, b) = (devices("pool_tdata_rimage_0"), devices("pool_tdata_rimage_1"));
+        assert!(a.is_disjoint(&b), "{a:?} and {b:?} share a disk");
+        wait_pool_in_sync(&vg);
+    }
+
     /// Device-mapper maps over loop disks, as a multipath device is named: `/dev/mapper/<name>`
     /// (uuid `mpath-…`), 1 MiB into the disk so the raw loop device shows no LVM label. Switching a
     /// map to the error target fails that disk under LVM. Dropped: the group removed, the maps too.
