@@ -933,7 +933,10 @@ mod vm_local {
                 .map(|d| d.split('(').next().unwrap_or_default().to_owned())
                 .collect()
         };
-        let (a, b) = (devices("pool_tdata_rimage_0"), devices("pool_tdata_rimage_1"));
+        let (a, b) = (
+            devices("pool_tdata_rimage_0"),
+            devices("pool_tdata_rimage_1"),
+        );
         assert!(a.is_disjoint(&b), "{a:?} and {b:?} share a disk");
         wait_pool_in_sync(&vg);
     }

@@ -659,7 +659,11 @@ async fn raid_thin() {
     {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    let pool = |vg: &str| sh(&format!("lvm lvs --noheadings --units m -o lv_size {vg}/{POOL}"));
+    let pool = |vg: &str| {
+        sh(&format!(
+            "lvm lvs --noheadings --units m -o lv_size {vg}/{POOL}"
+        ))
+    };
     println!(
         "raid-thin: plain thin pool {} on 1 disk, raid1 thin pool {} on 2 disks of 2 GiB; the raid1 \
          pool's initial sync took {}",

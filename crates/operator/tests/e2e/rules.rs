@@ -140,7 +140,8 @@ fn object_rules() -> Vec<Case> {
             json!([raid_thin(json!({"type": "raid1", "mirrors": 1}), 2)]),
             json!([raid_thin(json!({"type": "raid6"}), 4)]),
             Refused("spec.storage.deviceClasses[0].deviceSelector"),
-        ),
+        )
+        .by_adding(),
         case(
             6,
             json!([raid(json!({"type": "raid5"}), 3)]),
