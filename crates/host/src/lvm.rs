@@ -185,19 +185,31 @@ fn pool_args(spec: &ThinPoolSpec) -> Result<Vec<String>> {
             args.extend(["--extents".to_owned(), format!("{p}%FREE")]);
         }
     }
-    if let Some(c) = spec.chunk_size {
-        check_size("chunk size", c)?;
-        args.extend(["--chunksize".to_owned(), bytes(c)]);
-    }
+    args.extend(chunk_arg(spec)?);
     if let Some(m) = spec.metadata_size {
         check_size("metadata size", m)?;
         args.extend(["--poolmetadatasize".to_owned(), size_arg(m)]);
     }
-    args.extend([
+    args.extend(zero_arg(spec));
+    Ok(args)
+}
+
+/// `--chunksize <n>b` of a pool being made, when given.
+fn chunk_arg(spec: &ThinPoolSpec) -> Result<Vec<String>> {
+    spec.chunk_size
+        .map(|c| {
+            check_size("chunk size", c)?;
+            Ok(vec!["--chunksize".to_owned(), bytes(c)])
+        })
+        .unwrap_or_else(|| Ok(Vec::new()))
+}
+
+/// `--zero y|n` of a pool being made.
+fn zero_arg(spec: &ThinPoolSpec) -> [String; 2] {
+    [
         "--zero".to_owned(),
         if spec.zero { "y" } else { "n" }.to_owned(),
-    ]);
-    Ok(args)
+    ]
 }
 
 fn push_tags(args: &mut Vec<String>, tags: &[String]) {
@@ -733,15 +745,9 @@ impl<R: Runner> Lvm<R> {
         .map(str::to_owned)
         .to_vec();
         args.push(lv_path(&spec.vg, &meta));
-        if let Some(c) = spec.chunk_size {
-            check_size("chunk size", c)?;
-            args.extend(["--chunksize".to_owned(), bytes(c)]);
-        }
-        args.extend([
-            "--zero".to_owned(),
-            if spec.zero { "y" } else { "n" }.to_owned(),
-            lv_path(&spec.vg, &spec.name),
-        ]);
+        args.extend(chunk_arg(spec)?);
+        args.extend(zero_arg(spec));
+        args.push(lv_path(&spec.vg, &spec.name));
         self.exec(args).await.map(drop)
     }
 

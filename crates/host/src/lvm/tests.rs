@@ -1535,3 +1535,130 @@ async fn a_thin_pool_is_removed_only_tagged_and_empty_after_one_look_at_the_grou
     );
     fake.assert_done();
 }
+
+// ---- thin pools over RAID (ADR 0031) ----
+
+fn raid_pool_spec() -> ThinPoolSpec {
+    ThinPoolSpec {
+        vg: "vg1".into(),
+        name: "pool".into(),
+        size: PoolSize::Bytes(1 << 30),
+        chunk_size: Some(128 << 10),
+        metadata_size: Some(8 << 20),
+        zero: true,
+    }
+}
+
+fn raid1_pool() -> lvms_core::plan::PoolRaid {
+    lvms_core::plan::PoolRaid::of(&lvms_core::config::RaidConfig {
+        raid_type: lvms_core::config::RaidType::Raid1,
+        mirrors: None,
+        stripes: None,
+        stripe_size: None,
+    })
+}
+
+// raid1 without `mirrors`: lvm2's default, one extra copy.
+const RAID_DATA: &[&str] = &[
+    "lvm",
+    "lvcreate",
+    "--yes",
+    "--type",
+    "raid1",
+    "--size",
+    "1073741824b",
+    "--wipesignatures",
+    "y",
+    "--name",
+    "pool",
+    "vg1",
+];
+
+const RAID_META: &[&str] = &[
+    "lvm",
+    "lvcreate",
+    "--yes",
+    "--type",
+    "raid1",
+    "--mirrors",
+    "1",
+    "--size",
+    "8388608b",
+    "--wipesignatures",
+    "y",
+    "--name",
+    "pool_meta",
+    "vg1",
+];
+
+const RAID_JOIN: &[&str] = &[
+    "lvm",
+    "lvconvert",
+    "--yes",
+    "--type",
+    "thin-pool",
+    "--poolmetadata",
+    "vg1/pool_meta",
+    "--chunksize",
+    "131072b",
+    "--zero",
+    "y",
+    "vg1/pool",
+];
+
+#[tokio::test]
+async fn raid_thin_pool_is_its_raid_data_its_raid1_metadata_then_the_join() {
+    let (fake, lvm) = setup();
+    fake.expect(&lvs_argv("vg1/pool"))
+        .fails(5, stderr!("lv-not-found"));
+    fake.expect(RAID_DATA).succeeds();
+    fake.expect(&lvs_argv("vg1/pool_meta"))
+        .fails(5, stderr!("lv-not-found"));
+    fake.expect(RAID_META).succeeds();
+    fake.expect(RAID_JOIN).succeeds();
+    lvm.thin_pool_create_raid(&raid_pool_spec(), &raid1_pool())
+        .await
+        .unwrap();
+    fake.assert_done();
+}
+
+#[tokio::test]
+async fn raid_thin_pool_creation_resumes_after_its_data_and_is_done_once_joined() {
+    let (fake, lvm) = setup();
+    // Stopped after the data LV: the metadata and the join are left.
+    fake.expect(&lvs_argv("vg1/pool"))
+        .stdout(one_lv("pool", "raid1", 1 << 30, "", ""));
+    fake.expect(&lvs_argv("vg1/pool_meta"))
+        .fails(5, stderr!("lv-not-found"));
+    fake.expect(RAID_META).succeeds();
+    fake.expect(RAID_JOIN).succeeds();
+    lvm.thin_pool_create_raid(&raid_pool_spec(), &raid1_pool())
+        .await
+        .unwrap();
+    // Stopped after both: only the join.
+    fake.expect(&lvs_argv("vg1/pool"))
+        .stdout(one_lv("pool", "raid1", 1 << 30, "", ""));
+    fake.expect(&lvs_argv("vg1/pool_meta"))
+        .stdout(one_lv("pool_meta", "raid1", 8 << 20, "", ""));
+    fake.expect(RAID_JOIN).succeeds();
+    lvm.thin_pool_create_raid(&raid_pool_spec(), &raid1_pool())
+        .await
+        .unwrap();
+    // Joined: nothing.
+    fake.expect(&lvs_argv("vg1/pool"))
+        .stdout(one_lv("pool", "thin-pool", 1 << 30, "", "8388608"));
+    lvm.thin_pool_create_raid(&raid_pool_spec(), &raid1_pool())
+        .await
+        .unwrap();
+    fake.assert_done();
+    // Without sizes in bytes it refuses before any command.
+    let spec = ThinPoolSpec {
+        metadata_size: None,
+        ..raid_pool_spec()
+    };
+    let err = lvm
+        .thin_pool_create_raid(&spec, &raid1_pool())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+}
