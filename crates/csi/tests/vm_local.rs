@@ -715,6 +715,106 @@ mod vm_local {
         );
     }
 
+    // ---- volumes TopoLVM or LVMS made, taken over in place (ADR 0032) ----
+
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn a_volume_and_a_snapshot_topolvm_made_are_taken_over_in_place_and_served_as_ours() {
+        use lvms_engine::backend::TakeOver;
+        let mut s = Scratch::new(1, 1024);
+        let vg = sh_thin_vg(&mut s, 512);
+        let b = backend(vec![thin_class(&vg)]);
+        // As TopoLVM's lvmd makes them (topolvm internal/lvmd/command/lvm.go): the LV named after
+        // the LogicalVolume's UID, no tags; a snapshot `lvcreate -s -k n`, then `lvchange -p r`.
+        let id = "6f1c2a4e-1b7d-4c1e-9a55-0e1f2d3c4b5a";
+        let snap_id = "7a2d3b5f-2c8e-4d2f-8b66-1f2e3d4c5b6a";
+        sh(&format!(
+            "lvm lvcreate -q -y -T {vg}/pool -n {id} -V 64m -W y 2>&1"
+        ));
+        write_marker(&format!("/dev/{vg}/{id}"), "topolvm-data!!!");
+        sh(&format!(
+            "lvm lvcreate -q -y -s -k n -n {snap_id} {vg}/{id} 2>&1 && \
+             lvm lvchange -q -p r {vg}/{snap_id} 2>&1"
+        ));
+        write_marker(&format!("/dev/{vg}/{id}"), "after-their-snap");
+        // Not ours yet: not served, not listed.
+        assert!(b.get(id).await.unwrap().is_none());
+        assert!(b.list().await.unwrap().is_empty());
+
+        let req = |id: &str, name: &str, snapshot: bool| TakeOver {
+            id: id.into(),
+            class: vg.clone(),
+            name: name.into(),
+            snapshot,
+            source: None,
+            created: Some(1_700_000_000),
+        };
+        // A mismatch or a missing LV is named, and nothing is changed.
+        let err = b
+            .take_over(&req(snap_id, "pvc-wrong", false))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, BackendError::Conflict(m) if m.contains("read-only")),
+            "{err:?}"
+        );
+        assert!(tags(&vg, snap_id).is_empty());
+        let err = b
+            .take_over(&req("0a0b0c0d-0000-4000-8000-000000000009", "pvc-gone", false))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, BackendError::NotFound(_)), "{err:?}");
+
+        // Taken over: the same LV, name, size and data, tagged ours.
+        let vol = b.take_over(&req(id, "pvc-0d8e3f5c", false)).await.unwrap();
+        assert_eq!(vol.id, id);
+        assert_eq!(vol.name.as_deref(), Some("pvc-0d8e3f5c"));
+        assert_eq!(vol.created, Some(1_700_000_000));
+        assert!(vol.thin && !vol.snapshot);
+        assert_eq!(vol.size, 64 * MIB);
+        assert!(tags(&vg, id).contains(&"lvms".to_owned()));
+        assert_eq!(read_marker(&vol.device, 16), "after-their-snap");
+        assert_eq!(b.take_over(&req(id, "pvc-0d8e3f5c", false)).await.unwrap(), vol);
+        let snap = b
+            .take_over(&TakeOver {
+                source: Some(Source::Volume(id.into())),
+                ..req(snap_id, "snapshot-9a1b", true)
+            })
+            .await
+            .unwrap();
+        assert!(snap.snapshot);
+        assert_eq!(snap.source, Some(Source::Volume(id.into())));
+
+        // Served as ours: listed, grown, snapshotted, restored from their snapshot, removed.
+        let ids: Vec<String> = b.list().await.unwrap().into_iter().map(|v| v.id).collect();
+        assert_eq!(ids, [id, snap_id]);
+        assert_eq!(b.expand(id, 96 * MIB).await.unwrap(), 96 * MIB);
+        assert!(b.expand(snap_id, 96 * MIB).await.is_err(), "a snapshot does not grow");
+        let ours_snap = b
+            .create_snapshot(&NewSnapshot {
+                name: "snap-new".into(),
+                source_volume: id.into(),
+            })
+            .await
+            .unwrap();
+        let restored = b
+            .create_volume(&restore_req(
+                "pvc-r",
+                &vg,
+                64 * MIB,
+                Source::Snapshot(snap_id.into()),
+            ))
+            .await
+            .unwrap();
+        let dev = b.activate(&restored.id).await.unwrap();
+        assert_eq!(read_marker(&dev, 15), "topolvm-data!!!");
+        let dev = b.activate(&ours_snap.id).await.unwrap();
+        assert_eq!(read_marker(&dev, 16), "after-their-snap");
+        assert!(b.delete(snap_id).await.unwrap());
+        assert!(b.delete(id).await.unwrap());
+        assert!(!lv_exists(&vg, id) && !lv_exists(&vg, snap_id));
+    }
+
     // ---- RAID thin pools (ADR 0031) ----
 
     fn raid_cfg(

@@ -198,12 +198,44 @@ pub trait Backend: Send + Sync + 'static {
         async { Ok(()) }
     }
 
+    /// Takes over a volume another driver made ([`TakeOver`]): checks that its LV is there, of the
+    /// shape the class and the request say (thin in the class's pool, or thick; a snapshot
+    /// read-only), and tags it ours without changing anything else of it (its name, size, data and
+    /// activation stay). Taken over already: returned as found. Backends that do not see the disks
+    /// refuse.
+    fn take_over(&self, req: &TakeOver) -> impl Future<Output = Result<Volume>> + Send {
+        async move {
+            Err(BackendError::Unavailable(format!(
+                "volume {} cannot be taken over here: only the node agent of its node sees its LV",
+                req.id
+            )))
+        }
+    }
+
     /// How full `class`'s volume group and thin pool are, for metrics and alerts; `None` where the
     /// backend does not see the disks (the cluster controller).
     fn usage(&self, class: &str) -> impl Future<Output = Result<Option<Usage>>> + Send {
         let _ = class;
         async { Ok(None) }
     }
+}
+
+/// A volume another driver made on this node (TopoLVM or LVMS: an LV named after its
+/// `LogicalVolume`'s UID, with no tags), to be served by lvms-rs from now on ([`Backend::take_over`],
+/// ADR 0032).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakeOver {
+    /// The LV's name, which stays its volume id ([`crate::ids::is_taken_over_id`]).
+    pub id: String,
+    pub class: String,
+    /// The CO's name for it (the `LogicalVolume`'s `spec.name`: `pvc-…`, `snapshot-…`).
+    pub name: String,
+    /// A read-only snapshot (TopoLVM's `accessType: ro`).
+    pub snapshot: bool,
+    /// What it was made from, when known.
+    pub source: Option<Source>,
+    /// When it was made (seconds since the epoch), when known.
+    pub created: Option<u64>,
 }
 
 /// How full one class is on its node (TopoLVM's metrics carry the same numbers).

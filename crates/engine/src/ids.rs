@@ -90,6 +90,20 @@ pub fn is_snapshot_id(id: &str) -> bool {
     id.strip_prefix(SNAPSHOT_PREFIX).is_some_and(is_digest)
 }
 
+/// Whether `id` has the shape of the volume ids TopoLVM and LVMS hand out: the `LogicalVolume`'s
+/// UID, a lowercase UUID, which is also the LV's name (topolvm
+/// `internal/controller/logicalvolume_controller.go`, ADR 0032). Volumes and snapshots alike; an
+/// LV of that name is served once it is taken over (tagged ours), never before.
+pub fn is_taken_over_id(id: &str) -> bool {
+    let groups: Vec<&str> = id.split('-').collect();
+    groups.len() == 5
+        && groups.iter().zip([8, 4, 4, 4, 12]).all(|(g, n)| {
+            g.len() == n
+                && g.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
+}
+
 fn is_digest(s: &str) -> bool {
     s.len() == 26 && s.bytes().all(|b| BASE32.contains(&b))
 }

@@ -77,7 +77,7 @@ use lvms_core::{
     capacity::{ThinPoolUsage, max_volume_size, min_volume_size, thick_available, thin_capacity},
     config::{SharedVolumeMode, WipePolicy},
     layout::FreeSpace,
-    lvattr::{LvAttr, LvHealth, VgAttr},
+    lvattr::{LvAttr, LvHealth, Permissions, VgAttr},
     model::LogicalVolume,
     size::{ByteSize, round_up_to_extent},
 };
@@ -91,7 +91,7 @@ use self::report::{Changed, Report, ReportCache};
 use crate::{
     backend::{
         Backend, BackendError, Capacity, DeviceClassConfig, Layout, NewSnapshot, NewVolume,
-        PoolUsage, Result, Source, Usage, Volume,
+        PoolUsage, Result, Source, TakeOver, Usage, Volume,
     },
     ids,
 };
@@ -139,7 +139,7 @@ fn is_ours(lv: &LogicalVolume) -> bool {
 }
 
 fn is_our_id(id: &str) -> bool {
-    ids::is_volume_id(id) || ids::is_snapshot_id(id)
+    ids::is_volume_id(id) || ids::is_snapshot_id(id) || ids::is_taken_over_id(id)
 }
 
 /// A size for messages: `1Gi (1073741824 bytes)`.
@@ -932,7 +932,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
     )]
     async fn create_snapshot(&self, req: &NewSnapshot) -> Result<Volume> {
         let source = Source::Volume(req.source_volume.clone());
-        if !ids::is_volume_id(&req.source_volume) {
+        if !ids::is_volume_id(&req.source_volume) && !ids::is_taken_over_id(&req.source_volume) {
             return Err(self.source_not_found(&source));
         }
         let lv_name = ids::snapshot_lv_name(&req.name);
@@ -942,6 +942,8 @@ impl<R: Runner> Backend for LocalBackend<R> {
         let src = self
             .locate(&req.source_volume)
             .await?
+            // A taken-over id may name a snapshot: snapshots are taken of volumes.
+            .filter(|lv| !has_tag(lv, ids::SNAPSHOT_TAG))
             .ok_or_else(|| self.source_not_found(&source))?;
         let class = self.class(&src.vg_name)?;
         if class.shared().is_some() {
@@ -1045,10 +1047,14 @@ impl<R: Runner> Backend for LocalBackend<R> {
                 self.node_id
             ))
         };
-        if !ids::is_volume_id(id) {
+        if !ids::is_volume_id(id) && !ids::is_taken_over_id(id) {
             return Err(missing());
         }
-        let lv = self.locate(id).await?.ok_or_else(missing)?;
+        let lv = self
+            .locate(id)
+            .await?
+            .filter(|lv| !has_tag(lv, ids::SNAPSHOT_TAG))
+            .ok_or_else(missing)?;
         let class = self.class(&lv.vg_name)?;
         let _queued = self.lock_vg(&class.name).await?;
         let report = self.report().await?;
@@ -1142,6 +1148,92 @@ impl<R: Runner> Backend for LocalBackend<R> {
         }
         let report = self.converged_report(class).await?;
         self.free_space_in(&report, class).await.map(Some)
+    }
+
+    #[tracing::instrument(skip(self), fields(node = %self.node_id))]
+    async fn take_over(&self, req: &TakeOver) -> Result<Volume> {
+        if !ids::is_taken_over_id(&req.id) {
+            return Err(BackendError::InvalidArgument(format!(
+                "{} is not a volume id another driver hands out (TopoLVM's and LVMS's are UUIDs): \
+                 nothing to take over",
+                req.id
+            )));
+        }
+        let class = self.class(&req.class)?;
+        if class.shared().is_some() {
+            return Err(BackendError::InvalidArgument(format!(
+                "device class {} is shared: its volumes are lvms-rs's own, none is taken over",
+                class.name
+            )));
+        }
+        let _queued = self.lock_vg(&class.name).await?;
+        let report = self.fresh_report().await?;
+        let Some(lv) = report.lv(&class.name, &req.id) else {
+            return Err(BackendError::NotFound(format!(
+                "logical volume {}/{} that {} records does not exist on node {}: nothing is taken \
+                 over; restore the LV, or delete the object if its data is gone",
+                class.name, req.id, req.name, self.node_id
+            )));
+        };
+        if is_ours(lv) {
+            return Ok(to_volume(lv));
+        }
+        let attr = LvAttr::parse(&lv.attr).map_err(|e| {
+            BackendError::Conflict(format!(
+                "logical volume {}/{} reports lv_attr {:?} ({e}): not taken over",
+                class.name, req.id, lv.attr
+            ))
+        })?;
+        let thin = lv.segtype == THIN;
+        let shape = match (class.thin_pool(), thin) {
+            (Some(pool), true) if lv.pool_lv.as_deref() == Some(pool) => Ok(()),
+            (Some(pool), _) => Err(format!(
+                "it is not a thin volume of the class's pool {pool} (segment type {}, pool {:?})",
+                lv.segtype,
+                lv.pool_lv.as_deref().unwrap_or("")
+            )),
+            (None, false) if !attr.is_thin_pool() && !lv.name.starts_with('[') => Ok(()),
+            (None, _) => Err(format!(
+                "device class {} is thick and it is a {} volume",
+                class.name, lv.segtype
+            )),
+        }
+        .and_then(|()| {
+            let writable = matches!(
+                attr.permissions,
+                Permissions::Writeable | Permissions::ReadOnlyActivation
+            );
+            match (req.snapshot, writable) {
+                (true, true) => {
+                    Err("it is writable, and the object says it is a read-only snapshot".to_owned())
+                }
+                (false, false) => {
+                    Err("it is read-only, and the object says it is a volume".to_owned())
+                }
+                _ => Ok(()),
+            }
+        });
+        if let Err(why) = shape {
+            return Err(BackendError::Conflict(format!(
+                "logical volume {}/{} does not match {}: {why}; nothing is taken over, the LV and the \
+                 object are left as they are",
+                class.name, req.id, req.name
+            )));
+        }
+        let mut tags = vec![ids::OWNER_TAG.to_owned(), ids::name_tag(&req.name)];
+        if req.snapshot {
+            tags.push(ids::SNAPSHOT_TAG.to_owned());
+        }
+        if let Some(source) = &req.source {
+            tags.push(source.tag());
+        }
+        if let Some(created) = req.created {
+            tags.push(ids::created_tag(created));
+        }
+        self.mutate(self.lvm.lv_add_tags(&class.name, &req.id, &tags))
+            .await
+            .map_err(host)?;
+        self.read_back(&class.name, &req.id).await
     }
 
     async fn usage(&self, class: &str) -> Result<Option<Usage>> {

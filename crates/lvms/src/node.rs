@@ -48,6 +48,12 @@ pub struct NodeArgs {
     /// The CSI driver name.
     #[arg(long, env = "CSI_DRIVER_NAME", default_value = lvms_csi::DEFAULT_DRIVER_NAME)]
     driver_name: String,
+    /// Where TopoLVM's and LVMS's node plugin listens, as this container sees the host's
+    /// `<kubelet>/plugins/topolvm.io/node/csi-topolvm.sock`: while something answers there, none
+    /// of their volumes is taken over (ADR 0032). Default: `node/csi-topolvm.sock` beside the CSI
+    /// socket.
+    #[arg(long, env = "LVMS_OLD_DRIVER_SOCKET")]
+    old_driver_socket: Option<PathBuf>,
     /// Remove LVs of ours that no LogicalVolume names after they have been orphans this many seconds
     /// (unset: only report them, with an event on the Node). Also the grace period of inline
     /// ephemeral volumes that are not mounted and whose pod is gone (unset: 300 s).
@@ -155,10 +161,21 @@ pub async fn run(args: NodeArgs) -> Result<()> {
     )
     .with_metrics(metrics.clone());
     let metrics_listener = crate::bind_metrics(args.metrics_port).await?;
+    let csi_socket = PathBuf::from(
+        args.endpoint
+            .strip_prefix("unix://")
+            .unwrap_or(&args.endpoint),
+    );
+    let old_driver_socket = args.old_driver_socket.clone().or_else(|| {
+        csi_socket
+            .parent()
+            .map(|dir| dir.join("node").join("csi-topolvm.sock"))
+    });
     let lv_ctx = Arc::new(lv_reconciler::Context {
         client,
         node: args.node_name.clone(),
         backend: vg_ctx.backend(),
+        old_driver_socket,
     });
     // NodeGetInfo (kubelet asks once, at registration) waits for the shared classes still joining.
     let switch = Arc::new(
@@ -181,11 +198,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
         });
     }
 
-    let socket = PathBuf::from(
-        args.endpoint
-            .strip_prefix("unix://")
-            .unwrap_or(&args.endpoint),
-    );
+    let socket = csi_socket;
     let listener = server::bind(&socket)?;
     tracing::info!(socket = %socket.display(), node = %args.node_name, "serving CSI Identity and Node");
     let services: Services<_, _> = Services {

@@ -13,11 +13,15 @@
 //! # Order
 //! | state | step |
 //! |---|---|
+//! | being deleted, `status.volumeID` a UUID not taken over yet | as below: taken over first, then deleted |
 //! | being deleted, our finalizer present, the LV exists | [`Step::Delete`] |
 //! | being deleted, our finalizer present, no LV | [`Step::RemoveFinalizer`] |
 //! | being deleted without our finalizer, or not this node's | [`Step::Done`] |
 //! | no finalizer yet | [`Step::AddFinalizer`] (before anything is made) |
 //! | a spec the agent cannot serve | [`Step::WriteStatus`] with `code` and `message` |
+//! | no LV of ours, `status.volumeID` a UUID (made by TopoLVM or LVMS: the LV is named after the object's UID), their node plugin still live here | [`Step::Foreign`]: object and LV left alone |
+//! | the same, their node plugin gone (being deleted or not) | [`Step::TakeOver`] (ADR 0032) |
+//! | no LV, `status.volumeID` another id lvms-rs does not know | [`Step::Foreign`] |
 //! | no LV, `status.volumeID` recorded | [`Step::WriteStatus`] `NOT_FOUND`: never remade silently |
 //! | no LV, an earlier failure recorded in `status.code` | [`Step::Done`] (the controller deletes the object) |
 //! | no LV, a source that has no `status.volumeID` yet | [`Step::Wait`] |
@@ -34,7 +38,7 @@ use lvms_api::{
 };
 use lvms_core::{layout::Layout, size::ByteSize};
 use lvms_engine::{
-    backend::{BackendError, NewSnapshot, NewVolume, Source, Volume},
+    backend::{BackendError, NewSnapshot, NewVolume, Source, TakeOver, Volume},
     ids,
 };
 
@@ -71,6 +75,9 @@ pub struct Observed<'a> {
     pub found: Option<&'a Volume>,
     /// The state of `spec.source`, when it is set.
     pub source: Option<&'a SourceState>,
+    /// Why another driver's node plugin (TopoLVM's, LVMS's) is live on this node, if it is: then
+    /// nothing of theirs is taken over.
+    pub old_driver: Option<&'a str>,
 }
 
 /// The next step for one object.
@@ -92,17 +99,103 @@ pub enum Step {
     WriteStatus(LogicalVolumeStatus),
     /// Nothing to do until something else changes (the reason, for the log).
     Wait(String),
+    /// The object's volume was made by another driver (TopoLVM, LVMS): lvms-rs neither serves nor
+    /// changes it, its status included (the reason, for the log).
+    Foreign(String),
+    /// Take over the volume another driver made for this object: its LV becomes ours in place.
+    TakeOver(TakeOver),
     /// Nothing left to do.
     Done,
 }
 
-/// The LV name the object's volume has on disk (also its volume id).
+/// The LV name the object's volume has on disk (also its volume id): the one TopoLVM or LVMS
+/// recorded in `status.volumeID` for an object they made, else the one lvms-rs derives from
+/// `spec.name`.
 pub fn lv_name(lv: &LogicalVolume) -> String {
+    if let Some(id) = taken_over_id(lv) {
+        return id.to_owned();
+    }
     if is_snapshot(lv) {
         ids::snapshot_lv_name(&lv.spec.name)
     } else {
         ids::volume_lv_name(&lv.spec.name)
     }
+}
+
+/// A recorded volume id that lvms-rs did not hand out and cannot take over.
+fn is_foreign_id(id: &str) -> bool {
+    !id.is_empty()
+        && !ids::is_volume_id(id)
+        && !ids::is_snapshot_id(id)
+        && !ids::is_taken_over_id(id)
+}
+
+/// The volume id TopoLVM or LVMS recorded for an object they made (the object's UID).
+fn taken_over_id(lv: &LogicalVolume) -> Option<&str> {
+    lv.status
+        .as_ref()
+        .map(|s| s.volume_id.as_str())
+        .filter(|id| ids::is_taken_over_id(id))
+}
+
+/// The device class the object names, or the node's default for an empty `spec.deviceClass`.
+fn class_of(lv: &LogicalVolume, observed: &Observed<'_>) -> Result<String, Step> {
+    if !lv.spec.device_class.is_empty() {
+        return Ok(lv.spec.device_class.clone());
+    }
+    observed.default_class.map(str::to_owned).ok_or_else(|| {
+        failed(
+            Code::InvalidArgument,
+            format!(
+                "spec.deviceClass is empty and node {} has no default device class: name one",
+                observed.node
+            ),
+        )
+    })
+}
+
+/// [`Step::TakeOver`] of the volume TopoLVM or LVMS made for `lv` (recorded as `id`), or
+/// [`Step::Foreign`] while their node plugin is live here or the object cannot say its class.
+fn take_over(lv: &LogicalVolume, id: &str, observed: &Observed<'_>) -> Step {
+    if let Some(why) = observed.old_driver {
+        return Step::Foreign(format!(
+            "LogicalVolume {} was made by TopoLVM or LVMS (volume {id}), whose node plugin is still \
+             live on node {} ({why}): nothing is taken over while it runs; remove its DaemonSet first",
+            lv.name_any(),
+            observed.node
+        ));
+    }
+    let Ok(class) = class_of(lv, observed) else {
+        return Step::Foreign(format!(
+            "LogicalVolume {} (volume {id}) names no device class and node {} has no default one: \
+             not taken over",
+            lv.name_any(),
+            observed.node
+        ));
+    };
+    let source = match observed.source {
+        Some(SourceState::Ready {
+            volume_id,
+            snapshot: true,
+        }) => Some(Source::Snapshot(volume_id.clone())),
+        Some(SourceState::Ready {
+            volume_id,
+            snapshot: false,
+        }) => Some(Source::Volume(volume_id.clone())),
+        _ => None,
+    };
+    Step::TakeOver(TakeOver {
+        id: id.to_owned(),
+        class,
+        name: lv.spec.name.clone(),
+        snapshot: is_snapshot(lv),
+        source,
+        created: lv
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .and_then(|t| u64::try_from(t.0.as_second()).ok()),
+    })
 }
 
 /// A read-only snapshot: `spec.source` with `accessType: ro`.
@@ -139,6 +232,13 @@ pub fn plan(lv: &LogicalVolume, observed: &Observed<'_>) -> Step {
         .finalizers()
         .iter()
         .any(|f| f == LOGICAL_VOLUME_FINALIZER);
+    if observed.found.is_none()
+        && has_finalizer
+        && let Some(id) = taken_over_id(lv)
+    {
+        // Theirs, not ours yet: taken over before anything else, its deletion included.
+        return take_over(lv, id, observed);
+    }
     if lv.metadata.deletion_timestamp.is_some() {
         return match (has_finalizer, observed.found) {
             (false, _) => Step::Done,
@@ -153,6 +253,15 @@ pub fn plan(lv: &LogicalVolume, observed: &Observed<'_>) -> Step {
     }
     let status = lv.status.clone().unwrap_or_default();
     let Some(vol) = observed.found else {
+        if is_foreign_id(&status.volume_id) {
+            return Step::Foreign(format!(
+                "LogicalVolume {} was made by another driver: its volume {} (status.volumeID) is not \
+                 an lvms-rs volume id (TopoLVM and LVMS name the LV after the object's UID); lvms-rs \
+                 leaves the object, its status and the LV as they are",
+                lv.name_any(),
+                status.volume_id
+            ));
+        }
         return plan_create(lv, observed, &status);
     };
     if !vol.snapshot {
@@ -209,21 +318,9 @@ fn plan_create(lv: &LogicalVolume, observed: &Observed<'_>, status: &LogicalVolu
             ),
         );
     }
-    let class = if lv.spec.device_class.is_empty() {
-        match observed.default_class {
-            Some(c) => c.to_owned(),
-            None => {
-                return failed(
-                    Code::InvalidArgument,
-                    format!(
-                        "spec.deviceClass is empty and node {} has no default device class: name one",
-                        observed.node
-                    ),
-                );
-            }
-        }
-    } else {
-        lv.spec.device_class.clone()
+    let class = match class_of(lv, observed) {
+        Ok(class) => class,
+        Err(step) => return step,
     };
     let lv_type = match lv.spec.layout.as_ref().map(Layout::from_api).transpose() {
         Ok(layout) => layout,

@@ -13,7 +13,12 @@
 //!   the object is retried after [`ERROR_REQUEUE`].
 //! - Objects of other nodes cost no request.
 
-use std::{fmt::Debug, sync::Arc, time::Duration};
+use std::{
+    fmt::Debug,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 use kube::{
     Api, Client, ResourceExt,
@@ -79,6 +84,10 @@ pub struct Context<B> {
     /// The backend over this node's converged classes; `None` until the first class is ready. The
     /// volume-group side replaces it when the set of classes changes.
     pub backend: watch::Receiver<Option<Arc<B>>>,
+    /// Where TopoLVM's and LVMS's node plugin listens on this node (the host's
+    /// `<kubelet>/plugins/topolvm.io/node/csi-topolvm.sock`, as this container sees it): while
+    /// something answers there, nothing of theirs is taken over (ADR 0032).
+    pub old_driver_socket: Option<PathBuf>,
 }
 
 impl<B> Context<B> {
@@ -88,6 +97,7 @@ impl<B> Context<B> {
             client,
             node: node.into(),
             backend: watch::channel(Some(backend)).1,
+            old_driver_socket: None,
         }
     }
 }
@@ -132,13 +142,42 @@ pub async fn reconcile<B: Backend>(lv: Arc<LogicalVolume>, ctx: Arc<Context<B>>)
     let api: Api<LogicalVolume> = Api::all(ctx.client.clone());
     let mut lv = (*lv).clone();
     for _ in 0..MAX_STEPS {
-        let step = next_step(&lv, &ctx.node, &*backend, &api).await?;
+        let old_driver = match &ctx.old_driver_socket {
+            Some(path) => old_driver_live(path).await,
+            None => None,
+        };
+        let step = next_step(&lv, &ctx.node, &*backend, &api, old_driver.as_deref()).await?;
         debug!(?step, "step");
         match step {
             Step::Done => return Ok(Action::requeue(DONE_REQUEUE)),
             Step::Wait(why) => {
                 info!(%why, "waiting");
                 return Ok(Action::requeue(WAIT_REQUEUE));
+            }
+            Step::Foreign(why) => {
+                info!(%why, "left alone");
+                return Ok(Action::requeue(DONE_REQUEUE));
+            }
+            Step::TakeOver(req) => {
+                info!(volume_id = %req.id, class = %req.class, "taking over");
+                match backend.take_over(&req).await {
+                    Ok(_) => {}
+                    // A mismatch or a missing LV: named, and everything left as it is.
+                    Err(
+                        e @ (BackendError::NotFound(_)
+                        | BackendError::Conflict(_)
+                        | BackendError::InvalidArgument(_)),
+                    ) => {
+                        warn!(error = %e, "not taken over; left alone");
+                        return Ok(Action::requeue(DONE_REQUEUE));
+                    }
+                    Err(source) => {
+                        return Err(Error::Backend {
+                            action: format!("take over {}", req.id),
+                            source,
+                        });
+                    }
+                }
             }
             Step::AddFinalizer => {
                 lv = finalizers::set(&api, &lv, finalizers::with(&lv, LOGICAL_VOLUME_FINALIZER))
@@ -195,12 +234,27 @@ pub async fn reconcile<B: Backend>(lv: Arc<LogicalVolume>, ctx: Arc<Context<B>>)
     Err(Error::TooManySteps(lv.name_any()))
 }
 
+/// Why another driver's node plugin is live at `socket` (something accepts a connection there),
+/// or `None` (no socket, or a stale one nothing listens on).
+pub async fn old_driver_live(socket: &Path) -> Option<String> {
+    let connect = tokio::net::UnixStream::connect(socket);
+    match tokio::time::timeout(Duration::from_secs(2), connect).await {
+        Ok(Ok(_)) => Some(format!("{} accepts connections", socket.display())),
+        Ok(Err(_)) => None,
+        Err(_) => Some(format!(
+            "{} did not answer within 2 s, and may be live",
+            socket.display()
+        )),
+    }
+}
+
 /// Reads what the plan needs and asks it.
 async fn next_step<B: Backend>(
     lv: &LogicalVolume,
     node: &str,
     backend: &B,
     api: &Api<LogicalVolume>,
+    old_driver: Option<&str>,
 ) -> Result<Step> {
     let name = lv_name(lv);
     let found = backend.get(&name).await.map_err(|source| Error::Backend {
@@ -237,6 +291,7 @@ async fn next_step<B: Backend>(
             default_class,
             found: found.as_ref(),
             source: source.as_ref(),
+            old_driver,
         },
     ))
 }

@@ -12,7 +12,7 @@ use std::{collections::BTreeSet, sync::Arc, time::Duration};
 use lvms_core::layout::FreeSpace;
 use lvms_engine::backend::{
     Backend, BackendError, Capacity, DeviceClassConfig, Layout, NewSnapshot, NewVolume, Result,
-    Usage, Volume,
+    TakeOver, Usage, Volume,
 };
 use tokio::sync::watch;
 
@@ -154,6 +154,10 @@ impl<B: Backend> Backend for Switch<B> {
 
     async fn usage(&self, class: &str) -> Result<Option<Usage>> {
         self.or_unavailable()?.usage(class).await
+    }
+
+    async fn take_over(&self, req: &TakeOver) -> Result<Volume> {
+        self.or_unavailable()?.take_over(req).await
     }
 }
 

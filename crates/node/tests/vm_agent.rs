@@ -44,6 +44,7 @@ mod vm_agent {
             client: api.client(NS),
             node: NODE.into(),
             backend: agent.backend(),
+            old_driver_socket: None,
         })
     }
 

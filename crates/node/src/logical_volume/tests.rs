@@ -61,6 +61,7 @@ fn observed<'a>(found: Option<&'a Volume>, source: Option<&'a SourceState>) -> O
         default_class: Some("thin"),
         found,
         source,
+        old_driver: None,
     }
 }
 
@@ -381,4 +382,116 @@ fn failures_map_to_codes_and_keep_what_an_expand_left() {
             assert_eq!(s.current_size, current.current_size);
         }
     }
+}
+
+/// An object as TopoLVM's node leaves it: the LV is named after the object's UID, recorded in
+/// status.volumeID (topolvm internal/controller/logicalvolume_controller.go).
+fn theirs(name: &str) -> LogicalVolume {
+    let mut lv = ours(name, "1Gi");
+    lv.metadata.creation_timestamp = Some(Time(Timestamp::from_second(1_700_000_000).unwrap()));
+    lv.status = Some(LogicalVolumeStatus {
+        volume_id: "6f1c2a4e-1b7d-4c1e-9a55-0e1f2d3c4b5a".into(),
+        code: 0,
+        message: String::new(),
+        current_size: Some(Quantity("1Gi".into())),
+    });
+    lv
+}
+
+const THEIR_ID: &str = "6f1c2a4e-1b7d-4c1e-9a55-0e1f2d3c4b5a";
+
+#[test]
+fn an_object_topolvm_or_lvms_made_is_taken_over_in_place() {
+    let lv = theirs("pvc-0d8e3f5c");
+    assert_eq!(lv_name(&lv), THEIR_ID, "its LV keeps its name");
+    assert_eq!(
+        plan(&lv, &observed(None, None)),
+        Step::TakeOver(TakeOver {
+            id: THEIR_ID.into(),
+            class: "thin".into(),
+            name: "pvc-0d8e3f5c".into(),
+            snapshot: false,
+            source: None,
+            created: Some(1_700_000_000),
+        })
+    );
+    // An empty spec.deviceClass is the node's default class, as TopoLVM reads it.
+    let mut default = theirs("pvc-d");
+    default.spec.device_class = String::new();
+    assert!(matches!(
+        plan(&default, &observed(None, None)),
+        Step::TakeOver(TakeOver { ref class, .. }) if class == "thin"
+    ));
+    // A snapshot, with its source's id.
+    let mut snap = theirs("snapshot-9a1b");
+    snap.spec.source = "pvc-0d8e3f5c".into();
+    snap.spec.access_type = "ro".into();
+    let src = SourceState::Ready {
+        volume_id: "0a0b0c0d-0000-4000-8000-000000000001".into(),
+        snapshot: false,
+    };
+    match plan(&snap, &observed(None, Some(&src))) {
+        Step::TakeOver(t) => {
+            assert!(t.snapshot);
+            assert_eq!(
+                t.source,
+                Some(Source::Volume("0a0b0c0d-0000-4000-8000-000000000001".into()))
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Being deleted: taken over first (then deleted as ours), not released with its LV left.
+    assert!(matches!(
+        plan(&deleting(theirs("pvc-x")), &observed(None, None)),
+        Step::TakeOver(_)
+    ));
+    // Once taken over, it is served as any volume: nothing more to take over.
+    let mut vol = volume(&lv, GIB);
+    vol.id = THEIR_ID.into();
+    assert!(matches!(
+        plan(&lv, &observed(Some(&vol), None)),
+        Step::WriteStatus(LogicalVolumeStatus { ref volume_id, code: 0, .. }) if volume_id == THEIR_ID
+    ));
+    assert_eq!(
+        plan(&deleting(lv.clone()), &observed(Some(&vol), None)),
+        Step::Delete {
+            volume_id: THEIR_ID.into()
+        }
+    );
+}
+
+#[test]
+fn nothing_is_taken_over_while_their_node_plugin_is_live_and_unknown_ids_are_left_alone() {
+    let lv = theirs("pvc-0d8e3f5c");
+    let live = Observed {
+        old_driver: Some("/csi/node/csi-topolvm.sock accepts connections"),
+        ..observed(None, None)
+    };
+    match plan(&lv, &live) {
+        Step::Foreign(why) => {
+            assert!(why.contains(THEIR_ID), "{why}");
+            assert!(why.contains("csi-topolvm.sock accepts connections"), "{why}");
+            assert!(why.contains("remove its DaemonSet first"), "{why}");
+        }
+        other => panic!("expected Foreign, got {other:?}"),
+    }
+    // Being deleted while it runs: left to it (its finalizer is its own to release).
+    assert!(matches!(plan(&deleting(lv), &live), Step::Foreign(_)));
+    // An id neither ours nor a UUID: left alone, its status untouched.
+    let mut odd = ours("pvc-odd", "1Gi");
+    odd.status = Some(LogicalVolumeStatus {
+        volume_id: "LV_Made_By_Hand".into(),
+        ..LogicalVolumeStatus::default()
+    });
+    assert!(matches!(plan(&odd, &observed(None, None)), Step::Foreign(_)));
+    // One of ours whose LV is gone is still reported NOT_FOUND.
+    let mut gone = ours("pvc-b", "1Gi");
+    gone.status = Some(LogicalVolumeStatus {
+        volume_id: lv_name(&gone),
+        ..LogicalVolumeStatus::default()
+    });
+    assert!(matches!(
+        plan(&gone, &observed(None, None)),
+        Step::WriteStatus(LogicalVolumeStatus { code, .. }) if code == Code::NotFound as i32
+    ));
 }

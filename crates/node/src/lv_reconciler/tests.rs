@@ -332,6 +332,7 @@ async fn before_any_class_is_ready_the_object_is_retried() {
         client: w.api.client("default"),
         node: NODE.into(),
         backend: watch::channel(None).1,
+        old_driver_socket: None,
     });
     let err = reconcile(w.typed("pvc-1"), ctx).await.unwrap_err();
     assert!(matches!(err, Error::NoClasses(ref n) if n == NODE), "{err}");
