@@ -740,7 +740,7 @@ impl<B: Backend> ControllerService<B> {
 
     /// The volume (not a snapshot) with this id, or NOT_FOUND naming it as `what`.
     async fn existing_volume(&self, id: &str, what: &str) -> Result<Volume, RpcError> {
-        let found = if ids::is_volume_id(id) {
+        let found = if ids::is_volume_id(id) || ids::is_taken_over_id(id) {
             self.backend
                 .get(id)
                 .await
@@ -782,9 +782,21 @@ impl<B: Backend> ControllerService<B> {
         } else {
             ids::is_volume_id(id)
         };
-        if !ours {
+        if !ours && !ids::is_taken_over_id(id) {
             // Not an id this driver hands out, so nothing of ours exists under it.
             return Ok(());
+        }
+        if !ours {
+            // A taken-over id names a volume or a snapshot: only the kind asked for is removed.
+            let kind = self
+                .backend
+                .get(id)
+                .await
+                .map_err(backend)?
+                .map(|v| v.snapshot);
+            if kind != Some(snapshot) {
+                return Ok(());
+            }
         }
         let _guard = self.claim(&[id])?;
         match self.backend.delete(id).await {

@@ -558,7 +558,9 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
     ) -> Result<NodeUnpublishVolumeResponse, UnpublishError> {
         request::volume_id(&req.volume_id)?;
         request::path("target_path", &req.target_path)?;
-        if !lvms_engine::ids::is_volume_id(&req.volume_id) {
+        if !lvms_engine::ids::is_volume_id(&req.volume_id)
+            && !lvms_engine::ids::is_taken_over_id(&req.volume_id)
+        {
             // Not an id this driver hands out: the CO's id of an inline ephemeral volume, or none.
             return self.unpublish_ephemeral(req).await;
         }

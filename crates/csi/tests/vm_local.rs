@@ -760,7 +760,11 @@ mod vm_local {
         );
         assert!(tags(&vg, snap_id).is_empty());
         let err = b
-            .take_over(&req("0a0b0c0d-0000-4000-8000-000000000009", "pvc-gone", false))
+            .take_over(&req(
+                "0a0b0c0d-0000-4000-8000-000000000009",
+                "pvc-gone",
+                false,
+            ))
             .await
             .unwrap_err();
         assert!(matches!(err, BackendError::NotFound(_)), "{err:?}");
@@ -774,7 +778,10 @@ mod vm_local {
         assert_eq!(vol.size, 64 * MIB);
         assert!(tags(&vg, id).contains(&"lvms".to_owned()));
         assert_eq!(read_marker(&vol.device, 16), "after-their-snap");
-        assert_eq!(b.take_over(&req(id, "pvc-0d8e3f5c", false)).await.unwrap(), vol);
+        assert_eq!(
+            b.take_over(&req(id, "pvc-0d8e3f5c", false)).await.unwrap(),
+            vol
+        );
         let snap = b
             .take_over(&TakeOver {
                 source: Some(Source::Volume(id.into())),
@@ -789,7 +796,10 @@ mod vm_local {
         let ids: Vec<String> = b.list().await.unwrap().into_iter().map(|v| v.id).collect();
         assert_eq!(ids, [id, snap_id]);
         assert_eq!(b.expand(id, 96 * MIB).await.unwrap(), 96 * MIB);
-        assert!(b.expand(snap_id, 96 * MIB).await.is_err(), "a snapshot does not grow");
+        assert!(
+            b.expand(snap_id, 96 * MIB).await.is_err(),
+            "a snapshot does not grow"
+        );
         let ours_snap = b
             .create_snapshot(&NewSnapshot {
                 name: "snap-new".into(),

@@ -279,6 +279,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn taken_over_ids_are_lowercase_uuids_and_never_ours() {
+        let uid = "6f1c2a4e-1b7d-4c1e-9a55-0e1f2d3c4b5a";
+        assert!(is_taken_over_id(uid));
+        lvms_host::validate::lvm_name(uid).unwrap();
+        for not in [
+            "",
+            "6F1C2A4E-1B7D-4C1E-9A55-0E1F2D3C4B5A",
+            "6f1c2a4e1b7d4c1e9a550e1f2d3c4b5a",
+            "6f1c2a4e-1b7d-4c1e-9a55-0e1f2d3c4b5",
+            "6f1c2a4e-1b7d-4c1e-9a55-0e1f2d3c4b5a-x",
+            "6f1c2a4e-1b7d-4c1e-9a55-0e1f2d3c4g5a",
+        ] {
+            assert!(!is_taken_over_id(not), "{not}");
+        }
+        for ours in [volume_lv_name("pvc-1"), snapshot_lv_name("s")] {
+            assert!(!is_taken_over_id(&ours));
+        }
+        assert!(!is_volume_id(uid) && !is_snapshot_id(uid));
+    }
+
+    #[test]
     fn ephemeral_owner_round_trips_through_valid_tags() {
         let owner = EphemeralOwner {
             pod_uid: "0b1c5b1e-8f0e-4a57-a3a5-7d0e6a3f7c11".into(),

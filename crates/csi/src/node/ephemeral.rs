@@ -112,7 +112,7 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
     /// The inline ephemeral volume the CO calls `id` (an id this driver never hands out), if its LV
     /// is on this node.
     pub(super) async fn ephemeral_volume(&self, id: &str) -> Result<Option<Volume>, RequestError> {
-        if lvms_engine::ids::is_volume_id(id) {
+        if lvms_engine::ids::is_volume_id(id) || lvms_engine::ids::is_taken_over_id(id) {
             return Ok(None);
         }
         let lv = lvms_engine::ids::volume_lv_name(id);

@@ -117,9 +117,10 @@ pub fn volume_id(id: &str) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// A volume id of our shape (NOT_FOUND otherwise: this driver never handed it out).
+/// A volume id of our shape, or one TopoLVM or LVMS handed out that lvms-rs may have taken over
+/// (ADR 0032) (NOT_FOUND otherwise: this driver never handed it out).
 pub fn our_volume_id(id: &str) -> Result<(), Invalid> {
-    if !ids::is_volume_id(id) {
+    if !ids::is_volume_id(id) && !ids::is_taken_over_id(id) {
         return Err(Invalid::NotOurs(format!(
             "volume {id:?} does not exist: it is not a volume id this driver hands out"
         )));
@@ -385,7 +386,14 @@ mod tests {
         assert!(
             matches!(volume_id(&"c".repeat(129)), Err(Invalid::Argument(m)) if m.contains("128"))
         );
-        for foreign in ["vol-1", &ids::snapshot_lv_name("s"), "csi-abc"] {
+        // TopoLVM's and LVMS's ids (a UUID) may have been taken over (ADR 0032): looked up.
+        our_volume_id("6f1c2a4e-1b7d-4c1e-9a55-0e1f2d3c4b5a").unwrap();
+        for foreign in [
+            "vol-1",
+            &ids::snapshot_lv_name("s"),
+            "csi-abc",
+            "6F1C2A4E-1B7D-4C1E-9A55-0E1F2D3C4B5A",
+        ] {
             volume_id(foreign).unwrap();
             assert!(
                 matches!(our_volume_id(foreign), Err(Invalid::NotOurs(_))),

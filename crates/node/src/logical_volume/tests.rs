@@ -435,7 +435,9 @@ fn an_object_topolvm_or_lvms_made_is_taken_over_in_place() {
             assert!(t.snapshot);
             assert_eq!(
                 t.source,
-                Some(Source::Volume("0a0b0c0d-0000-4000-8000-000000000001".into()))
+                Some(Source::Volume(
+                    "0a0b0c0d-0000-4000-8000-000000000001".into()
+                ))
             );
         }
         other => panic!("{other:?}"),
@@ -470,7 +472,10 @@ fn nothing_is_taken_over_while_their_node_plugin_is_live_and_unknown_ids_are_lef
     match plan(&lv, &live) {
         Step::Foreign(why) => {
             assert!(why.contains(THEIR_ID), "{why}");
-            assert!(why.contains("csi-topolvm.sock accepts connections"), "{why}");
+            assert!(
+                why.contains("csi-topolvm.sock accepts connections"),
+                "{why}"
+            );
             assert!(why.contains("remove its DaemonSet first"), "{why}");
         }
         other => panic!("expected Foreign, got {other:?}"),
@@ -483,7 +488,10 @@ fn nothing_is_taken_over_while_their_node_plugin_is_live_and_unknown_ids_are_lef
         volume_id: "LV_Made_By_Hand".into(),
         ..LogicalVolumeStatus::default()
     });
-    assert!(matches!(plan(&odd, &observed(None, None)), Step::Foreign(_)));
+    assert!(matches!(
+        plan(&odd, &observed(None, None)),
+        Step::Foreign(_)
+    ));
     // One of ours whose LV is gone is still reported NOT_FOUND.
     let mut gone = ours("pvc-b", "1Gi");
     gone.status = Some(LogicalVolumeStatus {
