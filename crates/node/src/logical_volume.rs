@@ -139,17 +139,14 @@ fn taken_over_id(lv: &LogicalVolume) -> Option<&str> {
 }
 
 /// The device class the object names, or the node's default for an empty `spec.deviceClass`.
-fn class_of(lv: &LogicalVolume, observed: &Observed<'_>) -> Result<String, Step> {
+fn class_of(lv: &LogicalVolume, observed: &Observed<'_>) -> Result<String, String> {
     if !lv.spec.device_class.is_empty() {
         return Ok(lv.spec.device_class.clone());
     }
     observed.default_class.map(str::to_owned).ok_or_else(|| {
-        failed(
-            Code::InvalidArgument,
-            format!(
-                "spec.deviceClass is empty and node {} has no default device class: name one",
-                observed.node
-            ),
+        format!(
+            "spec.deviceClass is empty and node {} has no default device class: name one",
+            observed.node
         )
     })
 }
@@ -320,7 +317,7 @@ fn plan_create(lv: &LogicalVolume, observed: &Observed<'_>, status: &LogicalVolu
     }
     let class = match class_of(lv, observed) {
         Ok(class) => class,
-        Err(step) => return step,
+        Err(msg) => return failed(Code::InvalidArgument, msg),
     };
     let lv_type = match lv.spec.layout.as_ref().map(Layout::from_api).transpose() {
         Ok(layout) => layout,
