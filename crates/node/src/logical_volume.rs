@@ -13,7 +13,7 @@
 //! # Order
 //! | state | step |
 //! |---|---|
-//! | being deleted, `status.volumeID` a UUID not taken over yet | as below: taken over first, then deleted |
+//! | being deleted, `status.volumeID` a UUID not taken over yet | [`Step::TakeOver`] first, then deleted as ours (the executor releases the finalizer when the LV is gone) |
 //! | being deleted, our finalizer present, the LV exists | [`Step::Delete`] |
 //! | being deleted, our finalizer present, no LV | [`Step::RemoveFinalizer`] |
 //! | being deleted without our finalizer, or not this node's | [`Step::Done`] |

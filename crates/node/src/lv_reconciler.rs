@@ -162,6 +162,23 @@ pub async fn reconcile<B: Backend>(lv: Arc<LogicalVolume>, ctx: Arc<Context<B>>)
                 info!(volume_id = %req.id, class = %req.class, "taking over");
                 match backend.take_over(&req).await {
                     Ok(_) => {}
+                    // Being deleted and its LV gone (removed just now, or before): released.
+                    Err(BackendError::NotFound(why))
+                        if lv.metadata.deletion_timestamp.is_some() =>
+                    {
+                        info!(%why, "no volume left to take over or remove");
+                        finalizers::set(
+                            &api,
+                            &lv,
+                            finalizers::without(&lv, LOGICAL_VOLUME_FINALIZER),
+                        )
+                        .await
+                        .map_err(kube_err(format!(
+                            "remove the finalizer of {}",
+                            lv.name_any()
+                        )))?;
+                        return Ok(Action::await_change());
+                    }
                     // A mismatch or a missing LV: named, and everything left as it is.
                     Err(
                         e @ (BackendError::NotFound(_)

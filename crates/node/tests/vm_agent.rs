@@ -436,6 +436,108 @@ mod vm_agent {
 
     #[tokio::test]
     #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn agent_takes_over_a_volume_topolvm_made_only_once_its_node_plugin_is_gone() {
+        let mut s = Scratch::new(1, 1200);
+        let class = s.vg_name();
+        let api = cluster();
+        put_vg(
+            &api,
+            &class,
+            json!({"deviceSelector": {"paths": [s.disks[0]]}, "default": true,
+                   "thinPoolConfig": {"name": "thin-pool-1", "sizePercent": 50,
+                                      "overprovisionRatio": 5}}),
+        );
+        let agent1 = agent(&api);
+        reconcile_vg(&api, &class, &agent1).await;
+        // As TopoLVM leaves it: the LV named after the object's UID with no tag, the object with
+        // TopoLVM's finalizer, label and status (topolvm internal/controller/logicalvolume_controller.go).
+        let uid = "6f1c2a4e-1b7d-4c1e-9a55-0e1f2d3c4b5a";
+        sh(&format!(
+            "lvm lvcreate -q -y -T {class}/thin-pool-1 -n {uid} -V 64m -W y 2>&1 && \
+             printf 'topolvm-data' | dd of=/dev/{class}/{uid} conv=fsync,notrunc status=none"
+        ));
+        api.insert(
+            &lv_path("pvc-old"),
+            json!({"apiVersion": "topolvm.io/v1", "kind": "LogicalVolume",
+                   "metadata": {"name": "pvc-old", "uid": uid,
+                                "finalizers": [LOGICAL_VOLUME_FINALIZER],
+                                "creationTimestamp": "2026-01-01T00:00:00Z",
+                                "labels": {"app.kubernetes.io/created-by": "topolvm-controller"}},
+                   "spec": {"name": "pvc-old", "nodeName": NODE, "size": "64Mi",
+                            "deviceClass": ""},
+                   "status": {"volumeID": uid, "currentSize": "64Mi"}}),
+        );
+        // Their node plugin still answers on the node: nothing is taken over or changed.
+        let dir = std::path::PathBuf::from(format!(
+            "/run/lvms-old-driver-{}",
+            lvms_testkit::unique("d")
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("csi-topolvm.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let ctx = Arc::new(lv_reconciler::Context {
+            client: api.client(NS),
+            node: NODE.into(),
+            backend: agent1.backend(),
+            old_driver_socket: Some(socket.clone()),
+        });
+        let before = api.get(&lv_path("pvc-old")).unwrap();
+        lv_reconciler::reconcile(
+            typed::<LogicalVolume>(&api, &lv_path("pvc-old")),
+            ctx.clone(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(lvs_field(&class, uid, "lv_tags"), "");
+        assert_eq!(
+            api.get(&lv_path("pvc-old")).unwrap(),
+            before,
+            "object untouched"
+        );
+
+        // Gone (its socket file left behind, nothing listening): taken over in place.
+        drop(listener);
+        lv_reconciler::reconcile(
+            typed::<LogicalVolume>(&api, &lv_path("pvc-old")),
+            ctx.clone(),
+        )
+        .await
+        .unwrap();
+        let tags = lvs_field(&class, uid, "lv_tags");
+        assert!(tags.split(',').any(|t| t == "lvms"), "{tags}");
+        let after = api.get(&lv_path("pvc-old")).unwrap();
+        assert_eq!(after["status"]["volumeID"], uid, "{after}");
+        assert!(after["status"]["code"].is_null(), "{after}");
+        assert_eq!(
+            sh(&format!("head -c 12 /dev/{class}/{uid}")),
+            "topolvm-data"
+        );
+        // Served as ours from now on: grown through its object, then deleted with it.
+        let mut grown = after.clone();
+        grown["spec"]["size"] = json!("96Mi");
+        api.insert(&lv_path("pvc-old"), grown);
+        lv_reconciler::reconcile(
+            typed::<LogicalVolume>(&api, &lv_path("pvc-old")),
+            ctx.clone(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(lvs_field(&class, uid, "lv_size"), (96 * MIB).to_string());
+        delete_lv(&api, "pvc-old", &agent1).await;
+        assert_ne!(
+            sh_status(&format!("lvm lvs {class}/{uid}")).0,
+            0,
+            "LV removed"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        api.delete(&vg_path(&class));
+        reconcile_vg(&api, &class, &agent1).await;
+        assert_vg_gone(&class);
+    }
+
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
     async fn agent_raid_thin_class_makes_thin_volumes_and_reports_its_pools_health() {
         let mut s = Scratch::new(2, 1100);
         let class = s.vg_name();
