@@ -3,7 +3,8 @@
 //!
 //! lsblk alone is not enough inside a container or on a host without udev: its `FSTYPE`, `PARTLABEL` and
 //! the `/dev/disk/by-id` links come from the udev database, which may be empty. So discovery asks
-//! `blkid -p` (a low-level probe of the device itself) where lsblk knows no signature, and reads the
+//! `blkid -p` (a low-level probe of the device itself) where lsblk knows no signature or an LVM label
+//! (which lvms-rs writes and removes itself, so udev's copy may lag), and reads the
 //! by-id links and loop backing files itself.
 
 use std::{
@@ -379,7 +380,11 @@ impl<R: Runner> Devices<R> {
                 )
                 .await;
             }
-            if dev.fstype.is_none() && dev.size > 0 && dev.kind != DeviceKind::Lvm {
+            // An LVM label is what lvms-rs itself writes and removes (pvcreate, pvremove): the udev
+            // database lsblk reads may not have seen the latest change yet (it kept a removed
+            // label for good on a loaded CI machine), so the device itself is asked.
+            let stale = dev.fstype.as_deref() == Some(lvms_core::filter::LVM_SIGNATURE);
+            if (dev.fstype.is_none() || stale) && dev.size > 0 && dev.kind != DeviceKind::Lvm {
                 dev.fstype = match probe_signature(&self.runner, &dev.path).await {
                     Ok(sig) => sig,
                     Err(e) => {

@@ -314,12 +314,15 @@ async fn discover_enriches_lsblk_with_probe_by_id_links_and_loop_files() {
 }
 
 #[tokio::test]
-async fn discover_with_udev_probes_neither_known_signatures_nor_logical_volumes() {
+async fn discover_with_udev_probes_unknown_signatures_and_lvm_labels_but_no_logical_volume() {
     let tmp = tempfile::tempdir().unwrap();
     let fake = FakeRunner::new();
     fake.expect(LSBLK).stdout(LSBLK_UDEV);
-    // sr0 (iso9660), vda1 (ext4), vdb (LVM2_member) are known; dm-0, dm-2 and dm-4 are LVs.
+    // sr0 (iso9660) and vda1 (ext4) are known; dm-0, dm-2 and dm-4 are LVs. vdb's LVM label,
+    // which lvms-rs itself writes and removes, is checked on the device: here udev's database
+    // still had it after a pvremove.
     fake.expect(&blkid("/dev/vda")).stdout(BLKID_GPT);
+    fake.expect(&blkid("/dev/vdb")).fails(2, "");
     fake.expect(&blkid("/dev/vdc")).fails(2, "");
     let devices =
         Devices::new(fake.clone()).with_roots(tmp.path().join("sys"), tmp.path().join("dev"));
@@ -327,16 +330,24 @@ async fn discover_with_udev_probes_neither_known_signatures_nor_logical_volumes(
     fake.assert_done();
     assert_eq!(find(&devs, "vda").fstype.as_deref(), Some("gpt"));
     assert_eq!(find(&devs, "vdc").fstype, None);
+    assert_eq!(
+        find(&devs, "vdb").fstype,
+        None,
+        "a stale LVM label is not kept"
+    );
     assert_eq!(find(&devs, "lvms--vg-pool-tpool").fstype, None);
 }
 
 /// `tests/fixtures/real/`: lsblk and blkid in the test VM (udev running, VGs active).
 #[tokio::test]
-async fn discover_in_the_vm_probes_only_disks_and_partitions_without_a_known_signature() {
+async fn discover_in_the_vm_probes_lvm_labels_and_disks_and_partitions_without_a_known_signature() {
     let tmp = tempfile::tempdir().unwrap();
     let fake = FakeRunner::new();
     fake.expect(LSBLK)
         .stdout(include_str!("../../tests/fixtures/real/lsblk-fields.json"));
+    for pv in ["/dev/vda", "/dev/vdb", "/dev/vdc"] {
+        fake.expect(&blkid(pv)).stdout(BLKID_LVM);
+    }
     fake.expect(&blkid("/dev/vde"))
         .stdout(include_str!("../../tests/fixtures/real/blkid-gpt.txt"));
     fake.expect(&blkid("/dev/vde1")).fails(2, "");
