@@ -141,14 +141,16 @@ pub fn phases(repo: &Path, list: &Path) -> Vec<Phase> {
         ),
         xtask(
             "csi-sanity: local classes",
-            160,
-            85,
+            200,
+            110,
             &[
                 "sanity",
                 "--only",
                 "thin-mount",
                 "--only",
                 "thin-block",
+                "--only",
+                "raid-thin-mount",
                 "--only",
                 "thick",
             ],

@@ -134,7 +134,7 @@ enum Task {
         /// `cargo xtask test`).
         #[arg(long)]
         shared_thin: bool,
-        /// Only these modes (repeatable): thin-mount, thin-block, thick, shared-linear-mount,
+        /// Only these modes (repeatable): thin-mount, thin-block, raid-thin-mount, thick, shared-linear-mount,
         /// shared-linear-block, shared-thin-mount, shared-thin-block.
         #[arg(long = "only")]
         only: Vec<String>,
