@@ -167,16 +167,7 @@ pub async fn reconcile<B: Backend>(lv: Arc<LogicalVolume>, ctx: Arc<Context<B>>)
                         if lv.metadata.deletion_timestamp.is_some() =>
                     {
                         info!(%why, "no volume left to take over or remove");
-                        finalizers::set(
-                            &api,
-                            &lv,
-                            finalizers::without(&lv, LOGICAL_VOLUME_FINALIZER),
-                        )
-                        .await
-                        .map_err(kube_err(format!(
-                            "remove the finalizer of {}",
-                            lv.name_any()
-                        )))?;
+                        release(&api, &lv).await?;
                         return Ok(Action::await_change());
                     }
                     // A mismatch or a missing LV: named, and everything left as it is.
@@ -202,16 +193,7 @@ pub async fn reconcile<B: Backend>(lv: Arc<LogicalVolume>, ctx: Arc<Context<B>>)
                     .map_err(kube_err(format!("add the finalizer to {}", lv.name_any())))?;
             }
             Step::RemoveFinalizer => {
-                finalizers::set(
-                    &api,
-                    &lv,
-                    finalizers::without(&lv, LOGICAL_VOLUME_FINALIZER),
-                )
-                .await
-                .map_err(kube_err(format!(
-                    "remove the finalizer of {}",
-                    lv.name_any()
-                )))?;
+                release(&api, &lv).await?;
                 info!("volume removed, finalizer released");
                 return Ok(Action::await_change());
             }
@@ -249,6 +231,17 @@ pub async fn reconcile<B: Backend>(lv: Arc<LogicalVolume>, ctx: Arc<Context<B>>)
         }
     }
     Err(Error::TooManySteps(lv.name_any()))
+}
+
+/// Removes [`LOGICAL_VOLUME_FINALIZER`]: the object's volume is gone.
+async fn release(api: &Api<LogicalVolume>, lv: &LogicalVolume) -> Result<()> {
+    finalizers::set(api, lv, finalizers::without(lv, LOGICAL_VOLUME_FINALIZER))
+        .await
+        .map(drop)
+        .map_err(kube_err(format!(
+            "remove the finalizer of {}",
+            lv.name_any()
+        )))
 }
 
 /// Why another driver's node plugin is live at `socket` (something accepts a connection there),
