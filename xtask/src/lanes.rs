@@ -60,6 +60,10 @@ pub struct Phase {
     counts: CountsFrom,
     /// Needs what `prepare` builds (every phase but `prepare` and `lint`).
     after_prepare: bool,
+    /// Its guests hold sanlock leases on a shared disk image with short I/O timeouts: one such
+    /// phase runs at a time. In CI run 17 the installed nodes' lease renewal starved for 50 s while
+    /// the two-node lost-LUN-path phase ran beside them, and a live node was fenced.
+    sanlock: bool,
 }
 
 fn xtask(name: &'static str, secs: u64, load: u32, args: &[&str]) -> Phase {
@@ -72,6 +76,15 @@ fn xtask(name: &'static str, secs: u64, load: u32, args: &[&str]) -> Phase {
         load,
         counts: CountsFrom::ClosingLine,
         after_prepare: true,
+        sanlock: false,
+    }
+}
+
+/// [`xtask`] of a phase whose guests hold sanlock leases ([`Phase::sanlock`]).
+fn sanlock(phase: Phase) -> Phase {
+    Phase {
+        sanlock: true,
+        ..phase
     }
 }
 
@@ -121,24 +134,24 @@ pub fn phases(repo: &Path, list: &Path) -> Vec<Phase> {
         xtask("VM suite 1/2", 650, 70, &["vm-test", "--shard", "1/2"]),
         xtask("VM suite 2/2", 630, 70, &["vm-test", "--shard", "2/2"]),
         // 292 s / 175 s, 288 s / 63 s, 188 s / 94 s.
-        xtask(
+        sanlock(xtask(
             "two-node: shared classes",
             290,
             60,
             &["vm-shared", "--skip", crate::shared::FENCING_PREFIX],
-        ),
-        xtask(
+        )),
+        sanlock(xtask(
             "two-node: power loss",
             290,
             25,
             &["vm-shared", "fencing_power_loss"],
-        ),
-        xtask(
+        )),
+        sanlock(xtask(
             "two-node: lost LUN path",
             190,
             50,
             &["vm-shared", "fencing_a_lost_lun_path"],
-        ),
+        )),
         xtask(
             "csi-sanity: local classes",
             200,
@@ -171,7 +184,12 @@ pub fn phases(repo: &Path, list: &Path) -> Vec<Phase> {
         xtask("e2e on a real control plane", 490, 45, &["e2e"]),
         // Two nodes (two user-mode guests): 951 s in CI run 14 for both scenarios (the node-local
         // one 279 s, the shared one 568 s, most of it waiting on sanlock's host-dead time twice).
-        xtask("installed on two real nodes", 951, 80, &["installed"]),
+        sanlock(xtask(
+            "installed on two real nodes",
+            951,
+            80,
+            &["installed"],
+        )),
     ]
 }
 
@@ -235,6 +253,7 @@ pub fn run(repo: &Path, options: &Options) -> Result<ExitCode> {
     let board = Arc::new(Board {
         queue: Mutex::new(VecDeque::from(queue)),
         running: Mutex::new(0),
+        sanlock_running: Mutex::new(false),
         prepared: Mutex::new(None),
         changed: Condvar::new(),
         done: Mutex::new(Vec::new()),
@@ -310,6 +329,8 @@ struct Board {
     queue: Mutex<VecDeque<Phase>>,
     /// The loads of the phases running now (changed with the queue's lock held).
     running: Mutex<u32>,
+    /// Whether a [`Phase::sanlock`] phase runs now (changed with the queue's lock held).
+    sanlock_running: Mutex<bool>,
     /// `None` until `prepare` ends, then whether it succeeded.
     prepared: Mutex<Option<bool>>,
     changed: Condvar,
@@ -331,9 +352,11 @@ impl Board {
         loop {
             let prepared = self.prepared.lock().ok().and_then(|p| *p);
             let running = self.running.lock().map(|r| *r).unwrap_or(0);
+            let sanlock = self.sanlock_running.lock().map(|r| *r).unwrap_or(false);
             let ready = queue.iter().position(|p| {
                 (!p.after_prepare || prepared.is_some())
                     && (running == 0 || running + p.load <= CAPACITY)
+                    && !(p.sanlock && sanlock)
             });
             match ready {
                 Some(i) => {
@@ -343,6 +366,11 @@ impl Board {
                     }
                     if let Ok(mut r) = self.running.lock() {
                         *r += phase.load;
+                    }
+                    if phase.sanlock
+                        && let Ok(mut r) = self.sanlock_running.lock()
+                    {
+                        *r = true;
                     }
                     return Some(Next::Run(phase));
                 }
@@ -365,6 +393,11 @@ impl Board {
         let _queue = self.queue.lock();
         if let Ok(mut r) = self.running.lock() {
             *r = r.saturating_sub(phase.load);
+        }
+        if phase.sanlock
+            && let Ok(mut r) = self.sanlock_running.lock()
+        {
+            *r = false;
         }
         self.changed.notify_all();
     }
@@ -677,6 +710,7 @@ mod tests {
         Board {
             queue: Mutex::new(VecDeque::from(phases)),
             running: Mutex::new(0),
+            sanlock_running: Mutex::new(false),
             prepared: Mutex::new(prepared),
             changed: Condvar::new(),
             done: Mutex::new(Vec::new()),
@@ -725,6 +759,34 @@ mod tests {
         assert_eq!(name(b.next()), "medium");
         assert_eq!(name(b.next()), "none");
         assert_eq!(b.done.lock().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn phases_with_sanlock_leases_never_run_side_by_side() {
+        let b = board(
+            vec![
+                sanlock(xtask("installed", 900, 80, &[])),
+                sanlock(xtask("two-node", 300, 50, &[])),
+                xtask("VM suite", 600, 70, &[]),
+            ],
+            Some(true),
+        );
+        assert_eq!(name(b.next()), "installed");
+        // The two-node phase fits the cores but waits for the installed one's leases.
+        assert_eq!(name(b.next()), "VM suite");
+        b.finish(&xtask("VM suite", 600, 70, &[]), done("VM suite", 600));
+        let waiting = std::thread::scope(|s| {
+            let lane = s.spawn(|| name(b.next()));
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(!lane.is_finished(), "it waited while the other ran");
+            b.finish(
+                &sanlock(xtask("installed", 900, 80, &[])),
+                done("installed", 900),
+            );
+            lane.join().unwrap()
+        });
+        assert_eq!(waiting, "two-node");
+        assert_eq!(name(b.next()), "none");
     }
 
     #[test]
