@@ -472,11 +472,10 @@ impl<R: Runner> LocalBackend<R> {
             .is_some_and(|vg| VgAttr::parse(&vg.attr).is_ok_and(|a| a.is_partial()))
     }
 
-    /// [`Self::converged_report`] for a change: refused while the group is partial, with the reason,
-    /// rather than with the `lvcreate` LVM would refuse.
-    async fn changeable_report(&self, class: &DeviceClassConfig) -> Result<Arc<Report>> {
-        let report = self.converged_report(class).await?;
-        if Self::is_partial(&report, class) {
+    /// Refuses a change of `class` while its group is partial, with the reason, rather than with
+    /// the error LVM would give.
+    fn refuse_partial(&self, report: &Report, class: &DeviceClassConfig) -> Result<()> {
+        if Self::is_partial(report, class) {
             return Err(BackendError::Unavailable(format!(
                 "volume group {} of device class {} on node {} is missing LVM physical volumes: its \
                  volumes are still served, but nothing new is made in it until the lost disk is \
@@ -484,6 +483,13 @@ impl<R: Runner> LocalBackend<R> {
                 class.name, class.name, self.node_id
             )));
         }
+        Ok(())
+    }
+
+    /// [`Self::converged_report`] for a change ([`Self::refuse_partial`]).
+    async fn changeable_report(&self, class: &DeviceClassConfig) -> Result<Arc<Report>> {
+        let report = self.converged_report(class).await?;
+        self.refuse_partial(&report, class)?;
         Ok(report)
     }
 
@@ -1067,9 +1073,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
         if size <= lv.size {
             return Ok(lv.size);
         }
-        if Self::is_partial(&report, class) {
-            self.changeable_report(class).await?;
-        }
+        self.refuse_partial(&report, class)?;
         if class.shared().is_some() {
             if let Some(pool) = lv.pool_lv.as_deref() {
                 let fresh = self.fresh_report().await?;
@@ -1167,7 +1171,12 @@ impl<R: Runner> Backend for LocalBackend<R> {
             )));
         }
         let _queued = self.lock_vg(&class.name).await?;
-        let report = self.fresh_report().await?;
+        // The cached report, and a fresh one on a miss: an agent starting over many of them takes
+        // one report, not one each.
+        let mut report = self.report().await?;
+        if report.lv(&class.name, &req.id).is_none() {
+            report = self.fresh_report().await?;
+        }
         let Some(lv) = report.lv(&class.name, &req.id) else {
             return Err(BackendError::NotFound(format!(
                 "logical volume {}/{} that {} records does not exist on node {}: nothing is taken \

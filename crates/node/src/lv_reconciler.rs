@@ -142,11 +142,7 @@ pub async fn reconcile<B: Backend>(lv: Arc<LogicalVolume>, ctx: Arc<Context<B>>)
     let api: Api<LogicalVolume> = Api::all(ctx.client.clone());
     let mut lv = (*lv).clone();
     for _ in 0..MAX_STEPS {
-        let old_driver = match &ctx.old_driver_socket {
-            Some(path) => old_driver_live(path).await,
-            None => None,
-        };
-        let step = next_step(&lv, &ctx.node, &*backend, &api, old_driver.as_deref()).await?;
+        let step = next_step(&lv, &ctx, &*backend, &api).await?;
         debug!(?step, "step");
         match step {
             Step::Done => return Ok(Action::requeue(DONE_REQUEUE)),
@@ -261,16 +257,23 @@ pub async fn old_driver_live(socket: &Path) -> Option<String> {
 /// Reads what the plan needs and asks it.
 async fn next_step<B: Backend>(
     lv: &LogicalVolume,
-    node: &str,
+    ctx: &Context<B>,
     backend: &B,
     api: &Api<LogicalVolume>,
-    old_driver: Option<&str>,
 ) -> Result<Step> {
+    let node = ctx.node.as_str();
     let name = lv_name(lv);
     let found = backend.get(&name).await.map_err(|source| Error::Backend {
         action: format!("look up {name}"),
         source,
     })?;
+    // Asked only where the answer matters: a volume another driver made, not taken over yet.
+    let old_driver = match &ctx.old_driver_socket {
+        Some(path) if found.is_none() && lvms_engine::ids::is_taken_over_id(&name) => {
+            old_driver_live(path).await
+        }
+        _ => None,
+    };
     let source = if lv.spec.source.is_empty() || lv.metadata.deletion_timestamp.is_some() {
         None
     } else {
@@ -301,7 +304,7 @@ async fn next_step<B: Backend>(
             default_class,
             found: found.as_ref(),
             source: source.as_ref(),
-            old_driver,
+            old_driver: old_driver.as_deref(),
         },
     ))
 }
