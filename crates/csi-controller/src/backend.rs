@@ -92,14 +92,7 @@ impl NodeBackend {
             .and_then(|q| q.0.parse::<ByteSize>().ok())
             .map_or(0, |b| b.0);
         let snapshot = !lv.spec.source.is_empty() && lv.spec.access_type == "ro";
-        let source = (!lv.spec.source.is_empty()).then(|| {
-            // Objects are named after their ids, so the source's name is its id.
-            if ids::is_snapshot_id(&lv.spec.source) {
-                Source::Snapshot(lv.spec.source.clone())
-            } else {
-                Source::Volume(lv.spec.source.clone())
-            }
-        });
+        let source = (!lv.spec.source.is_empty()).then(|| self.source(&lv.spec.source));
         Some(Volume {
             id: status.volume_id.clone(),
             class: class.clone(),
@@ -120,6 +113,28 @@ impl NodeBackend {
             device: String::new(),
             ephemeral: None,
             open: false,
+        })
+    }
+
+    /// The source named by `spec.source`, an object's name (TopoLVM's and ours alike). lvms-rs
+    /// names its objects after their ids; one TopoLVM or LVMS made has its id in its status.
+    fn source(&self, name: &str) -> Source {
+        let taken_over = self.view.named(name).and_then(|src| {
+            let id = src.status.as_ref()?.volume_id.clone();
+            ids::is_taken_over_id(&id).then(|| {
+                if src.spec.access_type == "ro" && !src.spec.source.is_empty() {
+                    Source::Snapshot(id)
+                } else {
+                    Source::Volume(id)
+                }
+            })
+        });
+        taken_over.unwrap_or_else(|| {
+            if ids::is_snapshot_id(name) {
+                Source::Snapshot(name.to_owned())
+            } else {
+                Source::Volume(name.to_owned())
+            }
         })
     }
 
@@ -233,7 +248,8 @@ impl Backend for NodeBackend {
         let id = ids::volume_lv_name(&req.name);
         let (source, access_type) = match &req.source {
             None => (String::new(), String::new()),
-            Some(s) => (s.id().to_owned(), "rw".to_owned()),
+            // TopoLVM's `spec.source` is the source object's name.
+            Some(s) => (self.view.object_name(s.id()), "rw".to_owned()),
         };
         self.make(LogicalVolume::new(
             &id,
@@ -265,7 +281,7 @@ impl Backend for NodeBackend {
                 size: Quantity(source.size.to_string()),
                 device_class: source.class.clone(),
                 lvcreate_option_class: String::new(),
-                source: source.id.clone(),
+                source: self.view.object_name(&source.id),
                 access_type: "ro".to_owned(),
                 layout: None,
                 volume_mode: None,
@@ -275,30 +291,32 @@ impl Backend for NodeBackend {
     }
 
     async fn delete(&self, id: &str) -> Result<bool> {
+        let name = self.view.object_name(id);
         let found = self
             .api
-            .get_opt(id)
+            .get_opt(&name)
             .await
-            .map_err(api_err(format!("read LogicalVolume {id}")))?;
+            .map_err(api_err(format!("read LogicalVolume {name}")))?;
         match found {
             Some(lv) if lv.spec.node_name == self.node => {}
             _ => return Ok(false),
         }
-        match self.api.delete(id, &DeleteParams::default()).await {
+        match self.api.delete(&name, &DeleteParams::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => return Ok(true),
-            Err(e) => return Err(api_err(format!("delete LogicalVolume {id}"))(e)),
+            Err(e) => return Err(api_err(format!("delete LogicalVolume {name}"))(e)),
         }
-        self.wait_for(id, |o| o.is_none()).await?;
+        self.wait_for(&name, |o| o.is_none()).await?;
         Ok(true)
     }
 
     async fn expand(&self, id: &str, size: u64) -> Result<u64> {
+        let name = self.view.object_name(id);
         let patch = json!({"spec": {"size": size.to_string()}});
         self.api
-            .patch(id, &PatchParams::default(), &Patch::Merge(patch))
+            .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
             .await
-            .map_err(api_err(format!("grow LogicalVolume {id}")))?;
+            .map_err(api_err(format!("grow LogicalVolume {name}")))?;
         let grown = move |o: Option<&LogicalVolume>| {
             o.and_then(|o| o.status.as_ref()).is_some_and(|s| {
                 s.code != 0
@@ -308,8 +326,8 @@ impl Backend for NodeBackend {
                         .is_some_and(|b| b.0 >= size)
             })
         };
-        let lv = self.wait_for(id, grown).await?.ok_or_else(|| {
-            BackendError::NotFound(format!("LogicalVolume {id} was deleted while growing"))
+        let lv = self.wait_for(&name, grown).await?.ok_or_else(|| {
+            BackendError::NotFound(format!("LogicalVolume {name} was deleted while growing"))
         })?;
         let status = lv.status.unwrap_or_default();
         if status.code != 0 {

@@ -53,18 +53,25 @@ impl ControllerCollector {
         let client = self.api.clone().into_client();
         // PVs first: a volume provisioned after this read is younger than any window.
         let referenced = pv_handles(&client, &self.view.driver).await?;
+        // By volume id, which PVs hold: an object TopoLVM or LVMS made is named `pvc-…` and its
+        // id is its `status.volumeID` (ADR 0032); lvms-rs's objects are named after their ids.
+        let mut names = std::collections::BTreeMap::new();
         let objects: Vec<(String, bool, bool)> = self
             .view
             .logical_volumes
             .state()
             .iter()
-            .filter(|lv| lv.status.as_ref().is_some_and(|s| !s.volume_id.is_empty()))
-            .map(|lv| {
-                (
-                    lv.name_any(),
-                    ids::is_snapshot_id(&lv.name_any()) || lv.spec.access_type == "ro",
+            .filter_map(|lv| {
+                let id = lv.status.as_ref()?.volume_id.clone();
+                if id.is_empty() {
+                    return None;
+                }
+                names.insert(id.clone(), lv.name_any());
+                Some((
+                    id.clone(),
+                    ids::is_snapshot_id(&id) || lv.spec.access_type == "ro",
                     lv.metadata.deletion_timestamp.is_some(),
-                )
+                ))
             })
             .collect();
         let sweep = self.tracker.sweep(
@@ -103,13 +110,14 @@ impl ControllerCollector {
             .orphans
             .set(i64::try_from(sweep.orphans.len()).unwrap_or(i64::MAX));
         for id in &sweep.delete {
-            tracing::warn!(logical_volume = %id, "deleting an unclaimed LogicalVolume after the safety window");
-            match self.api.delete(id, &DeleteParams::default()).await {
+            let name = names.get(id).map_or(id.as_str(), String::as_str);
+            tracing::warn!(logical_volume = %name, volume_id = %id, "deleting an unclaimed LogicalVolume after the safety window");
+            match self.api.delete(name, &DeleteParams::default()).await {
                 Ok(_) => {
                     self.metrics.removed.inc();
                 }
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => return Err(format!("delete LogicalVolume {id}: {e}")),
+                Err(e) => return Err(format!("delete LogicalVolume {name}: {e}")),
             }
         }
         Ok(sweep)

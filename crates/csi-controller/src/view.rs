@@ -148,9 +148,29 @@ impl View {
         all.remove(class)
     }
 
-    /// The `LogicalVolume` named `name` (a volume or snapshot id).
-    pub fn logical_volume(&self, name: &str) -> Option<Arc<LogicalVolume>> {
+    /// The `LogicalVolume` of the volume or snapshot `id`. lvms-rs names its objects after their
+    /// ids; one TopoLVM or LVMS made is named `pvc-…`/`snapshot-…` and its id, a UUID, is its
+    /// `status.volumeID` (ADR 0032).
+    pub fn logical_volume(&self, id: &str) -> Option<Arc<LogicalVolume>> {
+        if lvms_engine::ids::is_taken_over_id(id) {
+            return self
+                .logical_volumes
+                .find(|lv| lv.status.as_ref().is_some_and(|s| s.volume_id == id));
+        }
+        self.named(id)
+    }
+
+    /// The `LogicalVolume` named `name`.
+    pub fn named(&self, name: &str) -> Option<Arc<LogicalVolume>> {
         self.logical_volumes.get(&ObjectRef::new(name))
+    }
+
+    /// The name of the `LogicalVolume` of `id` ([`View::logical_volume`]); `id` itself when the
+    /// view has none.
+    pub fn object_name(&self, id: &str) -> String {
+        self.logical_volume(id)
+            .and_then(|lv| lv.metadata.name.clone())
+            .unwrap_or_else(|| id.to_owned())
     }
 
     /// The `LogicalVolume`s of `node`.

@@ -549,3 +549,138 @@ async fn the_collector_reports_unclaimed_volumes_and_deletes_them_after_the_wind
             .contains_key(&unclaimed)
     );
 }
+
+/// A volume TopoLVM or LVMS made and the node agent took over (ADR 0032): its object is named
+/// `pvc-…` and its id, the LV's name, is a UUID in `status.volumeID`.
+#[tokio::test]
+async fn a_taken_over_volume_is_found_by_its_status_volume_id_grown_snapshotted_and_deleted() {
+    const UID: &str = "7995e78d-8674-4fc7-93b7-56f06f6deaea";
+    const OBJECT: &str = "pvc-0d8e3f5c-1111-4222-8333-944455556666";
+    let mut c = cluster().await;
+    c.agents["node-b"].state.lock().unwrap().volumes.insert(
+        UID.to_owned(),
+        lvms_engine::backend::Volume {
+            id: UID.to_owned(),
+            class: "thin".to_owned(),
+            size: GIB as u64,
+            name: Some(OBJECT.to_owned()),
+            source: None,
+            snapshot: false,
+            thin: true,
+            created: Some(1_700_000_000),
+            requested: None,
+            health: lvms_core::lvattr::LvHealth::Ok,
+            device: format!("/dev/thin/{UID}"),
+            ephemeral: None,
+            open: false,
+        },
+    );
+    c.api.insert(
+        &lv_path(OBJECT),
+        json!({"apiVersion": "topolvm.io/v1", "kind": "LogicalVolume",
+               "metadata": {"name": OBJECT, "uid": UID,
+                            "finalizers": [lvms_api::LOGICAL_VOLUME_FINALIZER]},
+               "spec": {"name": OBJECT, "nodeName": "node-b", "size": "1Gi", "deviceClass": "thin"},
+               "status": {"volumeID": UID, "currentSize": "1Gi"}}),
+    );
+    let seen = async {
+        while c.view.logical_volume(UID).is_none() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), seen)
+        .await
+        .expect("the view sees the object");
+    assert_eq!(c.view.object_name(UID), OBJECT);
+
+    // Grown: the object named pvc-… is patched, not one named after the id.
+    let grown = c
+        .client
+        .controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: UID.to_owned(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 2 * GIB,
+                limit_bytes: 0,
+            }),
+            volume_capability: Some(cap()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grown.capacity_bytes, 2 * GIB);
+    assert_eq!(
+        c.api.get(&lv_path(OBJECT)).unwrap()["spec"]["size"],
+        json!((2 * GIB).to_string())
+    );
+    assert!(
+        c.api.get(&lv_path(UID)).is_none(),
+        "no object named after the id"
+    );
+
+    // A snapshot names its source by the source object's name, as TopoLVM's objects do, and
+    // reports the source's id.
+    let snap = c
+        .client
+        .create_snapshot(CreateSnapshotRequest {
+            source_volume_id: UID.to_owned(),
+            name: "snap-old".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert_eq!(snap.source_volume_id, UID);
+    assert_eq!(
+        c.api.get(&lv_path(&snap.snapshot_id)).unwrap()["spec"]["source"],
+        json!(OBJECT)
+    );
+    assert!(
+        c.agents["node-b"]
+            .calls()
+            .contains(&"create_snapshot snap-old".to_owned())
+    );
+
+    // A PersistentVolume holding the id claims the object: the collector leaves it alone.
+    c.api.insert(
+        "/api/v1/persistentvolumes/pv-old",
+        json!({"metadata": {"name": "pv-old"},
+               "spec": {"csi": {"driver": "topolvm.io", "volumeHandle": UID}}}),
+    );
+    let lvs: Api<LogicalVolume> = Api::all(c.api.client(NS));
+    let mut collect = lvms_csi_controller::gc::ControllerCollector::new(
+        c.view.clone(),
+        lvs,
+        Some(Duration::ZERO),
+    );
+    let s = collect.sweep_once().await.unwrap();
+    assert!(s.orphans.is_empty(), "{:?}", s.orphans);
+
+    // Deleted through its id: the snapshot first, then the volume; the node removes the LV.
+    c.client
+        .delete_snapshot(DeleteSnapshotRequest {
+            snapshot_id: snap.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    c.client
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: UID.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(c.api.get(&lv_path(OBJECT)).is_none());
+    assert!(
+        !c.agents["node-b"]
+            .state
+            .lock()
+            .unwrap()
+            .volumes
+            .contains_key(UID),
+        "the node removed the LV"
+    );
+}

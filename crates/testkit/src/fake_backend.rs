@@ -249,6 +249,16 @@ impl Backend for FakeBackend {
         Ok(v)
     }
 
+    /// Its volumes stand for LVs already taken over: one it holds is returned, any other is
+    /// missing.
+    async fn take_over(&self, req: &lvms_engine::backend::TakeOver) -> Result<Volume> {
+        let mut s = self.state.lock().unwrap();
+        s.calls.push(format!("take_over {}", req.id));
+        s.volumes.get(&req.id).cloned().ok_or_else(|| {
+            BackendError::NotFound(format!("no LV {} in class {}", req.id, req.class))
+        })
+    }
+
     async fn delete(&self, id: &str) -> Result<bool> {
         let mut s = self.state.lock().unwrap();
         s.calls.push(format!("delete {id}"));
