@@ -102,6 +102,10 @@ pub enum Step {
     /// The object's volume was made by another driver (TopoLVM, LVMS): lvms-rs neither serves nor
     /// changes it, its status included (the reason, for the log).
     Foreign(String),
+    /// The object's volume is another driver's whose node plugin still runs on this node: left
+    /// alone like [`Step::Foreign`], and looked at again soon, since the takeover follows the old
+    /// plugin's removal (the reason, for the log).
+    OldDriverLive(String),
     /// Take over the volume another driver made for this object: its LV becomes ours in place.
     TakeOver(TakeOver),
     /// Nothing left to do.
@@ -152,10 +156,11 @@ fn class_of(lv: &LogicalVolume, observed: &Observed<'_>) -> Result<String, Strin
 }
 
 /// [`Step::TakeOver`] of the volume TopoLVM or LVMS made for `lv` (recorded as `id`), or
-/// [`Step::Foreign`] while their node plugin is live here or the object cannot say its class.
+/// [`Step::OldDriverLive`] while their node plugin is live here, [`Step::Foreign`] when the object
+/// cannot say its class.
 fn take_over(lv: &LogicalVolume, id: &str, observed: &Observed<'_>) -> Step {
     if let Some(why) = observed.old_driver {
-        return Step::Foreign(format!(
+        return Step::OldDriverLive(format!(
             "LogicalVolume {} was made by TopoLVM or LVMS (volume {id}), whose node plugin is still \
              live on node {} ({why}): nothing is taken over while it runs; remove its DaemonSet first",
             lv.name_any(),

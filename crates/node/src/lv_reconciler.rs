@@ -21,9 +21,14 @@ use std::{
 };
 
 use kube::{
-    Api, Client, ResourceExt,
+    Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
-    runtime::{Controller, controller::Action, watcher},
+    runtime::{
+        Controller,
+        controller::Action,
+        events::{Event, EventType},
+        watcher,
+    },
 };
 use lvms_api::{
     LOGICAL_VOLUME_FINALIZER,
@@ -44,6 +49,9 @@ use crate::{
 pub const DONE_REQUEUE: Duration = Duration::from_secs(300);
 /// A volume waiting for its source looks again after this long.
 pub const WAIT_REQUEUE: Duration = Duration::from_secs(5);
+/// How soon a volume TopoLVM or LVMS made is looked at again while their node plugin runs: the
+/// takeover follows within this of the plugin's removal (one connection attempt per volume).
+pub const OLD_DRIVER_REQUEUE: Duration = Duration::from_secs(15);
 /// After an error, or a failure recorded in `status`.
 pub const ERROR_REQUEUE: Duration = Duration::from_secs(15);
 /// Steps one reconcile may take; a fresh volume takes three (finalizer, create, status).
@@ -154,10 +162,21 @@ pub async fn reconcile<B: Backend>(lv: Arc<LogicalVolume>, ctx: Arc<Context<B>>)
                 info!(%why, "left alone");
                 return Ok(Action::requeue(DONE_REQUEUE));
             }
+            Step::OldDriverLive(why) => {
+                info!(%why, "left alone while the old driver runs");
+                return Ok(Action::requeue(OLD_DRIVER_REQUEUE));
+            }
             Step::TakeOver(req) => {
                 info!(volume_id = %req.id, class = %req.class, "taking over");
                 match backend.take_over(&req).await {
-                    Ok(_) => {}
+                    Ok(_) => {
+                        let note = format!(
+                            "volume {} of class {} on node {} taken over in place from TopoLVM or \
+                             LVMS: tagged as lvms-rs's, nothing else changed",
+                            req.id, req.class, ctx.node
+                        );
+                        event(&ctx, &lv, EventType::Normal, "TakenOver", note).await;
+                    }
                     // Being deleted and its LV gone (removed just now, or before): released.
                     Err(BackendError::NotFound(why))
                         if lv.metadata.deletion_timestamp.is_some() =>
@@ -173,6 +192,8 @@ pub async fn reconcile<B: Backend>(lv: Arc<LogicalVolume>, ctx: Arc<Context<B>>)
                         | BackendError::InvalidArgument(_)),
                     ) => {
                         warn!(error = %e, "not taken over; left alone");
+                        let note = format!("not taken over; left alone: {e}");
+                        event(&ctx, &lv, EventType::Warning, "TakeOverRefused", note).await;
                         return Ok(Action::requeue(DONE_REQUEUE));
                     }
                     Err(source) => {
@@ -227,6 +248,27 @@ pub async fn reconcile<B: Backend>(lv: Arc<LogicalVolume>, ctx: Arc<Context<B>>)
         }
     }
     Err(Error::TooManySteps(lv.name_any()))
+}
+
+/// Publishes an Event about `lv` (a failure to publish is only logged).
+async fn event<B>(
+    ctx: &Context<B>,
+    lv: &LogicalVolume,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let recorder = lvms_k8s::reconciler::recorder(ctx.client.clone(), "lvms-node");
+    let ev = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: "TakeOver".to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, &lv.object_ref(&())).await {
+        warn!(error = %e, reason, "publishing an event failed");
+    }
 }
 
 /// Removes [`LOGICAL_VOLUME_FINALIZER`]: the object's volume is gone.

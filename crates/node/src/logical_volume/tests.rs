@@ -470,7 +470,7 @@ fn nothing_is_taken_over_while_their_node_plugin_is_live_and_unknown_ids_are_lef
         ..observed(None, None)
     };
     match plan(&lv, &live) {
-        Step::Foreign(why) => {
+        Step::OldDriverLive(why) => {
             assert!(why.contains(THEIR_ID), "{why}");
             assert!(
                 why.contains("csi-topolvm.sock accepts connections"),
@@ -478,10 +478,10 @@ fn nothing_is_taken_over_while_their_node_plugin_is_live_and_unknown_ids_are_lef
             );
             assert!(why.contains("remove its DaemonSet first"), "{why}");
         }
-        other => panic!("expected Foreign, got {other:?}"),
+        other => panic!("expected OldDriverLive, got {other:?}"),
     }
     // Being deleted while it runs: left to it (its finalizer is its own to release).
-    assert!(matches!(plan(&deleting(lv), &live), Step::Foreign(_)));
+    assert!(matches!(plan(&deleting(lv), &live), Step::OldDriverLive(_)));
     // An id neither ours nor a UUID: left alone, its status untouched.
     let mut odd = ours("pvc-odd", "1Gi");
     odd.status = Some(LogicalVolumeStatus {
