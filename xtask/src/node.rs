@@ -90,6 +90,8 @@ const LUN_MAP: &str = "lun0";
 fn lun_serial() -> &'static str {
     LUN.split_once('=').map_or(LUN, |(serial, _)| serial)
 }
+/// The test that builds, before lvms-rs is installed, what an uninstalled LVMS leaves behind.
+const PRE_INSTALL_TEST: &str = "installed::adopt::lvms_left_this_cluster";
 /// Guest ports: the command server and the API server's CONNECT proxy.
 const EXEC_GUEST_PORT: u16 = guest::GUEST_PORT;
 const CONNECT_GUEST_PORT: u16 = 7001;
@@ -260,41 +262,56 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
         );
     }
 
-    // Install: the snapshot CRDs (a cluster's own), then lvms-rs with kubectl.
-    let overlay = write_overlay(&dir)?;
-    let applied_at = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis();
-    kubectl(&kubeconfig, &["apply", "-f", &p(assets.join("crds"))])?;
-    kubectl(&kubeconfig, &["apply", "-k", &p(overlay)])?;
-    println!("installed: kubectl apply done");
-
     let [node1, node2] = &NODES;
     let pids = vms
         .iter()
         .map(|vm| vm.pid().to_string())
         .collect::<Vec<_>>()
         .join(",");
+    // The suite, with what it needs to know of the nodes.
+    let suite_cmd = |applied_at: u128, reboot_dir: &Path| {
+        let mut cmd = Command::new(&suite);
+        cmd.args(["--ignored", "--test-threads=1", "--nocapture"])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("LVMS_E2E_DEVICE", node1.device_path())
+            .env("LVMS_E2E_POD_IMAGE", images::WORKLOAD)
+            .env("LVMS_E2E_IMAGE", images::lvms_reference("e2e-a"))
+            .env("LVMS_E2E_ROLL_IMAGE", images::lvms_reference("e2e-b"))
+            .env("LVMS_E2E_NODE", node1.name)
+            .env("LVMS_E2E_APPLIED_AT_MS", applied_at.to_string())
+            .env("LVMS_E2E_VM", format!("127.0.0.1:{}", ports[0].exec))
+            .env("LVMS_E2E_NODE2", node2.name)
+            .env("LVMS_E2E_DEVICE2", node2.device_path())
+            .env("LVMS_E2E_VM2", format!("127.0.0.1:{}", ports[1].exec))
+            .env("LVMS_E2E_SHARED_DEVICE", format!("/dev/mapper/{LUN_MAP}"))
+            // The failover test ends a node as a power loss would: its machine killed; then boots
+            // it again through `reboots`.
+            .env("LVMS_E2E_PIDS", &pids)
+            .env("LVMS_E2E_REBOOT_DIR", reboot_dir);
+        cmd
+    };
+
+    // The snapshot CRDs (a cluster's own); then what an uninstalled LVMS leaves on node 2, which
+    // the installed lvms-rs takes over (`installed::adopt`, ADR 0032); then lvms-rs with kubectl.
+    kubectl(&kubeconfig, &["apply", "-f", &p(assets.join("crds"))])?;
+    let mut before = suite_cmd(0, &dir.join("reboot"));
+    before.args([PRE_INSTALL_TEST, "--exact"]);
+    let (ok, _) = e2e::run_pass(repo, before, &dir.join("work"))?;
+    if !ok {
+        diagnose(&kubeconfig, &node_dirs);
+        bail!("installed: {PRE_INSTALL_TEST} failed: LVMS's state is not built");
+    }
+    let overlay = write_overlay(&dir)?;
+    let applied_at = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis();
+    kubectl(&kubeconfig, &["apply", "-k", &p(overlay)])?;
+    println!("installed: kubectl apply done");
+
     let reboots = Reboots::start(repo, kernel, specs, vms, dir.join("reboot"))?;
-    let mut cmd = Command::new(&suite);
-    // `installed::` (the node-local story on node 1), then `installed_shared::` (one LUN on both
-    // nodes; it kills one and boots it again through `reboots`).
-    let filter = "installed";
-    cmd.args([filter, "--ignored", "--test-threads=1", "--nocapture"])
-        .env("KUBECONFIG", &kubeconfig)
-        .env("LVMS_E2E_DEVICE", node1.device_path())
-        .env("LVMS_E2E_POD_IMAGE", images::WORKLOAD)
-        .env("LVMS_E2E_IMAGE", images::lvms_reference("e2e-a"))
-        .env("LVMS_E2E_ROLL_IMAGE", images::lvms_reference("e2e-b"))
-        .env("LVMS_E2E_NODE", node1.name)
-        .env("LVMS_E2E_APPLIED_AT_MS", applied_at.to_string())
-        .env("LVMS_E2E_VM", format!("127.0.0.1:{}", ports[0].exec))
-        .env("LVMS_E2E_NODE2", node2.name)
-        .env("LVMS_E2E_DEVICE2", node2.device_path())
-        .env("LVMS_E2E_VM2", format!("127.0.0.1:{}", ports[1].exec))
-        .env("LVMS_E2E_SHARED_DEVICE", format!("/dev/mapper/{LUN_MAP}"))
-        // The failover test ends a node as a power loss would: its machine killed; then boots
-        // it again through `reboots`.
-        .env("LVMS_E2E_PIDS", pids)
-        .env("LVMS_E2E_REBOOT_DIR", &reboots.dir);
+    // `installed::adopt` (LVMS's install taken over on node 2), `installed::an_…` (the node-local
+    // story on node 1), then `installed_shared::` (one LUN on both nodes; it kills one and boots
+    // it again through `reboots`).
+    let mut cmd = suite_cmd(applied_at, &reboots.dir);
+    cmd.args(["installed", "--skip", PRE_INSTALL_TEST]);
     let (ok, summary) = e2e::run_pass(repo, cmd, &dir.join("work"))?;
     if !ok {
         diagnose(&kubeconfig, &node_dirs);

@@ -29,7 +29,7 @@ use k8s_openapi::{
     api::{
         apps::v1::DaemonSet,
         core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim},
-        storage::v1::{CSIDriver, StorageClass},
+        storage::v1::{CSIDriver, CSIDriverSpec, StorageClass},
     },
     apimachinery::pkg::apis::meta::v1::Time,
     jiff::Timestamp,
@@ -399,6 +399,11 @@ impl Reconciler<'_> {
 
         let rendered = render(self.cluster, &cfg)?;
         let failures = self.apply_all(&rendered).await;
+        if let Some(note) = self.legacy_topolvm_volumes().await {
+            warn!("{note}");
+            self.event(EventType::Warning, "LegacyTopoLVMVolumes", "Apply", note)
+                .await;
+        }
 
         // Classes no longer in the spec.
         let keep: BTreeSet<String> = rendered
@@ -574,7 +579,7 @@ impl Reconciler<'_> {
         }
         push_err(
             &mut failures,
-            ssa(&Api::<CSIDriver>::all(client.clone()), &rendered.csi_driver).await,
+            self.apply_csi_driver(&rendered.csi_driver).await,
         );
         push_err(
             &mut failures,
@@ -585,6 +590,73 @@ impl Reconciler<'_> {
             .await,
         );
         failures
+    }
+
+    /// What to tell the user when TopoLVM's legacy API group (`topolvm.cybozu.com`, its Helm
+    /// chart's `useLegacy`) holds `LogicalVolume`s: lvms-rs serves `topolvm.io` only and leaves
+    /// them, their PersistentVolumes and their LVs alone (ADR 0032). `None` without the group.
+    async fn legacy_topolvm_volumes(&self) -> Option<String> {
+        let resource = kube::api::ApiResource {
+            group: LEGACY_TOPOLVM_GROUP.to_owned(),
+            version: "v1".to_owned(),
+            api_version: format!("{LEGACY_TOPOLVM_GROUP}/v1"),
+            kind: "LogicalVolume".to_owned(),
+            plural: "logicalvolumes".to_owned(),
+        };
+        let api = Api::<kube::api::DynamicObject>::all_with(self.client(), &resource);
+        match api.list_metadata(&ListParams::default().limit(1)).await {
+            Ok(list) => list.items.first().map(|lv| legacy_note(&lv.name_any())),
+            Err(kube::Error::Api(s)) if s.is_not_found() => None,
+            Err(e) => {
+                debug!(error = %e, "looking for TopoLVM's legacy LogicalVolumes");
+                None
+            }
+        }
+    }
+
+    /// Applies the CSIDriver. One that another install made (LVMS's or TopoLVM's, left by their
+    /// uninstall: ADR 0032) and that differs in a field the API server keeps immutable is deleted
+    /// and made anew, with an Event; the CSIDriver only tells kubelet and the attach controller how
+    /// to call the driver, so mounted volumes are not affected.
+    async fn apply_csi_driver(&self, driver: &CSIDriver) -> Result<()> {
+        let api = Api::<CSIDriver>::all(self.client());
+        let name = driver.name_any();
+        let applied = api
+            .patch(
+                &name,
+                &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(),
+                &Patch::Apply(driver),
+            )
+            .await;
+        match applied {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 422 => {}
+            Err(e) => return Err(kube_err(format!("applying CSIDriver {name}"))(e)),
+        }
+        let current = api
+            .get(&name)
+            .await
+            .map_err(kube_err(format!("reading CSIDriver {name}")))?;
+        let differ = immutable_csi_driver_fields(&current.spec, &driver.spec);
+        if differ.is_empty() {
+            return ssa(&api, driver).await;
+        }
+        delete(&api, &name)
+            .await
+            .map_err(kube_err(format!("deleting CSIDriver {name}")))?;
+        let note = format!(
+            "CSIDriver {name} replaced: another install made it with other {} (immutable)",
+            differ.join(" and ")
+        );
+        info!("{note}");
+        self.event(
+            EventType::Normal,
+            "CSIDriverReplaced",
+            "ApplyCSIDriver",
+            note,
+        )
+        .await;
+        ssa(&api, driver).await
     }
 
     async fn update_status(&self, sync: &ResourceSync) -> Result<()> {
@@ -777,6 +849,41 @@ impl Reconciler<'_> {
         }
         Ok(())
     }
+}
+
+/// TopoLVM's API group before it became `topolvm.io` (topolvm `constants.go`, `api/legacy/v1`).
+pub const LEGACY_TOPOLVM_GROUP: &str = "topolvm.cybozu.com";
+
+/// The Warning for a cluster whose TopoLVM install still uses the legacy group (`example`: one of
+/// its `LogicalVolume`s), with the fix.
+fn legacy_note(example: &str) -> String {
+    format!(
+        "TopoLVM's legacy API group {LEGACY_TOPOLVM_GROUP} holds LogicalVolumes (such as {example}): \
+         lvms-rs serves only topolvm.io and leaves them, their PersistentVolumes and their LVs \
+         alone. To carry them over, first move them to topolvm.io with TopoLVM's own procedure \
+         (topolvm docs/proposals/rename-group.md, \"Migrate from topolvm.cybozu.com to \
+         topolvm.io\"), then take them over (docs/migration-from-lvms.md)"
+    )
+}
+
+/// The fields of `current` the API server keeps immutable that differ from `wanted`, with the API's
+/// defaults applied (`attachRequired` true, `volumeLifecycleModes` `[Persistent]`).
+fn immutable_csi_driver_fields(
+    current: &CSIDriverSpec,
+    wanted: &CSIDriverSpec,
+) -> Vec<&'static str> {
+    let modes = |s: &CSIDriverSpec| match s.volume_lifecycle_modes.as_deref() {
+        None | Some([]) => vec!["Persistent".to_owned()],
+        Some(m) => m.to_vec(),
+    };
+    let mut differ = Vec::new();
+    if current.attach_required.unwrap_or(true) != wanted.attach_required.unwrap_or(true) {
+        differ.push("attachRequired");
+    }
+    if modes(current) != modes(wanted) {
+        differ.push("volumeLifecycleModes");
+    }
+    differ
 }
 
 fn push_err(failures: &mut Vec<String>, res: Result<()>) {

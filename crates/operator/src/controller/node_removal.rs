@@ -28,7 +28,7 @@ use kube::{
     },
 };
 use lvms_api::{
-    LVMCluster, LVMVolumeGroup, LVMVolumeGroupNodeStatus, NODE_STATUS_FINALIZER,
+    LVMCluster, LVMVolumeGroup, LVMVolumeGroupNodeStatus, NODE_FINALIZER, NODE_STATUS_FINALIZER,
     topolvm::LogicalVolume,
 };
 use tracing::{info, warn};
@@ -70,6 +70,7 @@ pub async fn release_gone_nodes(client: &Client, ns: &str) -> Result<Vec<NodeCle
         .await
         .map_err(kube_err("listing Nodes"))?;
     let existing: BTreeSet<String> = nodes.items.iter().map(ResourceExt::name_any).collect();
+    release_topolvm_node_finalizers(client, &nodes.items).await?;
     let statuses_api = Api::<LVMVolumeGroupNodeStatus>::namespaced(client.clone(), ns);
     let statuses = statuses_api
         .list(&ListParams::default())
@@ -148,6 +149,47 @@ pub async fn release_gone_nodes(client: &Client, ns: &str) -> Result<Vec<NodeCle
         }
     }
     Ok(cleanups)
+}
+
+/// Removes TopoLVM's `topolvm.io/node` finalizer from each Node being deleted. TopoLVM's and
+/// LVMS's node plugins add it and their controller removes it; after a takeover (ADR 0032) neither
+/// runs, and the Node would stay Terminating for good. lvms-rs adds no finalizer to Nodes: what a
+/// gone node leaves is released by [`release_gone_nodes`] once the Node is gone.
+async fn release_topolvm_node_finalizers<R: kube::Resource>(
+    client: &Client,
+    nodes: &[R],
+) -> Result<()> {
+    let api = Api::<Node>::all(client.clone());
+    for node in nodes {
+        let Some(keep) = topolvm_node_finalizer_released(node) else {
+            continue;
+        };
+        api.patch(
+            &node.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(finalizers_patch(&keep, node.resource_version().as_deref())),
+        )
+        .await
+        .map_err(kube_err(format!(
+            "removing finalizer {NODE_FINALIZER} from deleted Node {}",
+            node.name_any()
+        )))?;
+        info!(node = %node.name_any(), "removed TopoLVM's node finalizer from a deleted Node");
+    }
+    Ok(())
+}
+
+/// The finalizers a Node keeps once TopoLVM's is released, when it is being deleted and has it.
+fn topolvm_node_finalizer_released(node: &impl kube::Resource) -> Option<Vec<String>> {
+    let finalizers = node.finalizers();
+    (node.meta().deletion_timestamp.is_some() && finalizers.iter().any(|f| f == NODE_FINALIZER))
+        .then(|| {
+            finalizers
+                .iter()
+                .filter(|f| *f != NODE_FINALIZER)
+                .cloned()
+                .collect()
+        })
 }
 
 /// One pass: the `LogicalVolume`s of the shared classes of the `LVMCluster`s in `ns` whose node is
@@ -309,5 +351,38 @@ pub async fn run(
                 "handing shared volumes of gone nodes over failed; retrying on the next pass"
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(deleting: bool, finalizers: &[&str]) -> PartialObjectMeta<Node> {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {
+                "name": "worker-1",
+                "finalizers": finalizers,
+                "deletionTimestamp": deleting.then_some("2026-12-07T00:00:00Z"),
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn topolvm_node_finalizer_is_released_only_from_a_node_being_deleted() {
+        assert_eq!(
+            topolvm_node_finalizer_released(&node(true, &[NODE_FINALIZER, "example.com/keep"])),
+            Some(vec!["example.com/keep".to_owned()])
+        );
+        assert_eq!(
+            topolvm_node_finalizer_released(&node(false, &[NODE_FINALIZER])),
+            None
+        );
+        assert_eq!(
+            topolvm_node_finalizer_released(&node(true, &["example.com/keep"])),
+            None
+        );
     }
 }

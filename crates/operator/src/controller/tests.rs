@@ -761,3 +761,56 @@ async fn readiness_sees_the_store_synced_while_another_task_also_waits() {
     assert!(ours.unwrap());
     assert!(other.await.unwrap());
 }
+
+#[test]
+fn only_csi_driver_fields_the_api_keeps_immutable_force_a_replacement() {
+    use k8s_openapi::api::storage::v1::CSIDriverSpec;
+
+    use super::immutable_csi_driver_fields;
+    let spec = |attach: Option<bool>, modes: Option<&[&str]>, pod_info: bool| CSIDriverSpec {
+        attach_required: attach,
+        volume_lifecycle_modes: modes.map(|m| m.iter().map(|s| (*s).to_owned()).collect()),
+        pod_info_on_mount: Some(pod_info),
+        ..CSIDriverSpec::default()
+    };
+    let ours = spec(Some(false), Some(&["Persistent", "Ephemeral"]), true);
+    // LVMS's: no Ephemeral mode.
+    assert_eq!(
+        immutable_csi_driver_fields(&spec(Some(false), Some(&["Persistent"]), true), &ours),
+        vec!["volumeLifecycleModes"]
+    );
+    // Unset fields take the API's defaults: attach required, Persistent only.
+    assert_eq!(
+        immutable_csi_driver_fields(&spec(None, None, true), &ours),
+        vec!["attachRequired", "volumeLifecycleModes"]
+    );
+    assert!(
+        immutable_csi_driver_fields(
+            &spec(Some(true), Some(&[]), true),
+            &spec(None, Some(&["Persistent"]), true)
+        )
+        .is_empty()
+    );
+    // A mutable field alone is applied in place.
+    assert!(
+        immutable_csi_driver_fields(
+            &spec(Some(false), Some(&["Persistent", "Ephemeral"]), false),
+            &ours
+        )
+        .is_empty()
+    );
+}
+
+#[test]
+fn the_legacy_group_warning_names_a_volume_and_the_fix() {
+    let note = super::legacy_note("pvc-0d8e3f5c");
+    for part in [
+        "topolvm.cybozu.com",
+        "pvc-0d8e3f5c",
+        "leaves them",
+        "rename-group.md",
+        "docs/migration-from-lvms.md",
+    ] {
+        assert!(note.contains(part), "{part}: {note}");
+    }
+}

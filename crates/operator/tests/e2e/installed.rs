@@ -29,6 +29,8 @@ use kube::{
 use lvms_api::{LVMCluster, topolvm::LogicalVolume};
 use serde_json::json;
 
+mod adopt;
+
 use crate::{
     stack::Vm,
     support::{self, TestNamespace, eventually},
