@@ -282,6 +282,22 @@ pub fn start(
     let mut control_plane = ControlPlane::start(dir, &assets, options)?;
     if options.snapshot_controller {
         let kubeconfig = control_plane.kubeconfig.clone();
+        // Its CRDs first: it exits when they are not there within 30 s of its start, which a
+        // harness that applies them after booting nodes misses (it did: no VolumeSnapshot of the
+        // installed test was ever handled).
+        let out = Command::new("kubectl")
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(["apply", "--server-side", "-f"])
+            .arg(assets.join("crds"))
+            .output()
+            .context("running kubectl to apply the snapshot CRDs")?;
+        if !out.status.success() {
+            bail!(
+                "kubectl apply of {} failed: {}",
+                assets.join("crds").display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         control_plane.spawn(
             "snapshot-controller",
             Command::new(assets.join("snapshot-controller"))

@@ -344,20 +344,27 @@ enum Next {
 }
 
 impl Board {
-    /// The first phase in the queue (most work first) this lane may start now: one whose build is
-    /// done and whose load fits beside the running phases' (any, when nothing runs); waits until
-    /// one does. `None` when the queue is empty.
+    /// The first phase in the queue (most work first, a sanlock phase before any other) this lane
+    /// may start now: one whose build is done and whose load fits beside the running phases' (any,
+    /// when nothing runs); waits until one does. `None` when the queue is empty.
     fn next(&self) -> Option<Next> {
         let mut queue = self.queue.lock().ok()?;
         loop {
             let prepared = self.prepared.lock().ok().and_then(|p| *p);
             let running = self.running.lock().map(|r| *r).unwrap_or(0);
             let sanlock = self.sanlock_running.lock().map(|r| *r).unwrap_or(false);
-            let ready = queue.iter().position(|p| {
+            let fits = |p: &Phase| {
                 (!p.after_prepare || prepared.is_some())
                     && (running == 0 || running + p.load <= CAPACITY)
                     && !(p.sanlock && sanlock)
-            });
+            };
+            // The sanlock phases run one after another: together they are the run's longest
+            // chain, so a free lane takes the next of them before anything else (CI run 18: a
+            // csi-sanity phase went first and the chain ended 3 minutes later, alone).
+            let ready = queue
+                .iter()
+                .position(|p| p.sanlock && fits(p))
+                .or_else(|| queue.iter().position(fits));
             match ready {
                 Some(i) => {
                     let phase = queue.remove(i)?;
@@ -787,6 +794,20 @@ mod tests {
         });
         assert_eq!(waiting, "two-node");
         assert_eq!(name(b.next()), "none");
+    }
+
+    #[test]
+    fn a_free_lane_takes_the_next_sanlock_phase_before_heavier_work() {
+        let b = board(
+            vec![
+                xtask("csi-sanity", 200, 110, &[]),
+                sanlock(xtask("two-node", 290, 60, &[])),
+                xtask("light", 30, 20, &[]),
+            ],
+            Some(true),
+        );
+        assert_eq!(name(b.next()), "two-node");
+        assert_eq!(name(b.next()), "csi-sanity");
     }
 
     #[test]

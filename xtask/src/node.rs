@@ -2,9 +2,12 @@
 //! plane runs on the host ([`crate::cluster`]); each node is a VM, with Debian's containerd and
 //! runc and the kubelet of the Kubernetes assets (`xtask/src/node.sh`), its images built as
 //! tarballs and imported into node 1's disk before it boots ([`crate::images`]); node 2's disk is a
-//! sparse copy of it. Then `kubectl apply` of the snapshot CRDs and of a kustomize overlay of
-//! `deploy/base` that only names the local lvms-rs image, and the e2e test `installed` drives an
-//! `LVMCluster` to a pod writing its volume. ADR 0018.
+//! sparse copy of it. The snapshot CRDs are applied with the control plane, before its snapshot
+//! controller starts. Then the e2e test `installed::adopt::lvms_left_this_cluster` builds what an
+//! uninstalled LVMS leaves on node 2, `kubectl apply` installs a kustomize overlay of `deploy/base`
+//! that only names the local lvms-rs image, and the e2e tests `installed…` drive it: the takeover
+//! of LVMS's state (ADR 0032), an `LVMCluster` to a pod writing its volume (ADR 0018), a shared
+//! LUN on both nodes.
 //!
 //! The two nodes ([`NODES`]), `lvms-node` and `lvms-node2`, each have a spare disk of their own
 //! for a node-local class (`virtio-lvms0` on node 1, `virtio-lvms1` on node 2) and both attach one
@@ -291,9 +294,9 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
         cmd
     };
 
-    // The snapshot CRDs (a cluster's own); then what an uninstalled LVMS leaves on node 2, which
-    // the installed lvms-rs takes over (`installed::adopt`, ADR 0032); then lvms-rs with kubectl.
-    kubectl(&kubeconfig, &["apply", "-f", &p(assets.join("crds"))])?;
+    // The snapshot CRDs are a cluster's own (`cluster::start` applied them). What an uninstalled
+    // LVMS leaves on node 2, which the installed lvms-rs takes over (`installed::adopt`, ADR
+    // 0032); then lvms-rs with kubectl.
     let mut before = suite_cmd(0, &dir.join("reboot"));
     before.args([PRE_INSTALL_TEST, "--exact"]);
     let (ok, _) = e2e::run_pass(repo, before, &dir.join("work"))?;

@@ -7,7 +7,9 @@
 //! in the operator's namespace, plans, and executes: each finalizer is removed with a JSON merge
 //! patch carrying the observed `resourceVersion` (a concurrent change makes it fail with 409, and
 //! the next pass works from fresh data); the node status loses its
-//! `delete-protection.lvm.openshift.io` finalizer the same way and is then deleted. A pass runs at
+//! `delete-protection.lvm.openshift.io` finalizer the same way and is then deleted. A node status
+//! being deleted while its Node exists, and a Node being deleted with TopoLVM's `topolvm.io/node`
+//! finalizer, lose that finalizer too (what LVMS or TopoLVM left, ADR 0032). A pass runs at
 //! start, whenever a Node deletion is seen, and every [`NODE_REMOVAL_INTERVAL`].
 //!
 //! Each pass also hands the `LogicalVolume`s of shared classes whose node is deleted or out of
@@ -76,6 +78,7 @@ pub async fn release_gone_nodes(client: &Client, ns: &str) -> Result<Vec<NodeCle
         .list(&ListParams::default())
         .await
         .map_err(kube_err("listing LVMVolumeGroupNodeStatuses"))?;
+    release_deleted_node_statuses(&statuses_api, &statuses.items, &existing).await?;
     let vgs_api = Api::<LVMVolumeGroup>::namespaced(client.clone(), ns);
     let vgs = vgs_api
         .list(&ListParams::default())
@@ -161,7 +164,7 @@ async fn release_topolvm_node_finalizers<R: kube::Resource>(
 ) -> Result<()> {
     let api = Api::<Node>::all(client.clone());
     for node in nodes {
-        let Some(keep) = topolvm_node_finalizer_released(node) else {
+        let Some(keep) = released_while_deleting(node, NODE_FINALIZER) else {
             continue;
         };
         api.patch(
@@ -179,17 +182,51 @@ async fn release_topolvm_node_finalizers<R: kube::Resource>(
     Ok(())
 }
 
-/// The finalizers a Node keeps once TopoLVM's is released, when it is being deleted and has it.
-fn topolvm_node_finalizer_released(node: &impl kube::Resource) -> Option<Vec<String>> {
-    let finalizers = node.finalizers();
-    (node.meta().deletion_timestamp.is_some() && finalizers.iter().any(|f| f == NODE_FINALIZER))
-        .then(|| {
+/// Removes [`NODE_STATUS_FINALIZER`] from each node status being deleted whose Node exists (a
+/// gone node's status is released by the node-removal plan). The finalizer only keeps a status
+/// until the operator has seen its node go; one deleted on purpose is let go: the garbage
+/// collector deletes the statuses LVMS made, which LVMS owned by their `LVMCluster`, when that
+/// cluster is deleted, and LVMS's node plugin, which released them, is gone after a takeover (ADR
+/// 0032). A node agent that still serves a class applies its status again.
+async fn release_deleted_node_statuses(
+    api: &Api<LVMVolumeGroupNodeStatus>,
+    statuses: &[LVMVolumeGroupNodeStatus],
+    existing: &BTreeSet<String>,
+) -> Result<()> {
+    for status in statuses {
+        let name = status.name_any();
+        let Some(keep) = released_while_deleting(status, NODE_STATUS_FINALIZER) else {
+            continue;
+        };
+        if !existing.contains(&name) {
+            continue;
+        }
+        api.patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(finalizers_patch(&keep, status.resource_version().as_deref())),
+        )
+        .await
+        .map_err(kube_err(format!(
+            "removing finalizer {NODE_STATUS_FINALIZER} from deleted LVMVolumeGroupNodeStatus {name}"
+        )))?;
+        info!(node = %name, "released a node status being deleted");
+    }
+    Ok(())
+}
+
+/// The finalizers `obj` keeps once `finalizer` is released, when it is being deleted and has it.
+fn released_while_deleting(obj: &impl kube::Resource, finalizer: &str) -> Option<Vec<String>> {
+    let finalizers = obj.finalizers();
+    (obj.meta().deletion_timestamp.is_some() && finalizers.iter().any(|f| f == finalizer)).then(
+        || {
             finalizers
                 .iter()
-                .filter(|f| *f != NODE_FINALIZER)
+                .filter(|f| *f != finalizer)
                 .cloned()
                 .collect()
-        })
+        },
+    )
 }
 
 /// One pass: the `LogicalVolume`s of the shared classes of the `LVMCluster`s in `ns` whose node is
@@ -371,17 +408,20 @@ mod tests {
     }
 
     #[test]
-    fn topolvm_node_finalizer_is_released_only_from_a_node_being_deleted() {
+    fn a_finalizer_is_released_only_from_an_object_being_deleted() {
         assert_eq!(
-            topolvm_node_finalizer_released(&node(true, &[NODE_FINALIZER, "example.com/keep"])),
+            released_while_deleting(
+                &node(true, &[NODE_FINALIZER, "example.com/keep"]),
+                NODE_FINALIZER
+            ),
             Some(vec!["example.com/keep".to_owned()])
         );
         assert_eq!(
-            topolvm_node_finalizer_released(&node(false, &[NODE_FINALIZER])),
+            released_while_deleting(&node(false, &[NODE_FINALIZER]), NODE_FINALIZER),
             None
         );
         assert_eq!(
-            topolvm_node_finalizer_released(&node(true, &["example.com/keep"])),
+            released_while_deleting(&node(true, &["example.com/keep"]), NODE_FINALIZER),
             None
         );
     }

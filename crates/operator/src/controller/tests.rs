@@ -148,6 +148,13 @@ pub(super) fn assert_get(seen: &Seen, path: &str) {
     assert_eq!((&seen.method, seen.path.as_str()), (&Method::GET, path));
 }
 
+/// Answers the look for TopoLVM's legacy `LogicalVolume`s: the group is not served.
+async fn legacy_group_absent(server: &mut ApiServer) {
+    let seen = next(server, |_| not_found()).await;
+    assert_get(&seen, "/apis/topolvm.cybozu.com/v1/logicalvolumes");
+    assert_eq!(seen.query.get("limit").map(String::as_str), Some("1"));
+}
+
 /// Asserts that the reconciler sends nothing more once it is done.
 pub(super) async fn assert_no_more_requests(server: &mut ApiServer) {
     if let Ok(Some((request, _))) =
@@ -201,6 +208,7 @@ async fn new_cluster_gets_finalizer_then_every_object_is_applied_and_status_patc
     let seen = next(&mut server, echo).await;
     assert_ssa(&seen, "/apis/apps/v1/namespaces/lvms/daemonsets/vg-manager");
     assert_eq!(seen.body["kind"], "DaemonSet");
+    legacy_group_absent(&mut server).await;
 
     // Stale volume groups, then what status is made of.
     let seen = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
@@ -265,6 +273,7 @@ async fn volume_snapshot_class_is_applied_when_the_snapshot_api_exists() {
     assert_ssa(&seen, "/apis/storage.k8s.io/v1/csidrivers/topolvm.io");
     let seen = next(&mut server, echo).await;
     assert_ssa(&seen, "/apis/apps/v1/namespaces/lvms/daemonsets/vg-manager");
+    legacy_group_absent(&mut server).await;
     for _ in 0..3 {
         let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
     }
@@ -286,6 +295,7 @@ async fn stale_volume_group_of_a_removed_class_is_deleted() {
     for _ in 0..4 {
         let _ = next(&mut server, |s| (StatusCode::OK, s.body.clone())).await;
     }
+    legacy_group_absent(&mut server).await;
     let stale = json!({
         "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
         "metadata": {"name": "old", "namespace": NS, "ownerReferences": [{
@@ -342,6 +352,7 @@ async fn csi_driver_lvm_storage_classes_are_applied_after_the_class_storage_clas
     }
     let _ = next(&mut server, echo).await; // CSIDriver
     let _ = next(&mut server, echo).await; // DaemonSet
+    legacy_group_absent(&mut server).await;
     for _ in 0..3 {
         let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
     }
@@ -377,6 +388,7 @@ async fn stale_csi_driver_lvm_storage_class_is_deleted_when_the_flag_is_turned_o
     for _ in 0..4 {
         let _ = next(&mut server, |s| (StatusCode::OK, s.body.clone())).await;
     }
+    legacy_group_absent(&mut server).await;
     for name in ["csi-driver-lvm-linear", "csi-driver-lvm-mirror"] {
         let seen = next(&mut server, |_| (StatusCode::OK, owned(name))).await;
         assert_eq!(seen.method, Method::DELETE);
