@@ -9,11 +9,10 @@ use kube::Api;
 use lvms_api::topolvm::LogicalVolume;
 use lvms_csi::{
     csi::{
-        CapacityRange, ControllerExpandVolumeRequest, CreateSnapshotRequest, DeleteSnapshotRequest,
-        DeleteVolumeRequest, GetCapacityRequest, GetSnapshotRequest, ListSnapshotsRequest,
-        ListVolumesRequest, VolumeCapability, VolumeContentSource,
-        controller_client::ControllerClient, volume_capability::access_mode::Mode,
-        volume_content_source,
+        CreateSnapshotRequest, DeleteSnapshotRequest, DeleteVolumeRequest, GetCapacityRequest,
+        GetSnapshotRequest, ListSnapshotsRequest, ListVolumesRequest, VolumeCapability,
+        VolumeContentSource, controller_client::ControllerClient,
+        volume_capability::access_mode::Mode, volume_content_source,
     },
     identity::{Converged, IdentityService},
     server::{self, Services},
@@ -22,7 +21,7 @@ use lvms_csi_controller::{backend::NodeBackend, service::ClusterController, view
 use lvms_engine::ids;
 use lvms_node::lv_reconciler;
 use lvms_testkit::{
-    csi_requests::{create, mount, on, on_node},
+    csi_requests::{create, expand, mount, on, on_node, snapshot},
     fake_api::FakeApi,
     fake_backend::{FakeBackend, NoNode},
 };
@@ -220,11 +219,7 @@ async fn snapshot_restore_expand_and_delete_follow_the_volume_to_its_node() {
 
     let snap = c
         .client
-        .create_snapshot(CreateSnapshotRequest {
-            source_volume_id: src.volume_id.clone(),
-            name: "snap-1".into(),
-            ..Default::default()
-        })
+        .create_snapshot(snapshot(&src.volume_id, "snap-1"))
         .await
         .unwrap()
         .into_inner()
@@ -263,15 +258,7 @@ async fn snapshot_restore_expand_and_delete_follow_the_volume_to_its_node() {
 
     let grown = c
         .client
-        .controller_expand_volume(ControllerExpandVolumeRequest {
-            volume_id: src.volume_id.clone(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: 2 * GIB,
-                limit_bytes: 0,
-            }),
-            volume_capability: Some(cap()),
-            ..Default::default()
-        })
+        .controller_expand_volume(expand(&src.volume_id, 2 * GIB, Some(cap())))
         .await
         .unwrap()
         .into_inner();
@@ -311,14 +298,7 @@ async fn snapshot_restore_expand_and_delete_follow_the_volume_to_its_node() {
     }
     let missing = c
         .client
-        .controller_expand_volume(ControllerExpandVolumeRequest {
-            volume_id: ids::volume_lv_name("never"),
-            capacity_range: Some(CapacityRange {
-                required_bytes: GIB,
-                limit_bytes: 0,
-            }),
-            ..Default::default()
-        })
+        .controller_expand_volume(expand(&ids::volume_lv_name("never"), GIB, None))
         .await
         .unwrap_err();
     assert_eq!(missing.code(), Code::NotFound);
@@ -596,15 +576,7 @@ async fn a_taken_over_volume_is_found_by_its_status_volume_id_grown_snapshotted_
     // Grown: the object named pvc-… is patched, not one named after the id.
     let grown = c
         .client
-        .controller_expand_volume(ControllerExpandVolumeRequest {
-            volume_id: UID.to_owned(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: 2 * GIB,
-                limit_bytes: 0,
-            }),
-            volume_capability: Some(cap()),
-            ..Default::default()
-        })
+        .controller_expand_volume(expand(UID, 2 * GIB, Some(cap())))
         .await
         .unwrap()
         .into_inner();
@@ -622,11 +594,7 @@ async fn a_taken_over_volume_is_found_by_its_status_volume_id_grown_snapshotted_
     // reports the source's id.
     let snap = c
         .client
-        .create_snapshot(CreateSnapshotRequest {
-            source_volume_id: UID.to_owned(),
-            name: "snap-old".into(),
-            ..Default::default()
-        })
+        .create_snapshot(snapshot(UID, "snap-old"))
         .await
         .unwrap()
         .into_inner()

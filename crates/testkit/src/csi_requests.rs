@@ -4,8 +4,8 @@
 use lvms_csi::{
     TOPOLOGY_NODE_KEY,
     csi::{
-        CapacityRange, CreateVolumeRequest, Topology, TopologyRequirement, VolumeCapability,
-        VolumeContentSource,
+        CapacityRange, ControllerExpandVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest,
+        Topology, TopologyRequirement, VolumeCapability, VolumeContentSource,
         volume_capability::{self, AccessMode, BlockVolume, MountVolume, access_mode::Mode},
         volume_content_source,
     },
@@ -35,6 +35,30 @@ pub fn range(required: i64, limit: i64) -> Option<CapacityRange> {
         required_bytes: required,
         limit_bytes: limit,
     })
+}
+
+/// A ControllerExpandVolume of volume `id` to at least `required` bytes, for a volume used as
+/// `capability`.
+pub fn expand(
+    id: &str,
+    required: i64,
+    capability: Option<VolumeCapability>,
+) -> ControllerExpandVolumeRequest {
+    ControllerExpandVolumeRequest {
+        volume_id: id.into(),
+        capacity_range: range(required, 0),
+        volume_capability: capability,
+        ..ControllerExpandVolumeRequest::default()
+    }
+}
+
+/// A CreateSnapshot `name` of volume `source`.
+pub fn snapshot(source: &str, name: &str) -> CreateSnapshotRequest {
+    CreateSnapshotRequest {
+        source_volume_id: source.into(),
+        name: name.into(),
+        ..CreateSnapshotRequest::default()
+    }
 }
 
 /// A CreateVolume of `size` bytes, mounted xfs, single-node writer.

@@ -147,20 +147,6 @@ fn claim(name: &str, size: &str, block: bool) -> PersistentVolumeClaim {
     .unwrap()
 }
 
-async fn wait_cluster_ready(clusters: &Api<LVMCluster>, what: &str) {
-    eventually(what, SLOW, || {
-        let clusters = clusters.clone();
-        async move {
-            let c = clusters.get("e2e").await.map_err(|e| e.to_string())?;
-            match &c.status {
-                Some(s) if s.ready => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        }
-    })
-    .await;
-}
-
 async fn create_pod(
     pods: &Api<Pod>,
     env: &Env,
@@ -411,7 +397,7 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
         .create(&PostParams::default(), &cluster(json!([env.device])))
         .await
         .unwrap_or_else(|e| panic!("creating the LVMCluster in {INSTALL_NS}: {e}"));
-    wait_cluster_ready(&clusters, "the LVMCluster is Ready").await;
+    support::wait_cluster_ready(&clusters, "e2e", SLOW).await;
     println!(
         "installed: LVMCluster Ready {} s after kubectl apply",
         since_apply(&env)
@@ -714,7 +700,7 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
     })
     .await;
     println!("installed: operator pod {old_operator} replaced by {new_operator}");
-    wait_cluster_ready(&clusters, "the LVMCluster is Ready again").await;
+    support::wait_cluster_ready(&clusters, "e2e", SLOW).await;
     assert_eq!(lvs(&env.vm).await, on_disk, "the LVs on the node");
     let ds = Api::<DaemonSet>::namespaced(client.clone(), INSTALL_NS)
         .get(NODE_DAEMON_SET)
@@ -773,16 +759,7 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
         .delete("e2e", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("the LVMCluster is gone", SLOW, || {
-        let clusters = clusters.clone();
-        async move {
-            match clusters.get_opt("e2e").await.map_err(|e| e.to_string())? {
-                None => Ok(()),
-                Some(c) => Err(format!("{:?}", c.status)),
-            }
-        }
-    })
-    .await;
+    support::wait_cluster_gone(&clusters, "e2e", SLOW).await;
     println!(
         "installed: scenario done in {:.0} s",
         started.elapsed().as_secs_f64()

@@ -65,17 +65,7 @@ struct Member {
 }
 
 async fn wait_ready(clusters: &Api<LVMCluster>) {
-    eventually("the shared LVMCluster is Ready", SLOW, || {
-        let clusters = clusters.clone();
-        async move {
-            let c = clusters.get(CLUSTER).await.map_err(|e| e.to_string())?;
-            match &c.status {
-                Some(s) if s.ready => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        }
-    })
-    .await;
+    support::wait_cluster_ready(clusters, CLUSTER, SLOW).await;
 }
 
 /// The node the operator's pod runs on.

@@ -768,13 +768,7 @@ async fn update(client: &Client, ns: &str, name: &str, good: &Value, bad: &Value
 async fn delete(client: &Client, ns: &str, name: &str) {
     let clusters = Api::<LVMCluster>::namespaced(client.clone(), ns);
     clusters.delete(name, &Default::default()).await.unwrap();
-    support::eventually("the LVMCluster is gone", support::WAIT, || async {
-        match clusters.get_opt(name).await.map_err(|e| e.to_string())? {
-            None => Ok(()),
-            Some(_) => Err("still there".to_owned()),
-        }
-    })
-    .await;
+    support::wait_cluster_gone(&clusters, name, support::WAIT).await;
 }
 
 #[tokio::test]

@@ -637,16 +637,7 @@ async fn stack_deleting_the_lvmcluster_waits_for_a_retained_volume_then_the_node
         .delete(&handle, &DeleteParams::default())
         .await
         .unwrap();
-    eventually("the LVMCluster is gone", SLOW, || {
-        let clusters = clusters.clone();
-        async move {
-            match clusters.get_opt(CLUSTER).await.map_err(|e| e.to_string())? {
-                None => Ok(()),
-                Some(c) => Err(format!("{:?} {:?}", c.metadata.finalizers, c.status)),
-            }
-        }
-    })
-    .await;
+    support::wait_cluster_gone(&clusters, CLUSTER, SLOW).await;
 
     // The node cleaned up: no volume group, no LVM label on the disk, no object left.
     let (code, out) = stack

@@ -15,6 +15,7 @@ use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
+use lvms_api::LVMCluster;
 use serde_json::json;
 
 /// Field manager of everything the tests write themselves.
@@ -133,6 +134,37 @@ pub async fn install_crds(client: &Client) {
         })
         .await;
     }
+}
+
+/// Waits until `LVMCluster` `name` reports Ready.
+pub async fn wait_cluster_ready(clusters: &Api<LVMCluster>, name: &str, timeout: Duration) {
+    eventually(
+        &format!("LVMCluster {name} is Ready"),
+        timeout,
+        || async move {
+            let c = clusters.get(name).await.map_err(|e| e.to_string())?;
+            match &c.status {
+                Some(s) if s.ready => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+}
+
+/// Waits until `LVMCluster` `name` is gone (its finalizers and status while it is not).
+pub async fn wait_cluster_gone(clusters: &Api<LVMCluster>, name: &str, timeout: Duration) {
+    eventually(
+        &format!("LVMCluster {name} is gone"),
+        timeout,
+        || async move {
+            match clusters.get_opt(name).await.map_err(|e| e.to_string())? {
+                None => Ok(()),
+                Some(c) => Err(format!("{:?} {:?}", c.metadata.finalizers, c.status)),
+            }
+        },
+    )
+    .await;
 }
 
 /// A namespace for one test, with extra labels; [`TestNamespace::delete`] removes it.

@@ -423,17 +423,7 @@ async fn an_lvms_install_is_taken_over_in_place() {
 
     // The LVMCluster LVMS left becomes Ready under lvms-rs, on the same volume group and pool.
     let clusters = Api::<LVMCluster>::namespaced(client.clone(), INSTALL_NS);
-    eventually("the LVMCluster LVMS left is Ready", SLOW, || {
-        let clusters = clusters.clone();
-        async move {
-            let c = clusters.get(CLUSTER).await.map_err(|e| e.to_string())?;
-            match &c.status {
-                Some(s) if s.ready => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        }
-    })
-    .await;
+    support::wait_cluster_ready(&clusters, CLUSTER, SLOW).await;
     println!(
         "installed-takeover: LVMS's LVMCluster Ready {} s after kubectl apply",
         since_apply(&env)
@@ -695,16 +685,7 @@ async fn an_lvms_install_is_taken_over_in_place() {
         .delete(CLUSTER, &DeleteParams::default())
         .await
         .unwrap();
-    eventually("LVMS's LVMCluster is gone", SLOW, || {
-        let clusters = clusters.clone();
-        async move {
-            match clusters.get_opt(CLUSTER).await.map_err(|e| e.to_string())? {
-                None => Ok(()),
-                Some(c) => Err(format!("{:?} {:?}", c.metadata.finalizers, c.status)),
-            }
-        }
-    })
-    .await;
+    support::wait_cluster_gone(&clusters, CLUSTER, SLOW).await;
     let vgs = Api::<LVMVolumeGroup>::namespaced(client.clone(), INSTALL_NS);
     let statuses = Api::<LVMVolumeGroupNodeStatus>::namespaced(client.clone(), INSTALL_NS);
     eventually(
