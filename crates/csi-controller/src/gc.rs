@@ -83,7 +83,7 @@ impl ControllerCollector {
         for o in &sweep.orphans {
             tracing::warn!(logical_volume = %o.id, age_secs = o.age.as_secs(), "LogicalVolume without a PersistentVolume");
             if o.age.is_zero()
-                && let Some(lv) = self.view.logical_volume(&o.id)
+                && let Some(lv) = names.get(&o.id).and_then(|name| self.view.named(name))
             {
                 warn_event(
                     &self.recorder,

@@ -611,20 +611,68 @@ async fn a_taken_over_volume_is_found_by_its_status_volume_id_grown_snapshotted_
             .contains(&"create_snapshot snap-old".to_owned())
     );
 
+    // Without a PersistentVolume it is reported as unclaimed by its id, the Event on its object;
+    // so is an object of ours made by hand under another name than its id.
+    let hand_made = ids::volume_lv_name("hand-made");
+    c.api.insert(
+        &lv_path("hand-made"),
+        json!({"apiVersion": "topolvm.io/v1", "kind": "LogicalVolume",
+               "metadata": {"name": "hand-made"},
+               "spec": {"name": "hand-made", "nodeName": "node-c", "size": "1Gi"},
+               "status": {"volumeID": hand_made, "currentSize": "1Gi"}}),
+    );
+    let seen = async {
+        while c.view.named("hand-made").is_none() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), seen)
+        .await
+        .expect("the view sees the hand-made object");
+    let lvs: Api<LogicalVolume> = Api::all(c.api.client(NS));
+    let mut report =
+        lvms_csi_controller::gc::ControllerCollector::new(c.view.clone(), lvs.clone(), None);
+    let s = report.sweep_once().await.unwrap();
+    let mut orphans: Vec<&str> = s.orphans.iter().map(|o| o.id.as_str()).collect();
+    orphans.sort_unstable();
+    let mut want = [UID, hand_made.as_str()];
+    want.sort_unstable();
+    assert_eq!(orphans, want);
+    let mut regarding: Vec<String> = c
+        .api
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.contains("/events"))
+        .map(|r| {
+            r.body["regarding"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    regarding.sort_unstable();
+    assert_eq!(regarding, ["hand-made", OBJECT]);
+
     // A PersistentVolume holding the id claims the object: the collector leaves it alone.
     c.api.insert(
         "/api/v1/persistentvolumes/pv-old",
         json!({"metadata": {"name": "pv-old"},
                "spec": {"csi": {"driver": "topolvm.io", "volumeHandle": UID}}}),
     );
-    let lvs: Api<LogicalVolume> = Api::all(c.api.client(NS));
     let mut collect = lvms_csi_controller::gc::ControllerCollector::new(
         c.view.clone(),
         lvs,
         Some(Duration::ZERO),
     );
     let s = collect.sweep_once().await.unwrap();
-    assert!(s.orphans.is_empty(), "{:?}", s.orphans);
+    assert_eq!(
+        s.orphans.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(),
+        [hand_made.as_str()],
+        "only the hand-made object is left unclaimed"
+    );
+    // The one past its (zero) window is deleted by its name.
+    assert_eq!(s.delete, std::slice::from_ref(&hand_made));
+    assert!(c.api.get(&lv_path("hand-made")).is_none());
 
     // Deleted through its id: the snapshot first, then the volume; the node removes the LV.
     c.client
