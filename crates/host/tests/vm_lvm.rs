@@ -795,6 +795,8 @@ async fn lv_create_linear_rounds_up_to_extent() {
         ..lv_spec(&vg, "lv1", 10 * MIB + 512, Layout::Linear)
     };
     lvm().lv_create(&spec).await.unwrap();
+    // udev probes a new device (blkid) and holds it open meanwhile (CI run 20 saw it open).
+    sh("udevadm settle");
 
     let lv = get_lv(&vg, "lv1").await;
     assert_eq!(lv.segtype, "linear");
@@ -1204,6 +1206,8 @@ async fn lvs_decodes_lv_attr_health_ok_for_active_pool() {
     sh_pool(&vg, "pool", 64);
     sh_thin(&vg, "pool", "thin1", 64);
     sh_lv(&vg, "plain", 8);
+    // udev's probe of the new devices holds them open until it is done.
+    sh("udevadm settle");
 
     let lvs = lvm().lvs(Some(&vg)).await.unwrap();
     assert_eq!(lvs.len(), 3, "{lvs:?}");
