@@ -7,6 +7,7 @@
 //! - [`reconciler`]: the event recorder and the run loop every reconciler shares.
 #![forbid(unsafe_code)]
 
+pub mod finalizers;
 pub mod gc;
 pub mod metrics;
 pub mod reconciler;

@@ -15,7 +15,7 @@
 
 pub mod capacity;
 pub mod creator_lease;
-pub mod finalizers;
+pub use lvms_k8s::finalizers;
 pub mod gc;
 pub mod logical_volume;
 pub mod lv_reconciler;

@@ -201,13 +201,9 @@ async fn release_deleted_node_statuses(
         if !existing.contains(&name) {
             continue;
         }
-        api.patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(finalizers_patch(&keep, status.resource_version().as_deref())),
-        )
-        .await
-        .map_err(kube_err(format!(
+        lvms_k8s::finalizers::set(api, status, keep)
+            .await
+            .map_err(kube_err(format!(
             "removing finalizer {NODE_STATUS_FINALIZER} from deleted LVMVolumeGroupNodeStatus {name}"
         )))?;
         info!(node = %name, "released a node status being deleted");
@@ -217,16 +213,8 @@ async fn release_deleted_node_statuses(
 
 /// The finalizers `obj` keeps once `finalizer` is released, when it is being deleted and has it.
 fn released_while_deleting(obj: &impl kube::Resource, finalizer: &str) -> Option<Vec<String>> {
-    let finalizers = obj.finalizers();
-    (obj.meta().deletion_timestamp.is_some() && finalizers.iter().any(|f| f == finalizer)).then(
-        || {
-            finalizers
-                .iter()
-                .filter(|f| *f != finalizer)
-                .cloned()
-                .collect()
-        },
-    )
+    (obj.meta().deletion_timestamp.is_some() && obj.finalizers().iter().any(|f| f == finalizer))
+        .then(|| lvms_k8s::finalizers::without(obj, finalizer))
 }
 
 /// One pass: the `LogicalVolume`s of the shared classes of the `LVMCluster`s in `ns` whose node is

@@ -1,4 +1,4 @@
-//! The one way the node agent changes finalizers: a JSON merge patch of the whole list that carries the
+//! The one way the node agent and the operator's node-removal pass change finalizers: a JSON merge patch of the whole list that carries the
 //! object's `resourceVersion`, so a concurrent change (another finalizer added or removed, a deletion)
 //! fails the patch with 409 instead of being overwritten; the next reconcile starts from the new object.
 
