@@ -15,6 +15,14 @@ pub const CSI_DRIVER_LVM_VG_TAG: &str = "vg.metal-stack.io/csi-lvm-driver";
 /// The tag metal-stack csi-driver-lvm puts on each logical volume it creates.
 pub const CSI_DRIVER_LVM_LV_TAG: &str = "lv.metal-stack.io/csi-lvm-driver";
 
+/// csi-driver-lvm's CSI driver name (its Helm value `lvm.driverName`), under which the node agent
+/// serves its existing volumes for classes with `adopt: csi-driver-lvm` (ADR 0033).
+pub const CSI_DRIVER_LVM_DRIVER_NAME: &str = "lvm.csi.metal-stack.io";
+
+/// csi-driver-lvm's topology key: its PersistentVolumes' node affinity names the node under it
+/// (csi-driver-lvm `pkg/server/node.go`).
+pub const CSI_DRIVER_LVM_TOPOLOGY_KEY: &str = "topology.lvm.csi/node";
+
 /// csi-driver-lvm's default volume group name (its Helm value `lvm.vgName`).
 pub const CSI_DRIVER_LVM_VG_NAME: &str = "csi-lvm";
 

@@ -121,7 +121,7 @@ impl NodeBackend {
     fn source(&self, name: &str) -> Source {
         let taken_over = self.view.named(name).and_then(|src| {
             let id = src.status.as_ref()?.volume_id.clone();
-            ids::is_taken_over_id(&id).then(|| {
+            ids::is_topolvm_id(&id).then(|| {
                 if src.spec.access_type == "ro" && !src.spec.source.is_empty() {
                     Source::Snapshot(id)
                 } else {

@@ -152,7 +152,7 @@ impl View {
     /// ids; one TopoLVM or LVMS made is named `pvc-…`/`snapshot-…` and its id, a UUID, is its
     /// `status.volumeID` (ADR 0032).
     pub fn logical_volume(&self, id: &str) -> Option<Arc<LogicalVolume>> {
-        if lvms_engine::ids::is_taken_over_id(id) {
+        if lvms_engine::ids::is_topolvm_id(id) {
             return self
                 .logical_volumes
                 .find(|lv| lv.status.as_ref().is_some_and(|s| s.volume_id == id));

@@ -356,15 +356,29 @@ pub fn page<T>(
 pub struct ControllerService<B> {
     backend: Arc<B>,
     in_flight: InFlight,
+    capabilities: &'static [rpc::Type],
 }
 
+/// What the Controller service advertises for volumes served under csi-driver-lvm's name (ADR 0033):
+/// DeleteVolume only. Expansion is the node's, as csi-driver-lvm does it, so external-resizer marks
+/// the volume grown and kubelet's NodeExpandVolume grows the LV and the filesystem on its node.
+pub const CSI_DRIVER_LVM_CAPABILITIES: [rpc::Type; 1] = [rpc::Type::CreateDeleteVolume];
+
 impl<B: Backend> ControllerService<B> {
-    /// The service over `backend`.
+    /// The service over `backend`, advertising [`CAPABILITIES`].
     pub fn new(backend: Arc<B>) -> Self {
         Self {
             backend,
             in_flight: InFlight::default(),
+            capabilities: &CAPABILITIES,
         }
+    }
+
+    /// The same service advertising only `capabilities` (the RPCs stay served).
+    #[must_use]
+    pub fn with_capabilities(mut self, capabilities: &'static [rpc::Type]) -> Self {
+        self.capabilities = capabilities;
+        self
     }
 
     fn class(&self, asked: Option<&str>) -> Result<DeviceClassConfig, RpcError> {
@@ -981,7 +995,8 @@ impl<B: Backend> Controller for ControllerService<B> {
         _request: Request<ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
         Ok(Response::new(ControllerGetCapabilitiesResponse {
-            capabilities: CAPABILITIES
+            capabilities: self
+                .capabilities
                 .iter()
                 .map(|t| ControllerServiceCapability {
                     r#type: Some(controller_service_capability::Type::Rpc(

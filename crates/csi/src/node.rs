@@ -56,13 +56,22 @@ pub struct NodeOptions {
     /// The filesystem made on a blank volume when neither the capability nor the volume's class
     /// ([`lvms_engine::backend::DeviceClassConfig::fstype`]) names one.
     pub default_fstype: Fstype,
+    /// The topology key `NodeGetInfo` names this node under ([`crate::TOPOLOGY_NODE_KEY`]; another
+    /// driver's for volumes served under its name, ADR 0033).
+    pub topology_key: &'static str,
+    /// Whether `NodeExpandVolume` grows the volume itself when it is smaller than asked (the
+    /// Controller service then advertises no `EXPAND_VOLUME`: csi-driver-lvm's way, ADR 0033).
+    /// Otherwise ControllerExpandVolume grows it and the node only grows the filesystem.
+    pub grows_volume: bool,
 }
 
 impl Default for NodeOptions {
-    /// ext4, as TopoLVM and LVMS default to.
+    /// ext4, as TopoLVM and LVMS default to, and lvms-rs's topology key.
     fn default() -> Self {
         Self {
             default_fstype: Fstype::Ext4,
+            topology_key: crate::TOPOLOGY_NODE_KEY,
+            grows_volume: false,
         }
     }
 }
@@ -692,7 +701,19 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
             ))
         };
         let ids = device_ids(&vol.device)?.ok_or_else(not_here)?;
-        let size = device_size(&vol.device).await?;
+        let mut size = device_size(&vol.device).await?;
+        let required = req
+            .capacity_range
+            .as_ref()
+            .map_or(0, |r| u64::try_from(r.required_bytes).unwrap_or(0));
+        if self.options.grows_volume && required > size {
+            self.backend
+                .expand(&vol.id, required)
+                .await
+                .map_err(ExpandError::Volume)?;
+            size = device_size(&vol.device).await?;
+            tracing::info!(size, "volume grown");
+        }
         if let Some(range) = &req.capacity_range {
             if u64::try_from(range.required_bytes).unwrap_or(0) > size {
                 return Err(ExpandError::OutOfRange(format!(
@@ -746,7 +767,7 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
     /// volumes are accessible from.
     pub async fn info(&self) -> NodeGetInfoResponse {
         let node = self.backend.node_id().to_owned();
-        let mut segments = HashMap::from([(crate::TOPOLOGY_NODE_KEY.to_owned(), node.clone())]);
+        let mut segments = HashMap::from([(self.options.topology_key.to_owned(), node.clone())]);
         for class in self.backend.joined_shared().await {
             segments.insert(lvms_api::shared_topology_key(&class), "true".to_owned());
         }

@@ -115,6 +115,7 @@ async fn start(s: &Setup, socket: &std::path::Path) -> Driver {
             Filesystems::new(runner),
             NodeOptions {
                 default_fstype: Fstype::Xfs,
+                ..NodeOptions::default()
             },
         )),
     };

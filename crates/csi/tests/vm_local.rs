@@ -825,6 +825,93 @@ mod vm_local {
         assert!(!lv_exists(&vg, id) && !lv_exists(&vg, snap_id));
     }
 
+    // ---- volumes csi-driver-lvm made, taken over in place (ADR 0033) ----
+
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn csi_driver_lvm_volumes_are_taken_over_only_by_an_adopting_class_and_then_served() {
+        use lvms_core::config::Adopt;
+        use lvms_engine::backend::TakeOver;
+        let mut s = Scratch::new(2, 256);
+        let vg = s.vg_name();
+        // As csi-driver-lvm makes them (its pkg/lvm/lvm.go CreateVG and CreateLV): the group and
+        // each LV tagged, the LV named after the PersistentVolume; a linear and a raid1 volume.
+        let linear = "pvc-6f1c2a4e-1b7d-4c1e-9a55-0e1f2d3c4b5a";
+        let mirror = "pvc-7a2d3b5f-2c8e-4d2f-8b66-1f2e3d4c5b6a";
+        let untagged = "pvc-0a0b0c0d-0000-4000-8000-000000000001";
+        sh(&format!(
+            "lvm vgcreate -q --addtag vg.metal-stack.io/csi-lvm-driver {vg} {disks} 2>&1 && \
+             lvm lvcreate -q -y -W y -L 64m --addtag lv.metal-stack.io/csi-lvm-driver -n {linear} {vg} 2>&1 && \
+             lvm lvcreate -q -y -W y -L 32m --type raid1 --mirrors 1 --nosync \
+               --addtag lv.metal-stack.io/csi-lvm-driver -n {mirror} {vg} 2>&1 && \
+             lvm lvcreate -q -y -W y -L 16m -n {untagged} {vg} 2>&1",
+            disks = s.disks.join(" ")
+        ));
+        write_marker(&format!("/dev/{vg}/{linear}"), "csi-driver-lvm!");
+        let req = |id: &str| TakeOver {
+            id: id.into(),
+            class: vg.clone(),
+            name: id.into(),
+            snapshot: false,
+            source: None,
+            created: None,
+        };
+
+        // A class that does not adopt csi-driver-lvm takes nothing over.
+        let plain = backend(vec![thick_class(&vg)]);
+        let err = plain.take_over(&req(linear)).await.unwrap_err();
+        assert!(
+            matches!(&err, BackendError::Conflict(m) if m.contains("adopt: csi-driver-lvm")),
+            "{err:?}"
+        );
+        assert!(!tags(&vg, linear).contains(&"lvms".to_owned()));
+
+        let mut class = thick_class(&vg);
+        class.adopt = Some(Adopt::CsiDriverLvm);
+        let b = backend(vec![class]);
+        assert!(b.get(linear).await.unwrap().is_none(), "not ours yet");
+        // An LV without csi-driver-lvm's tag is not csi-driver-lvm's.
+        let err = b.take_over(&req(untagged)).await.unwrap_err();
+        assert!(
+            matches!(&err, BackendError::Conflict(m) if m.contains("lacks csi-driver-lvm's tag")),
+            "{err:?}"
+        );
+        assert!(tags(&vg, untagged).is_empty());
+
+        let vol = b.take_over(&req(linear)).await.unwrap();
+        assert_eq!(
+            (vol.id.as_str(), vol.name.as_deref()),
+            (linear, Some(linear))
+        );
+        assert_eq!(vol.size, 64 * MIB);
+        assert!(!vol.thin && !vol.snapshot);
+        let mut got = tags(&vg, linear);
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                "lv.metal-stack.io/csi-lvm-driver".to_owned(),
+                "lvms".to_owned(),
+                ids::name_tag(linear)
+            ]
+        );
+        assert_eq!(read_marker(&vol.device, 15), "csi-driver-lvm!");
+        let raid = b.take_over(&req(mirror)).await.unwrap();
+        assert_eq!(raid.size, 32 * MIB);
+
+        // Served: found, grown, removed; never listed (no collector may see them).
+        assert_eq!(b.get(linear).await.unwrap(), Some(vol.clone()));
+        assert!(b.list().await.unwrap().is_empty());
+        assert_eq!(b.expand(linear, 96 * MIB).await.unwrap(), 96 * MIB);
+        assert_eq!(dev_size(&vol.device), 96 * MIB);
+        assert_eq!(read_marker(&vol.device, 15), "csi-driver-lvm!");
+        assert_eq!(b.expand(mirror, 48 * MIB).await.unwrap(), 48 * MIB);
+        assert!(b.delete(linear).await.unwrap());
+        assert!(b.delete(mirror).await.unwrap());
+        assert!(!lv_exists(&vg, linear) && !lv_exists(&vg, mirror));
+        assert!(lv_exists(&vg, untagged), "what was not taken over stays");
+    }
+
     // ---- RAID thin pools (ADR 0031) ----
 
     fn raid_cfg(

@@ -92,9 +92,8 @@ pub fn is_snapshot_id(id: &str) -> bool {
 
 /// Whether `id` has the shape of the volume ids TopoLVM and LVMS hand out: the `LogicalVolume`'s
 /// UID, a lowercase UUID, which is also the LV's name (topolvm
-/// `internal/controller/logicalvolume_controller.go`, ADR 0032). Volumes and snapshots alike; an
-/// LV of that name is served once it is taken over (tagged ours), never before.
-pub fn is_taken_over_id(id: &str) -> bool {
+/// `internal/controller/logicalvolume_controller.go`, ADR 0032). Volumes and snapshots alike.
+pub fn is_topolvm_id(id: &str) -> bool {
     let groups: Vec<&str> = id.split('-').collect();
     groups.len() == 5
         && groups.iter().zip([8, 4, 4, 4, 12]).all(|(g, n)| {
@@ -102,6 +101,20 @@ pub fn is_taken_over_id(id: &str) -> bool {
                 && g.bytes()
                     .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
         })
+}
+
+/// Whether `id` has the shape of the volume ids metal-stack csi-driver-lvm hands out: the name
+/// external-provisioner gives `CreateVolume`, `pvc-` and the claim's UID, which is also the LV's
+/// name in its volume group (csi-driver-lvm `pkg/server/controller.go`, ADR 0033).
+pub fn is_csi_driver_lvm_id(id: &str) -> bool {
+    id.strip_prefix("pvc-").is_some_and(is_topolvm_id)
+}
+
+/// Whether `id` is a volume id another driver hands out that lvms-rs serves once it is taken over
+/// (tagged ours), never before: TopoLVM's and LVMS's ([`is_topolvm_id`]) or csi-driver-lvm's
+/// ([`is_csi_driver_lvm_id`]).
+pub fn is_taken_over_id(id: &str) -> bool {
+    is_topolvm_id(id) || is_csi_driver_lvm_id(id)
 }
 
 fn is_digest(s: &str) -> bool {
@@ -297,6 +310,24 @@ mod tests {
             assert!(!is_taken_over_id(&ours));
         }
         assert!(!is_volume_id(uid) && !is_snapshot_id(uid));
+    }
+
+    #[test]
+    fn csi_driver_lvm_ids_are_pvc_and_a_uuid_and_never_topolvm_or_ours() {
+        let id = "pvc-6f1c2a4e-1b7d-4c1e-9a55-0e1f2d3c4b5a";
+        assert!(is_csi_driver_lvm_id(id) && is_taken_over_id(id));
+        assert!(!is_topolvm_id(id));
+        lvms_host::validate::lvm_name(id).unwrap();
+        for not in [
+            "pvc-",
+            "pvc-11111111",
+            "6f1c2a4e-1b7d-4c1e-9a55-0e1f2d3c4b5a",
+            "snapshot-6f1c2a4e-1b7d-4c1e-9a55-0e1f2d3c4b5a",
+            "PVC-6f1c2a4e-1b7d-4c1e-9a55-0e1f2d3c4b5a",
+        ] {
+            assert!(!is_csi_driver_lvm_id(not), "{not}");
+        }
+        assert!(!is_csi_driver_lvm_id(&volume_lv_name("pvc-1")));
     }
 
     #[test]

@@ -75,7 +75,7 @@ use std::{
 
 use lvms_core::{
     capacity::{ThinPoolUsage, max_volume_size, min_volume_size, thick_available, thin_capacity},
-    config::{SharedVolumeMode, WipePolicy},
+    config::{Adopt, CSI_DRIVER_LVM_LV_TAG, SharedVolumeMode, WipePolicy},
     layout::FreeSpace,
     lvattr::{LvAttr, LvHealth, Permissions, VgAttr},
     model::LogicalVolume,
@@ -140,6 +140,24 @@ fn is_ours(lv: &LogicalVolume) -> bool {
 
 fn is_our_id(id: &str) -> bool {
     ids::is_volume_id(id) || ids::is_snapshot_id(id) || ids::is_taken_over_id(id)
+}
+
+/// Whether `lv` is a volume csi-driver-lvm made: its tag, and a plain, visible, linear, striped or
+/// raid1 LV (csi-driver-lvm `pkg/lvm/lvm.go` `CreateLV`; ADR 0033).
+fn csi_driver_lvm_shape(lv: &LogicalVolume, attr: &LvAttr) -> std::result::Result<(), String> {
+    if !has_tag(lv, CSI_DRIVER_LVM_LV_TAG) {
+        return Err(format!(
+            "it lacks csi-driver-lvm's tag {CSI_DRIVER_LVM_LV_TAG} (tags {:?})",
+            lv.tags
+        ));
+    }
+    if lv.name.starts_with('[') || attr.is_thin_pool() || lv.segtype == THIN {
+        return Err(format!(
+            "csi-driver-lvm makes linear, striped and raid1 volumes, and it is a {} volume",
+            lv.segtype
+        ));
+    }
+    Ok(())
 }
 
 /// A size for messages: `1Gi (1073741824 bytes)`.
@@ -806,7 +824,9 @@ impl<R: Runner> Backend for LocalBackend<R> {
         let mut out: Vec<Volume> = report
             .lvs
             .iter()
-            .filter(|lv| is_ours(lv) && is_our_id(&lv.name))
+            // csi-driver-lvm's volumes have no `LogicalVolume` and no listing names them: their
+            // PersistentVolumes are their only record, so no collector may see them (ADR 0033).
+            .filter(|lv| is_ours(lv) && is_our_id(&lv.name) && !ids::is_csi_driver_lvm_id(&lv.name))
             .map(to_volume)
             .collect();
         out.sort_by(|a, b| a.id.cmp(&b.id));
@@ -1158,12 +1178,20 @@ impl<R: Runner> Backend for LocalBackend<R> {
     async fn take_over(&self, req: &TakeOver) -> Result<Volume> {
         if !ids::is_taken_over_id(&req.id) {
             return Err(BackendError::InvalidArgument(format!(
-                "{} is not a volume id another driver hands out (TopoLVM's and LVMS's are UUIDs): \
-                 nothing to take over",
+                "{} is not a volume id another driver hands out (TopoLVM's and LVMS's are UUIDs, \
+                 csi-driver-lvm's pvc-<UUID>): nothing to take over",
                 req.id
             )));
         }
         let class = self.class(&req.class)?;
+        let csi_driver_lvm = ids::is_csi_driver_lvm_id(&req.id);
+        if csi_driver_lvm && class.adopt != Some(Adopt::CsiDriverLvm) {
+            return Err(BackendError::Conflict(format!(
+                "{} is a csi-driver-lvm volume id and device class {} does not adopt csi-driver-lvm: \
+                 nothing is taken over; set adopt: csi-driver-lvm on the class that holds its group",
+                req.id, class.name
+            )));
+        }
         if class.shared().is_some() {
             return Err(BackendError::InvalidArgument(format!(
                 "device class {} is shared: its volumes are lvms-rs's own, none is taken over",
@@ -1194,7 +1222,10 @@ impl<R: Runner> Backend for LocalBackend<R> {
             ))
         })?;
         let thin = lv.segtype == THIN;
-        let shape = match (class.thin_pool(), thin) {
+        let shape = if csi_driver_lvm {
+            csi_driver_lvm_shape(lv, &attr)
+        } else {
+            match (class.thin_pool(), thin) {
             (Some(pool), true) if lv.pool_lv.as_deref() == Some(pool) => Ok(()),
             (Some(pool), _) => Err(format!(
                 "it is not a thin volume of the class's pool {pool} (segment type {}, pool {:?})",
@@ -1206,6 +1237,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
                 "device class {} is thick and it is a {} volume",
                 class.name, lv.segtype
             )),
+            }
         }
         .and_then(|()| {
             let writable = matches!(

@@ -5,6 +5,8 @@
 //!   node's `LVMVolumeGroupNodeStatus`.
 //! - The `LogicalVolume` reconciler makes, grows and removes this node's volumes.
 //! - Identity and Node are served on the plugin socket; `Probe` is ready once a device class is.
+//! - With `--csi-driver-lvm-endpoint`, csi-driver-lvm's volumes in adopted groups are served under
+//!   its driver name on a second socket (Identity, Node, and DeleteVolume; ADR 0033).
 //! - What each class can still hold is published on the Node (`capacity.<driver>/<class>`).
 //! - LVs of ours that no LogicalVolume names are reported (and removed after `--gc-delete-after`).
 //!
@@ -19,6 +21,7 @@ use std::{path::PathBuf, sync::Arc};
 use anyhow::{Context, Result, bail};
 use lvms_core::config::Fstype;
 use lvms_csi::{
+    controller::{CSI_DRIVER_LVM_CAPABILITIES, ControllerService},
     identity::{Converged, IdentityService},
     node::{NodeOptions, NodeService},
     server::{self, Services},
@@ -30,7 +33,14 @@ use lvms_host::{
 };
 use lvms_k8s::metrics::{GcMetrics, StorageMetrics};
 use lvms_node::{
-    capacity::Publisher, gc::NodeCollector, lv_reconciler, switch::Switch, vg_reconciler,
+    capacity::Publisher,
+    csi_driver_lvm::{
+        CSI_DRIVER_LVM_DRIVER_NAME, CSI_DRIVER_LVM_TOPOLOGY_KEY, CsiDriverLvmVolumes,
+    },
+    gc::NodeCollector,
+    lv_reconciler,
+    switch::Switch,
+    vg_reconciler,
 };
 
 /// `lvms node`'s flags.
@@ -54,6 +64,15 @@ pub struct NodeArgs {
     /// socket.
     #[arg(long, env = "LVMS_OLD_DRIVER_SOCKET")]
     old_driver_socket: Option<PathBuf>,
+    /// Where to serve, under metal-stack csi-driver-lvm's driver name (`lvm.csi.metal-stack.io`),
+    /// the volumes csi-driver-lvm made in a group a class adopts (`adopt: csi-driver-lvm`, ADR
+    /// 0033); unset or empty: not served. The operator sets it when a class adopts.
+    #[arg(long, env = "LVMS_CSI_DRIVER_LVM_ENDPOINT")]
+    csi_driver_lvm_endpoint: Option<String>,
+    /// Where csi-driver-lvm's node plugin listens, as this container sees it: while something
+    /// answers there, none of its volumes is taken over.
+    #[arg(long, env = "LVMS_CSI_DRIVER_LVM_OLD_SOCKET", default_value = lvms_node::csi_driver_lvm::DEFAULT_OLD_SOCKET)]
+    csi_driver_lvm_old_socket: PathBuf,
     /// Remove LVs of ours that no LogicalVolume names after they have been orphans this many seconds
     /// (unset: only report them, with an event on the Node). Also the grace period of inline
     /// ephemeral volumes that are not mounted and whose pod is gone (unset: 300 s).
@@ -202,15 +221,67 @@ pub async fn run(args: NodeArgs) -> Result<()> {
     let listener = server::bind(&socket)?;
     tracing::info!(socket = %socket.display(), node = %args.node_name, "serving CSI Identity and Node");
     let services: Services<_, _> = Services {
-        identity: IdentityService::new(args.driver_name.clone(), false, switch.clone(), converged),
+        identity: IdentityService::new(
+            args.driver_name.clone(),
+            false,
+            switch.clone(),
+            converged.clone(),
+        ),
         controller: None,
         node: Some(NodeService::new(
-            switch,
-            Filesystems::new(runner),
+            switch.clone(),
+            Filesystems::new(runner.clone()),
             NodeOptions {
                 default_fstype: args.default_fstype,
+                ..NodeOptions::default()
             },
         )),
+    };
+    // csi-driver-lvm's volumes under its name, over the same backend (ADR 0033).
+    let csi_driver_lvm = match args
+        .csi_driver_lvm_endpoint
+        .as_deref()
+        .filter(|e| !e.is_empty())
+    {
+        Some(endpoint) => {
+            let socket = PathBuf::from(endpoint.strip_prefix("unix://").unwrap_or(endpoint));
+            let listener = server::bind(&socket)?;
+            tracing::info!(socket = %socket.display(), driver = CSI_DRIVER_LVM_DRIVER_NAME, "serving csi-driver-lvm's volumes");
+            let volumes = Arc::new(CsiDriverLvmVolumes::new(
+                switch.clone(),
+                Some(args.csi_driver_lvm_old_socket.clone()),
+            ));
+            let services: Services<_, _> = Services {
+                identity: IdentityService::new(
+                    CSI_DRIVER_LVM_DRIVER_NAME,
+                    true,
+                    volumes.clone(),
+                    converged.clone(),
+                ),
+                controller: Some(
+                    ControllerService::new(volumes.clone())
+                        .with_capabilities(&CSI_DRIVER_LVM_CAPABILITIES),
+                ),
+                node: Some(NodeService::new(
+                    volumes,
+                    Filesystems::new(runner.clone()),
+                    // csi-driver-lvm's defaults: ext4 on a blank volume; the node grows the LV.
+                    NodeOptions {
+                        default_fstype: Fstype::Ext4,
+                        topology_key: CSI_DRIVER_LVM_TOPOLOGY_KEY,
+                        grows_volume: true,
+                    },
+                )),
+            };
+            Some(server::serve(listener, services, crate::shutdown_signal()))
+        }
+        None => None,
+    };
+    let csi_driver_lvm = async move {
+        match csi_driver_lvm {
+            Some(served) => served.await,
+            None => std::future::pending().await,
+        }
     };
     tokio::select! {
         () = vg_reconciler::run(vg_ctx) => bail!("the LVMVolumeGroup watch ended"),
@@ -223,5 +294,6 @@ pub async fn run(args: NodeArgs) -> Result<()> {
         served = server::serve(listener, services, crate::shutdown_signal()) => {
             served.context("serving CSI")
         }
+        served = csi_driver_lvm => served.context("serving csi-driver-lvm's volumes"),
     }
 }

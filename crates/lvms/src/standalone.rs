@@ -157,7 +157,10 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
         node: Some(NodeService::new(
             backend,
             Filesystems::new(runner),
-            NodeOptions { default_fstype },
+            NodeOptions {
+                default_fstype,
+                ..NodeOptions::default()
+            },
         )),
     };
     server::serve(listener, services, crate::shutdown_signal())

@@ -7,6 +7,7 @@
 //!   engine, to a volume group (and pool), the node's `LVMVolumeGroupNodeStatus`, and cleanup.
 //! - [`creator_lease`]: the Lease that picks the one node which creates a shared volume group.
 //! - [`switch`]: the CSI backend that follows the set of ready classes.
+//! - [`csi_driver_lvm`]: the view of it that serves csi-driver-lvm's volumes under its name.
 //! - [`capacity`]: what each class can still hold, published on the Node for the CSI controller.
 //! - [`gc`]: orphaned volumes, reported and (after a safety window, when configured) removed.
 //!
@@ -15,6 +16,7 @@
 
 pub mod capacity;
 pub mod creator_lease;
+pub mod csi_driver_lvm;
 pub use lvms_k8s::finalizers;
 pub mod gc;
 pub mod logical_volume;

@@ -139,7 +139,7 @@ fn taken_over_id(lv: &LogicalVolume) -> Option<&str> {
     lv.status
         .as_ref()
         .map(|s| s.volume_id.as_str())
-        .filter(|id| ids::is_taken_over_id(id))
+        .filter(|id| ids::is_topolvm_id(id))
 }
 
 /// The device class the object names, or the node's default for an empty `spec.deviceClass`.

@@ -311,7 +311,7 @@ async fn next_step<B: Backend>(
     })?;
     // Asked only where the answer matters: a volume another driver made, not taken over yet.
     let old_driver = match &ctx.old_driver_socket {
-        Some(path) if found.is_none() && lvms_engine::ids::is_taken_over_id(&name) => {
+        Some(path) if found.is_none() && lvms_engine::ids::is_topolvm_id(&name) => {
             old_driver_live(path).await
         }
         _ => None,

@@ -32,6 +32,9 @@ pub struct State {
     pub calls: Vec<String>,
     /// What [`Backend::usage`] answers per class (none unless a test sets it).
     pub usage: BTreeMap<String, lvms_engine::backend::Usage>,
+    /// Volumes another driver made, by id: [`Backend::get`] does not see them until
+    /// [`Backend::take_over`] moves them to `volumes`.
+    pub foreign: BTreeMap<String, Volume>,
 }
 
 pub struct FakeBackend {
@@ -101,6 +104,23 @@ impl FakeBackend {
             });
         }
         self
+    }
+
+    /// The same backend with `class` adopting `adopt`'s volume group.
+    pub fn with_adopt(mut self, class: &str, adopt: lvms_core::config::Adopt) -> Self {
+        for c in self.classes.iter_mut().filter(|c| c.name == class) {
+            c.adopt = Some(adopt);
+        }
+        self
+    }
+
+    /// Puts a volume another driver made on this node: invisible until taken over.
+    pub fn add_foreign(&self, volume: Volume) {
+        self.state
+            .lock()
+            .unwrap()
+            .foreign
+            .insert(volume.id.clone(), volume);
     }
 
     pub fn calls(&self) -> Vec<String> {
@@ -254,9 +274,38 @@ impl Backend for FakeBackend {
     async fn take_over(&self, req: &lvms_engine::backend::TakeOver) -> Result<Volume> {
         let mut s = self.state.lock().unwrap();
         s.calls.push(format!("take_over {}", req.id));
-        s.volumes.get(&req.id).cloned().ok_or_else(|| {
-            BackendError::NotFound(format!("no LV {} in class {}", req.id, req.class))
-        })
+        if let Some(v) = s.volumes.get(&req.id) {
+            return Ok(v.clone());
+        }
+        if lvms_engine::ids::is_csi_driver_lvm_id(&req.id)
+            && !self.classes.iter().any(|c| {
+                c.name == req.class && c.adopt == Some(lvms_core::config::Adopt::CsiDriverLvm)
+            })
+        {
+            return Err(BackendError::Conflict(format!(
+                "class {} does not adopt csi-driver-lvm",
+                req.class
+            )));
+        }
+        match s.foreign.remove(&req.id) {
+            Some(v) if v.class == req.class => {
+                let v = Volume {
+                    name: Some(req.name.clone()),
+                    ..v
+                };
+                s.volumes.insert(v.id.clone(), v.clone());
+                Ok(v)
+            }
+            other => {
+                if let Some(v) = other {
+                    s.foreign.insert(v.id.clone(), v);
+                }
+                Err(BackendError::NotFound(format!(
+                    "no LV {} in class {}",
+                    req.id, req.class
+                )))
+            }
+        }
     }
 
     async fn delete(&self, id: &str) -> Result<bool> {

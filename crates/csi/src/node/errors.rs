@@ -351,6 +351,9 @@ pub enum ExpandError {
         #[source]
         source: lvms_host::Error,
     },
+    /// Growing the volume itself failed ([`super::NodeOptions::grows_volume`]).
+    #[error("growing the volume: {0}")]
+    Volume(#[source] BackendError),
 }
 
 impl ExpandError {
@@ -361,6 +364,7 @@ impl ExpandError {
             Self::OutOfRange(_) => Code::OutOfRange,
             Self::CannotGrow(_) => Code::FailedPrecondition,
             Self::Grow { source, .. } => host_code(source),
+            Self::Volume(e) => backend_code(e),
         }
     }
 }

@@ -40,6 +40,8 @@ struct TestBackend {
     classes: Mutex<Vec<DeviceClassConfig>>,
     /// No class is served: lookups answer UNAVAILABLE, as the node agent's backend does then.
     down: std::sync::atomic::AtomicBool,
+    /// The growths asked of the backend, `(id, size)`.
+    expanded: Mutex<Vec<(String, u64)>>,
 }
 
 fn volume(id: &str) -> Volume {
@@ -94,8 +96,9 @@ impl Backend for TestBackend {
     async fn delete(&self, _: &str) -> lvms_engine::backend::Result<bool> {
         unused()
     }
-    async fn expand(&self, _: &str, _: u64) -> lvms_engine::backend::Result<u64> {
-        unused()
+    async fn expand(&self, id: &str, size: u64) -> lvms_engine::backend::Result<u64> {
+        self.expanded.lock().unwrap().push((id.to_owned(), size));
+        Ok(size)
     }
     async fn capacity(
         &self,
@@ -138,6 +141,7 @@ impl Setup {
             activations: AtomicUsize::new(0),
             classes: Mutex::new(vec![]),
             down: Default::default(),
+            expanded: Mutex::default(),
         });
         let fs = Filesystems::new(fake.clone()).with_proc_root(proc.path());
         let svc = NodeService::new(backend.clone(), fs, options);
@@ -499,6 +503,7 @@ async fn stage_formats_a_blank_volume_with_the_default_ext4_and_mounts_it_withou
 async fn stage_default_fstype_is_a_constructor_option_and_the_capability_wins() {
     let s = Setup::new(NodeOptions {
         default_fstype: Fstype::Xfs,
+        ..NodeOptions::default()
     });
     let staging = s.staging();
     s.fake.expect(&blkid()).fails(2, "");
@@ -515,6 +520,7 @@ async fn stage_default_fstype_is_a_constructor_option_and_the_capability_wins() 
 
     let s = Setup::new(NodeOptions {
         default_fstype: Fstype::Xfs,
+        ..NodeOptions::default()
     });
     let staging = s.staging();
     s.fake.expect(&blkid()).fails(2, "");
@@ -551,6 +557,7 @@ async fn stage_without_a_capability_fstype_formats_with_the_volume_class_fstype_
     ] {
         let s = Setup::new(NodeOptions {
             default_fstype: default,
+            ..NodeOptions::default()
         });
         *s.backend.classes.lock().unwrap() = vec![class(class_fs)];
         let staging = s.staging();
@@ -1170,6 +1177,42 @@ async fn expand_grows_the_mounted_filesystem_and_checks_the_range() {
     s.fake.assert_done();
 }
 
+/// csi-driver-lvm's way (ADR 0033): with `grows_volume` the node grows a volume smaller than asked
+/// before its filesystem; without it only the controller does.
+#[tokio::test]
+async fn expand_grows_the_volume_first_only_when_the_node_grows_volumes() {
+    for grows_volume in [false, true] {
+        let s = Setup::new(NodeOptions {
+            grows_volume,
+            ..NodeOptions::default()
+        });
+        let t = s.path("t");
+        s.mountinfo(&[fs_line(41, &t, "rw")]);
+        let err = s
+            .svc
+            .node_expand_volume(Request::new(NodeExpandVolumeRequest {
+                volume_id: s.id.clone(),
+                volume_path: t.clone(),
+                capacity_range: Some(CapacityRange {
+                    required_bytes: 1 << 30,
+                    limit_bytes: 0,
+                }),
+                ..Default::default()
+            }))
+            .await
+            .unwrap_err();
+        // /dev/null never grows: the growth asked is checked against the device.
+        assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+        let asked = s.backend.expanded.lock().unwrap().clone();
+        if grows_volume {
+            assert_eq!(asked, [(s.id.clone(), 1 << 30)]);
+        } else {
+            assert!(asked.is_empty(), "{asked:?}");
+        }
+        s.fake.assert_done();
+    }
+}
+
 // ---- info ----
 
 #[tokio::test]
@@ -1186,6 +1229,15 @@ async fn info_names_the_node_and_its_topology_and_capabilities_are_the_five() {
     assert_eq!(
         info.accessible_topology.unwrap().segments,
         HashMap::from([(crate::TOPOLOGY_NODE_KEY.to_owned(), "node-1".to_owned())])
+    );
+    // Under another driver's name, its topology key (ADR 0033).
+    let other = Setup::new(NodeOptions {
+        topology_key: "topology.lvm.csi/node",
+        ..NodeOptions::default()
+    });
+    assert_eq!(
+        other.svc.info().await.accessible_topology.unwrap().segments,
+        HashMap::from([("topology.lvm.csi/node".to_owned(), "node-1".to_owned())])
     );
     let caps = s
         .svc
