@@ -144,6 +144,13 @@ struct OperatorArgs {
     /// Image of the `livenessprobe` sidecar in the node DaemonSet.
     #[arg(long, env = "LVMS_LIVENESSPROBE_IMAGE", default_value = lvms_operator::render::DEFAULT_LIVENESSPROBE_IMAGE)]
     livenessprobe_image: String,
+    /// Image of the `csi-provisioner` sidecar the node pods run when a class adopts csi-driver-lvm
+    /// (ADR 0033).
+    #[arg(long, env = "LVMS_CSI_PROVISIONER_IMAGE", default_value = lvms_operator::render::DEFAULT_CSI_PROVISIONER_IMAGE)]
+    csi_provisioner_image: String,
+    /// Image of the `csi-resizer` sidecar the node pods run when a class adopts csi-driver-lvm.
+    #[arg(long, env = "LVMS_CSI_RESIZER_IMAGE", default_value = lvms_operator::render::DEFAULT_CSI_RESIZER_IMAGE)]
+    csi_resizer_image: String,
     /// Directory holding the webhook's serving certificate (`tls.crt`, `tls.key`).
     #[arg(
         long,
@@ -226,6 +233,8 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
     cfg.driver_name = args.driver_name;
     cfg.node_driver_registrar_image = args.node_driver_registrar_image;
     cfg.livenessprobe_image = args.livenessprobe_image;
+    cfg.csi_provisioner_image = args.csi_provisioner_image;
+    cfg.csi_resizer_image = args.csi_resizer_image;
     cfg.fence_hook_dir = (!args.fence_hook_dir.is_empty()).then_some(args.fence_hook_dir);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

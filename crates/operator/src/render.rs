@@ -27,7 +27,7 @@ use k8s_openapi::{
     },
 };
 use lvms_api::{
-    CSI_DRIVER_LVM_TYPE_PARAMETER, CSI_DRIVER_LVM_TYPES, DEFAULT_DRIVER_NAME,
+    AdoptFrom, CSI_DRIVER_LVM_TYPE_PARAMETER, CSI_DRIVER_LVM_TYPES, DEFAULT_DRIVER_NAME,
     DEFAULT_SNAPSHOT_CLASS_ANNOTATION, DEFAULT_STORAGE_CLASS_ANNOTATION, DESCRIPTION_ANNOTATION,
     DEVICE_CLASS_PARAMETER, DeviceClass, FSTYPE_PARAMETER, LABEL_APP_COMPONENT,
     LABEL_APP_MANAGED_BY, LABEL_APP_NAME, LABEL_APP_PART_OF, LABEL_OWNED_BY_GROUP,
@@ -36,7 +36,7 @@ use lvms_api::{
     OPERATOR_FIELD_MANAGER, StorageClassOptions, VOLUME_MODE_PARAMETER,
     csi_driver_lvm_storage_class_name, is_reserved_storage_class_label, storage_class_name,
 };
-use lvms_core::webhook::is_dns1123_subdomain;
+use lvms_core::{config::CSI_DRIVER_LVM_DRIVER_NAME, webhook::is_dns1123_subdomain};
 use serde::{Deserialize, Serialize, Serializer};
 
 // ---------------------------------------------------------------------------------------------
@@ -71,6 +71,17 @@ pub const STORAGE_CLASS_DESCRIPTION: &str = "Provides RWO and RWOP Filesystem & 
 /// Default image of the `node-driver-registrar` sidecar.
 pub const DEFAULT_NODE_DRIVER_REGISTRAR_IMAGE: &str =
     "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.17.0";
+/// Default image of the `csi-provisioner` sidecar the node pods run for csi-driver-lvm's volumes
+/// (ADR 0033).
+pub const DEFAULT_CSI_PROVISIONER_IMAGE: &str =
+    "registry.k8s.io/sig-storage/csi-provisioner:v6.3.0";
+/// Default image of the `csi-resizer` sidecar the node pods run for csi-driver-lvm's volumes.
+pub const DEFAULT_CSI_RESIZER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-resizer:v2.2.1";
+/// Where the socket directory of csi-driver-lvm's volumes is mounted in the node pod.
+pub const CSI_DRIVER_LVM_SOCKET_DIR: &str = "/csi-driver-lvm";
+/// csi-driver-lvm's Helm chart's default `storageClassStub`: its node plugin listens in
+/// `<kubelet>/plugins/<stub>/csi.sock`.
+pub const CSI_DRIVER_LVM_STUB: &str = lvms_api::CSI_DRIVER_LVM_STORAGE_CLASS_STUB;
 /// Default image of the `livenessprobe` sidecar.
 pub const DEFAULT_LIVENESSPROBE_IMAGE: &str = "registry.k8s.io/sig-storage/livenessprobe:v2.19.0";
 /// Default kubelet root directory.
@@ -99,6 +110,10 @@ pub const ENV_NAMESPACE: &str = "NAMESPACE";
 pub const ENV_CSI_ENDPOINT: &str = "CSI_ENDPOINT";
 /// Environment variable giving the node agent the CSI driver name.
 pub const ENV_CSI_DRIVER_NAME: &str = "CSI_DRIVER_NAME";
+/// Where the node agent serves csi-driver-lvm's volumes (set only when a class adopts its group).
+pub const ENV_CSI_DRIVER_LVM_ENDPOINT: &str = "LVMS_CSI_DRIVER_LVM_ENDPOINT";
+/// csi-driver-lvm's own node plugin socket, which the node agent checks before taking over.
+pub const ENV_CSI_DRIVER_LVM_OLD_SOCKET: &str = "LVMS_CSI_DRIVER_LVM_OLD_SOCKET";
 /// The node agent's fence hook directory (empty: none), from [`RenderConfig::fence_hook_dir`].
 pub const ENV_FENCE_HOOK_DIR: &str = "LVMS_FENCE_HOOK_DIR";
 
@@ -134,6 +149,11 @@ pub struct RenderConfig {
     pub node_driver_registrar_image: String,
     /// Image of the `livenessprobe` sidecar; configurable (default [`DEFAULT_LIVENESSPROBE_IMAGE`]).
     pub livenessprobe_image: String,
+    /// Images of the `csi-provisioner` and `csi-resizer` sidecars the node pods run when a class
+    /// adopts csi-driver-lvm (defaults [`DEFAULT_CSI_PROVISIONER_IMAGE`],
+    /// [`DEFAULT_CSI_RESIZER_IMAGE`]).
+    pub csi_provisioner_image: String,
+    pub csi_resizer_image: String,
     /// Kubelet root directory on the nodes (default [`DEFAULT_KUBELET_DIR`]; k0s and microk8s use
     /// others).
     pub kubelet_dir: String,
@@ -162,6 +182,8 @@ impl RenderConfig {
             node_command: vec!["lvms".to_owned(), "node".to_owned()],
             node_driver_registrar_image: DEFAULT_NODE_DRIVER_REGISTRAR_IMAGE.to_owned(),
             livenessprobe_image: DEFAULT_LIVENESSPROBE_IMAGE.to_owned(),
+            csi_provisioner_image: DEFAULT_CSI_PROVISIONER_IMAGE.to_owned(),
+            csi_resizer_image: DEFAULT_CSI_RESIZER_IMAGE.to_owned(),
             kubelet_dir: DEFAULT_KUBELET_DIR.to_owned(),
             priority_class_name: DEFAULT_NODE_PRIORITY_CLASS.to_owned(),
             snapshot_api_available: false,
@@ -196,6 +218,8 @@ impl RenderConfig {
                 &self.node_driver_registrar_image,
             ),
             ("livenessprobe_image", &self.livenessprobe_image),
+            ("csi_provisioner_image", &self.csi_provisioner_image),
+            ("csi_resizer_image", &self.csi_resizer_image),
         ] {
             if image.trim().is_empty() {
                 return bad(field, "is empty: set the container image to run".into());
@@ -251,6 +275,22 @@ impl RenderConfig {
         format!("{}/plugins_registry/", self.kubelet_dir())
     }
 
+    /// Host directory of the socket serving csi-driver-lvm's volumes (ADR 0033).
+    pub fn csi_driver_lvm_plugin_dir(&self) -> String {
+        format!(
+            "{}/plugins/{CSI_DRIVER_LVM_DRIVER_NAME}",
+            self.kubelet_dir()
+        )
+    }
+
+    /// Host path of csi-driver-lvm's own node plugin socket (its chart's default stub).
+    pub fn csi_driver_lvm_old_socket(&self) -> String {
+        format!(
+            "{}/plugins/{CSI_DRIVER_LVM_STUB}/{CSI_SOCKET_NAME}",
+            self.kubelet_dir()
+        )
+    }
+
     /// Host path of the node plugin's CSI socket, as kubelet must dial it.
     pub fn kubelet_registration_path(&self) -> String {
         format!("{}{CSI_SOCKET_NAME}", self.plugin_dir())
@@ -269,6 +309,9 @@ pub struct Rendered {
     pub snapshot_classes: Vec<VolumeSnapshotClass>,
     /// The CSI driver object.
     pub csi_driver: CSIDriver,
+    /// csi-driver-lvm's, when a class adopts its group: its volumes are served under its name
+    /// (ADR 0033).
+    pub csi_driver_lvm: Option<CSIDriver>,
     /// The node agent (`vg-manager`).
     pub daemon_set: DaemonSet,
 }
@@ -559,6 +602,7 @@ pub fn render(cluster: &LVMCluster, cfg: &RenderConfig) -> Result<Rendered, Rend
         storage_classes,
         snapshot_classes,
         csi_driver: csi_driver(&owner, cfg),
+        csi_driver_lvm: adopts_csi_driver_lvm(classes).then(|| csi_driver_lvm(&owner)),
         daemon_set: daemon_set(&owner, cfg, cluster),
     })
 }
@@ -737,6 +781,32 @@ fn csi_driver(owner: &Owner<'_>, cfg: &RenderConfig) -> CSIDriver {
     }
 }
 
+/// Whether a class adopts csi-driver-lvm's group, so its volumes are served under its name.
+pub fn adopts_csi_driver_lvm(classes: &[DeviceClass]) -> bool {
+    classes
+        .iter()
+        .any(|c| c.adopt == Some(AdoptFrom::CsiDriverLvm))
+}
+
+/// The `CSIDriver` of csi-driver-lvm's volumes served by lvms-rs: csi-driver-lvm's own settings
+/// (its chart's `templates/common.yaml`: no attach, pod info on mount) without what lvms-rs does
+/// not offer under that name (inline volumes, capacity objects).
+fn csi_driver_lvm(owner: &Owner<'_>) -> CSIDriver {
+    CSIDriver {
+        metadata: owner.cluster_meta(
+            CSI_DRIVER_LVM_DRIVER_NAME.to_owned(),
+            app_labels(APP_NAME, COMPONENT_CSI_DRIVER),
+        ),
+        spec: CSIDriverSpec {
+            attach_required: Some(false),
+            pod_info_on_mount: Some(true),
+            storage_capacity: Some(false),
+            volume_lifecycle_modes: Some(vec!["Persistent".into()]),
+            ..CSIDriverSpec::default()
+        },
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The node DaemonSet
 // ---------------------------------------------------------------------------------------------
@@ -765,7 +835,7 @@ struct HostVolume {
     type_: Option<&'static str>,
 }
 
-fn host_volumes(cfg: &RenderConfig) -> Vec<HostVolume> {
+fn host_volumes(cfg: &RenderConfig, csi_driver_lvm: bool) -> Vec<HostVolume> {
     let v = |name, host_path: &str, type_| HostVolume {
         name,
         host_path: host_path.to_owned(),
@@ -808,6 +878,14 @@ fn host_volumes(cfg: &RenderConfig) -> Vec<HostVolume> {
     // (ADR 0028).
     if let Some(dir) = &cfg.fence_hook_dir {
         volumes.push(v("fence-hook", dir, Some("DirectoryOrCreate")));
+    }
+    // The socket serving csi-driver-lvm's volumes (ADR 0033).
+    if csi_driver_lvm {
+        volumes.push(v(
+            "csi-driver-lvm-plugin-dir",
+            &cfg.csi_driver_lvm_plugin_dir(),
+            Some("DirectoryOrCreate"),
+        ));
     }
     volumes
 }
@@ -861,8 +939,9 @@ fn env_value(name: &str, value: String) -> EnvVar {
 fn daemon_set(owner: &Owner<'_>, cfg: &RenderConfig, cluster: &LVMCluster) -> DaemonSet {
     let labels = app_labels(NODE_DAEMON_SET, NODE_DAEMON_SET);
     let socket = format!("{CSI_SOCKET_DIR}/{CSI_SOCKET_NAME}");
+    let adopts = adopts_csi_driver_lvm(&cluster.spec.storage.device_classes);
 
-    let node = Container {
+    let mut node = Container {
         name: NODE_DAEMON_SET.into(),
         image: Some(cfg.image.clone()),
         command: Some(cfg.node_command.clone()),
@@ -926,6 +1005,21 @@ fn daemon_set(owner: &Owner<'_>, cfg: &RenderConfig, cluster: &LVMCluster) -> Da
         ..Container::default()
     };
 
+    if adopts {
+        let endpoint = format!("unix://{CSI_DRIVER_LVM_SOCKET_DIR}/{CSI_SOCKET_NAME}");
+        let env = node.env.get_or_insert_with(Vec::new);
+        env.push(env_value(ENV_CSI_DRIVER_LVM_ENDPOINT, endpoint));
+        env.push(env_value(
+            ENV_CSI_DRIVER_LVM_OLD_SOCKET,
+            cfg.csi_driver_lvm_old_socket(),
+        ));
+        node.volume_mounts.get_or_insert_with(Vec::new).push(mount(
+            "csi-driver-lvm-plugin-dir",
+            CSI_DRIVER_LVM_SOCKET_DIR,
+            None,
+        ));
+    }
+
     let registrar = Container {
         name: "node-driver-registrar".into(),
         image: Some(cfg.node_driver_registrar_image.clone()),
@@ -962,7 +1056,12 @@ fn daemon_set(owner: &Owner<'_>, cfg: &RenderConfig, cluster: &LVMCluster) -> Da
         ..Container::default()
     };
 
-    let volumes = host_volumes(cfg)
+    let mut containers = vec![node, registrar, liveness];
+    if adopts {
+        containers.extend(csi_driver_lvm_sidecars(cfg));
+    }
+
+    let volumes = host_volumes(cfg, adopts)
         .into_iter()
         .map(|v| Volume {
             name: v.name.into(),
@@ -1001,7 +1100,7 @@ fn daemon_set(owner: &Owner<'_>, cfg: &RenderConfig, cluster: &LVMCluster) -> Da
                     priority_class_name: Some(cfg.priority_class_name.clone()),
                     tolerations: (!tolerations.is_empty()).then(|| tolerations.clone()),
                     affinity,
-                    containers: vec![node, registrar, liveness],
+                    containers,
                     volumes: Some(volumes),
                     // lvm waits for the host's udev through System V semaphores (udev_sync): the
                     // cookies must live in the host's IPC namespace (ADR 0010).
@@ -1013,6 +1112,57 @@ fn daemon_set(owner: &Owner<'_>, cfg: &RenderConfig, cluster: &LVMCluster) -> Da
         }),
         status: None,
     }
+}
+
+/// The sidecars of csi-driver-lvm's volumes, on their own socket, as csi-driver-lvm's chart runs
+/// them (its `templates/daemonset.yaml`): a registrar for its driver name, a provisioner per node
+/// (`--node-deployment`: it deletes this node's volumes), and a resizer (leader-elected: it only
+/// marks a claim grown, kubelet's NodeExpandVolume then grows the LV on its node).
+fn csi_driver_lvm_sidecars(cfg: &RenderConfig) -> Vec<Container> {
+    let socket = format!("{CSI_DRIVER_LVM_SOCKET_DIR}/{CSI_SOCKET_NAME}");
+    let socket_dir = || mount("csi-driver-lvm-plugin-dir", CSI_DRIVER_LVM_SOCKET_DIR, None);
+    vec![
+        Container {
+            name: "csi-driver-lvm-registrar".into(),
+            image: Some(cfg.node_driver_registrar_image.clone()),
+            args: Some(vec![
+                format!("--csi-address={socket}"),
+                format!(
+                    "--kubelet-registration-path={}/{CSI_SOCKET_NAME}",
+                    cfg.csi_driver_lvm_plugin_dir()
+                ),
+            ]),
+            volume_mounts: Some(vec![
+                socket_dir(),
+                mount("registration-dir", "/registration", None),
+            ]),
+            ..Container::default()
+        },
+        Container {
+            name: "csi-driver-lvm-provisioner".into(),
+            image: Some(cfg.csi_provisioner_image.clone()),
+            args: Some(vec![
+                format!("--csi-address={socket}"),
+                "--node-deployment".into(),
+                "--strict-topology".into(),
+            ]),
+            env: Some(vec![env_from_field(ENV_NODE_NAME, "spec.nodeName")]),
+            volume_mounts: Some(vec![socket_dir()]),
+            ..Container::default()
+        },
+        Container {
+            name: "csi-driver-lvm-resizer".into(),
+            image: Some(cfg.csi_resizer_image.clone()),
+            args: Some(vec![
+                format!("--csi-address={socket}"),
+                "--leader-election".into(),
+                format!("--leader-election-namespace=$({ENV_NAMESPACE})"),
+            ]),
+            env: Some(vec![env_from_field(ENV_NAMESPACE, "metadata.namespace")]),
+            volume_mounts: Some(vec![socket_dir()]),
+            ..Container::default()
+        },
+    ]
 }
 
 #[cfg(test)]

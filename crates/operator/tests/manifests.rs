@@ -231,6 +231,80 @@ const NODE_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
     ),
 ];
 
+/// What the node pods' sidecars for csi-driver-lvm's volumes call (ADR 0033): a node-deployed
+/// csi-provisioner and a leader-elected csi-resizer, their upstream RBAC less snapshot writes and
+/// capacity objects.
+const CSI_DRIVER_LVM_SIDECAR_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
+    ("", "nodes", &["get", "list", "watch"], Scope::Cluster),
+    (
+        "",
+        "persistentvolumes",
+        &["get", "list", "watch", "create", "patch", "delete"],
+        Scope::Cluster,
+    ),
+    (
+        "",
+        "persistentvolumeclaims",
+        &["get", "list", "watch", "update"],
+        Scope::Cluster,
+    ),
+    (
+        "",
+        "persistentvolumeclaims/status",
+        &["patch"],
+        Scope::Cluster,
+    ),
+    (
+        "",
+        "events",
+        &["list", "watch", "create", "update", "patch"],
+        Scope::Cluster,
+    ),
+    ("", "pods", &["get", "list", "watch"], Scope::Cluster),
+    (
+        "storage.k8s.io",
+        "storageclasses",
+        &["get", "list", "watch"],
+        Scope::Cluster,
+    ),
+    (
+        "storage.k8s.io",
+        "csinodes",
+        &["get", "list", "watch"],
+        Scope::Cluster,
+    ),
+    (
+        "storage.k8s.io",
+        "volumeattachments",
+        &["get", "list", "watch"],
+        Scope::Cluster,
+    ),
+    (
+        "storage.k8s.io",
+        "volumeattributesclasses",
+        &["get", "list", "watch"],
+        Scope::Cluster,
+    ),
+    (
+        "snapshot.storage.k8s.io",
+        "volumesnapshots",
+        &["get", "list"],
+        Scope::Cluster,
+    ),
+    (
+        "snapshot.storage.k8s.io",
+        "volumesnapshotcontents",
+        &["get", "list"],
+        Scope::Cluster,
+    ),
+    (
+        "coordination.k8s.io",
+        "leases",
+        &["get", "list", "watch", "create", "update", "delete"],
+        Scope::Namespace,
+    ),
+];
+
 /// Every API call of the CSI controller side of the operator's pod: `lvms csi-controller` and the
 /// CSI sidecars (their upstream RBAC), granted to the operator's service account by their own roles.
 const CSI_CONTROLLER_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
@@ -634,7 +708,8 @@ fn operator_is_granted_nothing_beyond_the_api_calls_it_makes() {
 
 #[test]
 fn node_agent_is_granted_exactly_the_api_calls_it_makes() {
-    let expected = expected_grants(NODE_PERMISSIONS);
+    let mut expected = expected_grants(NODE_PERMISSIONS);
+    expected.extend(expected_grants(CSI_DRIVER_LVM_SIDECAR_PERMISSIONS));
     let granted = grants(NODE_SERVICE_ACCOUNT);
     let missing: BTreeSet<&Permission> = expected.difference(&granted).collect();
     let extra: BTreeSet<&Permission> = granted.difference(&expected).collect();

@@ -581,6 +581,11 @@ impl Reconciler<'_> {
             &mut failures,
             self.apply_csi_driver(&rendered.csi_driver).await,
         );
+        let csi_driver_lvm = match &rendered.csi_driver_lvm {
+            Some(driver) => self.apply_csi_driver(driver).await,
+            None => self.delete_csi_driver_lvm().await,
+        };
+        push_err(&mut failures, csi_driver_lvm);
         push_err(
             &mut failures,
             ssa(
@@ -657,6 +662,23 @@ impl Reconciler<'_> {
         )
         .await;
         ssa(&api, driver).await
+    }
+
+    /// Deletes the `CSIDriver` of csi-driver-lvm's volumes when this cluster made it (no class
+    /// adopts any more, or the cluster goes); csi-driver-lvm's own is never touched.
+    async fn delete_csi_driver_lvm(&self) -> Result<()> {
+        let api = Api::<CSIDriver>::all(self.client());
+        let name = lvms_core::config::CSI_DRIVER_LVM_DRIVER_NAME;
+        let current = api
+            .get_opt(name)
+            .await
+            .map_err(kube_err(format!("reading CSIDriver {name}")))?;
+        match current {
+            Some(d) if self.owns_cluster_scoped(d.labels()) => delete(&api, name)
+                .await
+                .map_err(kube_err(format!("deleting CSIDriver {name}"))),
+            _ => Ok(()),
+        }
     }
 
     async fn update_status(&self, sync: &ResourceSync) -> Result<()> {
@@ -781,6 +803,7 @@ impl Reconciler<'_> {
                 delete(&Api::<CSIDriver>::all(client.clone()), &driver)
                     .await
                     .map_err(kube_err(format!("deleting CSIDriver {driver}")))?;
+                self.delete_csi_driver_lvm().await?;
                 delete(
                     &Api::<DaemonSet>::namespaced(client, &self.ns),
                     NODE_DAEMON_SET,

@@ -155,6 +155,16 @@ async fn legacy_group_absent(server: &mut ApiServer) {
     assert_eq!(seen.query.get("limit").map(String::as_str), Some("1"));
 }
 
+/// Answers the look for the CSIDriver of csi-driver-lvm's volumes, which no class adopts here:
+/// there is none.
+async fn csi_driver_lvm_absent(server: &mut ApiServer) {
+    let seen = next(server, |_| not_found()).await;
+    assert_get(
+        &seen,
+        "/apis/storage.k8s.io/v1/csidrivers/lvm.csi.metal-stack.io",
+    );
+}
+
 /// Asserts that the reconciler sends nothing more once it is done.
 pub(super) async fn assert_no_more_requests(server: &mut ApiServer) {
     if let Ok(Some((request, _))) =
@@ -205,6 +215,7 @@ async fn new_cluster_gets_finalizer_then_every_object_is_applied_and_status_patc
     let seen = next(&mut server, echo).await;
     assert_ssa(&seen, "/apis/storage.k8s.io/v1/csidrivers/topolvm.io");
     assert_eq!(seen.body["spec"]["attachRequired"], false);
+    csi_driver_lvm_absent(&mut server).await;
     let seen = next(&mut server, echo).await;
     assert_ssa(&seen, "/apis/apps/v1/namespaces/lvms/daemonsets/vg-manager");
     assert_eq!(seen.body["kind"], "DaemonSet");
@@ -271,6 +282,7 @@ async fn volume_snapshot_class_is_applied_when_the_snapshot_api_exists() {
     assert_eq!(seen.body["driver"], "topolvm.io");
     let seen = next(&mut server, echo).await;
     assert_ssa(&seen, "/apis/storage.k8s.io/v1/csidrivers/topolvm.io");
+    csi_driver_lvm_absent(&mut server).await;
     let seen = next(&mut server, echo).await;
     assert_ssa(&seen, "/apis/apps/v1/namespaces/lvms/daemonsets/vg-manager");
     legacy_group_absent(&mut server).await;
@@ -292,9 +304,11 @@ async fn stale_volume_group_of_a_removed_class_is_deleted() {
     let task = tokio::spawn(reconcile(Arc::new(finalized()), ctx.clone()));
     let _ = next(&mut server, |_| not_found()).await; // snapshot discovery
     let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await; // storage classes
-    for _ in 0..4 {
+    for _ in 0..3 {
         let _ = next(&mut server, |s| (StatusCode::OK, s.body.clone())).await;
     }
+    csi_driver_lvm_absent(&mut server).await;
+    let _ = next(&mut server, |s| (StatusCode::OK, s.body.clone())).await; // DaemonSet
     legacy_group_absent(&mut server).await;
     let stale = json!({
         "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
@@ -318,6 +332,44 @@ async fn stale_volume_group_of_a_removed_class_is_deleted() {
     .await;
     assert_ssa(&seen, &format!("{CLUSTER_PATH}/status"));
     assert_eq!(task.await.unwrap().unwrap(), Action::requeue(REQUEUE));
+}
+
+/// csi-driver-lvm's volumes' CSIDriver goes once no class adopts its group, but only the one this
+/// cluster made: csi-driver-lvm's own (no owned-by labels) is never deleted.
+#[tokio::test]
+async fn the_csi_driver_lvm_csi_driver_is_deleted_only_when_this_cluster_made_it() {
+    let path = "/apis/storage.k8s.io/v1/csidrivers/lvm.csi.metal-stack.io";
+    let ours =
+        json!({"owned-by.topolvm.io/name": "my-lvmcluster", "owned-by.topolvm.io/namespace": NS});
+    for (labels, deleted) in [(json!({"app": "csi-driver-lvm"}), false), (ours, true)] {
+        let (ctx, mut server) = context();
+        let task = tokio::spawn(reconcile(Arc::new(finalized()), ctx.clone()));
+        let _ = next(&mut server, |_| not_found()).await; // snapshot discovery
+        let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await; // storage classes
+        for _ in 0..3 {
+            let _ = next(&mut server, |s| (StatusCode::OK, s.body.clone())).await;
+        }
+        let driver = json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+            "metadata": {"name": "lvm.csi.metal-stack.io", "labels": labels}, "spec": {}});
+        let seen = next(&mut server, |_| (StatusCode::OK, driver.clone())).await;
+        assert_get(&seen, path);
+        if deleted {
+            let seen = next(&mut server, |_| (StatusCode::OK, driver.clone())).await;
+            assert_eq!((&seen.method, seen.path.as_str()), (&Method::DELETE, path));
+        }
+        let seen = next(&mut server, |s| (StatusCode::OK, s.body.clone())).await;
+        assert_ssa(&seen, "/apis/apps/v1/namespaces/lvms/daemonsets/vg-manager");
+        legacy_group_absent(&mut server).await;
+        for _ in 0..3 {
+            let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+        }
+        let _ = next(&mut server, |_| {
+            (StatusCode::OK, serde_json::to_value(finalized()).unwrap())
+        })
+        .await;
+        assert_eq!(task.await.unwrap().unwrap(), Action::requeue(REQUEUE));
+        assert_no_more_requests(&mut server).await;
+    }
 }
 
 /// `finalized()` with `csiDriverLVMStorageClasses` on its class `vg1`.
@@ -351,6 +403,7 @@ async fn csi_driver_lvm_storage_classes_are_applied_after_the_class_storage_clas
         );
     }
     let _ = next(&mut server, echo).await; // CSIDriver
+    csi_driver_lvm_absent(&mut server).await;
     let _ = next(&mut server, echo).await; // DaemonSet
     legacy_group_absent(&mut server).await;
     for _ in 0..3 {
@@ -385,9 +438,11 @@ async fn stale_csi_driver_lvm_storage_class_is_deleted_when_the_flag_is_turned_o
     ]);
     let _ = next(&mut server, |_| not_found()).await; // snapshot discovery
     let _ = next(&mut server, |_| (StatusCode::OK, scs.clone())).await;
-    for _ in 0..4 {
+    for _ in 0..3 {
         let _ = next(&mut server, |s| (StatusCode::OK, s.body.clone())).await;
     }
+    csi_driver_lvm_absent(&mut server).await;
+    let _ = next(&mut server, |s| (StatusCode::OK, s.body.clone())).await; // DaemonSet
     legacy_group_absent(&mut server).await;
     for name in ["csi-driver-lvm-linear", "csi-driver-lvm-mirror"] {
         let seen = next(&mut server, |_| (StatusCode::OK, owned(name))).await;
@@ -490,8 +545,13 @@ async fn deletion_when_nothing_remains_removes_the_finalizer() {
     for path in [
         "/apis/storage.k8s.io/v1/storageclasses/lvms-vg1",
         "/apis/storage.k8s.io/v1/csidrivers/topolvm.io",
+        "",
         "/apis/apps/v1/namespaces/lvms/daemonsets/vg-manager",
     ] {
+        if path.is_empty() {
+            csi_driver_lvm_absent(&mut server).await;
+            continue;
+        }
         let seen = next(&mut server, |_| not_found()).await;
         assert_eq!((&seen.method, seen.path.as_str()), (&Method::DELETE, path));
     }

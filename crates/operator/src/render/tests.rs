@@ -1274,3 +1274,95 @@ storage:
     assert_eq!(vg["spec"]["raidConfig"]["type"], "raid1", "{vg}");
     assert_eq!(vg["spec"]["thinPoolConfig"]["name"], "thin-pool-1", "{vg}");
 }
+
+#[test]
+fn a_class_adopting_csi_driver_lvm_renders_its_csi_driver_and_the_sidecars_of_its_volumes() {
+    let plain = ok(&cluster(SINGLE_THIN), &cfg());
+    assert_eq!(plain.csi_driver_lvm, None);
+    let plain_pod = json(&plain.daemon_set)["spec"]["template"]["spec"].take();
+    assert_eq!(plain_pod["containers"].as_array().unwrap().len(), 3);
+
+    let spec = format!(
+        "{SINGLE_THIN}  - name: csi-lvm\n    adopt: csi-driver-lvm\n    deviceSelector:\n      \
+         devicePatterns: [\"/dev/nvme[0-9]n1\"]\n"
+    );
+    let r = ok(&cluster(&spec), &cfg());
+    let driver = json(&r.csi_driver_lvm.expect("rendered"));
+    assert_eq!(driver["metadata"]["name"], "lvm.csi.metal-stack.io");
+    assert_eq!(
+        driver["metadata"]["labels"]["owned-by.topolvm.io/uid"], UID,
+        "ours, so the operator may delete it again"
+    );
+    assert_eq!(
+        driver["spec"],
+        json!({"attachRequired": false, "podInfoOnMount": true, "storageCapacity": false,
+               "volumeLifecycleModes": ["Persistent"]})
+    );
+
+    let pod = json(&r.daemon_set)["spec"]["template"]["spec"].take();
+    let containers = pod["containers"].as_array().unwrap();
+    let by_name = |name: &str| {
+        containers
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no container {name}: {containers:?}"))
+    };
+    let env = &by_name("vg-manager")["env"];
+    assert!(
+        env.as_array()
+            .unwrap()
+            .contains(&json!({"name": "LVMS_CSI_DRIVER_LVM_ENDPOINT",
+            "value": "unix:///csi-driver-lvm/csi.sock"})),
+        "{env}"
+    );
+    assert!(
+        env.as_array()
+            .unwrap()
+            .contains(&json!({"name": "LVMS_CSI_DRIVER_LVM_OLD_SOCKET",
+            "value": "/var/lib/kubelet/plugins/csi-driver-lvm/csi.sock"})),
+        "{env}"
+    );
+    assert_eq!(
+        by_name("csi-driver-lvm-registrar")["args"],
+        json!([
+            "--csi-address=/csi-driver-lvm/csi.sock",
+            "--kubelet-registration-path=/var/lib/kubelet/plugins/lvm.csi.metal-stack.io/csi.sock"
+        ])
+    );
+    let provisioner = by_name("csi-driver-lvm-provisioner");
+    assert_eq!(provisioner["image"], DEFAULT_CSI_PROVISIONER_IMAGE);
+    assert!(
+        provisioner["args"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("--node-deployment")),
+        "{provisioner}"
+    );
+    assert_eq!(provisioner["env"][0]["name"], "NODE_NAME");
+    let resizer = by_name("csi-driver-lvm-resizer");
+    assert_eq!(resizer["image"], DEFAULT_CSI_RESIZER_IMAGE);
+    assert!(
+        resizer["args"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("--leader-election")),
+        "{resizer}"
+    );
+    assert!(
+        pod["volumes"].as_array().unwrap().contains(&json!({
+            "name": "csi-driver-lvm-plugin-dir",
+            "hostPath": {"path": "/var/lib/kubelet/plugins/lvm.csi.metal-stack.io",
+                         "type": "DirectoryOrCreate"}})),
+        "{}",
+        pod["volumes"]
+    );
+    // lvms-rs's own socket, registration and sidecars are unchanged.
+    assert_eq!(
+        containers
+            .iter()
+            .take(3)
+            .map(|c| c["name"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["vg-manager", "node-driver-registrar", "livenessprobe"]
+    );
+}
