@@ -3,14 +3,16 @@
 //! runc and the kubelet of the Kubernetes assets (`xtask/src/node.sh`), its images built as
 //! tarballs and imported into node 1's disk before it boots ([`crate::images`]); node 2's disk is a
 //! sparse copy of it. The snapshot CRDs are applied with the control plane, before its snapshot
-//! controller starts. Then the e2e test `installed::adopt::lvms_left_this_cluster` builds what an
-//! uninstalled LVMS leaves on node 2, `kubectl apply` installs a kustomize overlay of `deploy/base`
-//! that only names the local lvms-rs image, and the e2e tests `installed…` drive it: the takeover
-//! of LVMS's state (ADR 0032), an `LVMCluster` to a pod writing its volume (ADR 0018), a shared
-//! LUN on both nodes.
+//! controller starts. Then the e2e tests `installed::adopt::lvms_left_this_cluster` and
+//! `installed::adopt::csi_driver_lvm::left_this_cluster` build what an uninstalled LVMS and an
+//! uninstalled csi-driver-lvm leave on node 2, `kubectl apply` installs a kustomize overlay of
+//! `deploy/base` that only names the local lvms-rs image, and the e2e tests `installed…` drive it:
+//! the takeover of LVMS's state (ADR 0032) and of csi-driver-lvm's volumes (ADR 0033), an
+//! `LVMCluster` to a pod writing its volume (ADR 0018), a shared LUN on both nodes.
 //!
 //! The two nodes ([`NODES`]), `lvms-node` and `lvms-node2`, each have a spare disk of their own
-//! for a node-local class (`virtio-lvms0` on node 1, `virtio-lvms1` on node 2) and both attach one
+//! for a node-local class (`virtio-lvms0` on node 1, `virtio-lvms1` on node 2; node 2 has a second
+//! one, `virtio-csilvm`, for csi-driver-lvm's volume group) and both attach one
 //! more disk image, the shared LUN (`virtio-lun0`, as `cargo xtask vm-shared` attaches it), with
 //! a shared class's host services running (softdog, wdmd, sanlock, lvmlockd: node.sh). Both are
 //! slirp guests at 10.0.2.15; each also has an address of its own that is its node IP
@@ -93,8 +95,14 @@ const LUN_MAP: &str = "lun0";
 fn lun_serial() -> &'static str {
     LUN.split_once('=').map_or(LUN, |(serial, _)| serial)
 }
-/// The test that builds, before lvms-rs is installed, what an uninstalled LVMS leaves behind.
-const PRE_INSTALL_TEST: &str = "installed::adopt::lvms_left_this_cluster";
+/// The tests that build, before lvms-rs is installed, what an uninstalled LVMS and an uninstalled
+/// csi-driver-lvm leave behind.
+const PRE_INSTALL_TESTS: [&str; 2] = [
+    "installed::adopt::csi_driver_lvm::left_this_cluster",
+    "installed::adopt::lvms_left_this_cluster",
+];
+/// Node 2's second spare disk, where csi-driver-lvm's volume group is built (ADR 0033).
+const CSI_LVM_DISK: &str = "csilvm=4096";
 /// Guest ports: the command server and the API server's CONNECT proxy.
 const EXEC_GUEST_PORT: u16 = guest::GUEST_PORT;
 const CONNECT_GUEST_PORT: u16 = 7001;
@@ -223,11 +231,14 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
                 ..state_disk.clone()
             }
         };
-        let disks = vec![
+        let mut disks = vec![
             state,
             vm::disk(repo, &format!("{}=4096", node.device))?,
             lun.clone(),
         ];
+        if node.n == 2 {
+            disks.push(vm::disk(repo, CSI_LVM_DISK)?);
+        }
         let node_dir = dir.join(if node.n == 1 {
             "node".to_owned()
         } else {
@@ -287,6 +298,15 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
             .env("LVMS_E2E_DEVICE2", node2.device_path())
             .env("LVMS_E2E_VM2", format!("127.0.0.1:{}", ports[1].exec))
             .env("LVMS_E2E_SHARED_DEVICE", format!("/dev/mapper/{LUN_MAP}"))
+            .env(
+                "LVMS_E2E_CSI_LVM_DEVICE",
+                format!(
+                    "/dev/disk/by-id/virtio-{}",
+                    CSI_LVM_DISK
+                        .split_once('=')
+                        .map_or(CSI_LVM_DISK, |(s, _)| s)
+                ),
+            )
             // The failover test ends a node as a power loss would: its machine killed; then boots
             // it again through `reboots`.
             .env("LVMS_E2E_PIDS", &pids)
@@ -298,11 +318,14 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
     // LVMS leaves on node 2, which the installed lvms-rs takes over (`installed::adopt`, ADR
     // 0032); then lvms-rs with kubectl.
     let mut before = suite_cmd(0, &dir.join("reboot"));
-    before.args([PRE_INSTALL_TEST, "--exact"]);
+    before.args(PRE_INSTALL_TESTS).arg("--exact");
     let (ok, _) = e2e::run_pass(repo, before, &dir.join("work"))?;
     if !ok {
         diagnose(&kubeconfig, &node_dirs);
-        bail!("installed: {PRE_INSTALL_TEST} failed: LVMS's state is not built");
+        bail!(
+            "installed: {} failed: the old drivers' state is not built",
+            PRE_INSTALL_TESTS.join(" or ")
+        );
     }
     let overlay = write_overlay(&dir)?;
     let applied_at = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis();
@@ -314,7 +337,10 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
     // story on node 1), then `installed_shared::` (one LUN on both nodes; it kills one and boots
     // it again through `reboots`).
     let mut cmd = suite_cmd(applied_at, &reboots.dir);
-    cmd.args(["installed", "--skip", PRE_INSTALL_TEST]);
+    cmd.arg("installed");
+    for test in PRE_INSTALL_TESTS {
+        cmd.args(["--skip", test]);
+    }
     let (ok, summary) = e2e::run_pass(repo, cmd, &dir.join("work"))?;
     if !ok {
         diagnose(&kubeconfig, &node_dirs);

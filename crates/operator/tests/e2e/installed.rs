@@ -66,6 +66,8 @@ pub(crate) struct SecondNode {
     pub(crate) vm: Vm,
     pub(crate) device: String,
     pub(crate) shared_device: String,
+    /// Its second spare disk, for csi-driver-lvm's volume group (`LVMS_E2E_CSI_LVM_DEVICE`).
+    pub(crate) csi_lvm_device: Option<String>,
 }
 
 pub(crate) fn env() -> Option<Env> {
@@ -86,6 +88,7 @@ pub(crate) fn env() -> Option<Env> {
                 vm: Vm::new(var("LVMS_E2E_VM2")?),
                 device: var("LVMS_E2E_DEVICE2")?,
                 shared_device: var("LVMS_E2E_SHARED_DEVICE")?,
+                csi_lvm_device: var("LVMS_E2E_CSI_LVM_DEVICE"),
             })
         })(),
     })

@@ -38,6 +38,8 @@ use lvms_api::{
 };
 use serde_json::{Value, json};
 
+mod csi_driver_lvm;
+
 use super::{
     DRIVER, INSTALL_NS, SLOW, delete_pod, env, node_pod_ready, pod, since_apply, wait_log,
     wait_running,
