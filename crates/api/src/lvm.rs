@@ -220,7 +220,10 @@ pub struct DeviceClass {
     /// (an lvms-rs extension, ADR 0023). `csi-driver-lvm`: the group named like this class (name
     /// the class `csi-lvm`, csi-driver-lvm's default `vgName`) must carry csi-driver-lvm's tag
     /// `vg.metal-stack.io/csi-lvm-driver`; the node agent adds lvms-rs's tag and wipes or creates
-    /// nothing. Its volumes stay and are reported as foreign, never removed. Node-local classes only.
+    /// nothing. Its volumes stay and are reported as foreign, never removed. `topolvm`: the group
+    /// named like this class (lvmd.yaml's `volume-group`), which lvmd leaves untagged, unless
+    /// another driver's tag marks it; TopoLVM's volumes are then taken over by their
+    /// `LogicalVolume`s (ADR 0032). Node-local classes only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adopt: Option<AdoptFrom>,
 }
@@ -506,6 +509,8 @@ string_enum! {
     pub enum AdoptFrom {
         /// metal-stack csi-driver-lvm: a volume group tagged `vg.metal-stack.io/csi-lvm-driver`.
         CsiDriverLvm = "csi-driver-lvm",
+        /// TopoLVM's lvmd: the untagged volume group of an lvmd device class (ADR 0032).
+        TopoLvm = "topolvm",
     }
 }
 

@@ -26,19 +26,53 @@ pub const CSI_DRIVER_LVM_TOPOLOGY_KEY: &str = "topology.lvm.csi/node";
 /// csi-driver-lvm's default volume group name (its Helm value `lvm.vgName`).
 pub const CSI_DRIVER_LVM_VG_NAME: &str = "csi-lvm";
 
-/// Another driver whose existing volume group a device class takes over (ADR 0023).
+/// Another driver whose existing volume group a device class takes over (ADRs 0023, 0032).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Adopt {
     /// metal-stack csi-driver-lvm: a volume group tagged [`CSI_DRIVER_LVM_VG_TAG`].
     #[serde(rename = "csi-driver-lvm")]
     CsiDriverLvm,
+    /// TopoLVM's lvmd: a volume group the admin made for an lvmd device class, which carries no
+    /// tag (lvmd never tags it). Any such group named like the class, unless another driver's tag
+    /// marks it.
+    #[serde(rename = "topolvm")]
+    TopoLvm,
 }
 
 impl Adopt {
-    /// The tag the other driver's volume group must carry to be adopted.
-    pub const fn vg_tag(self) -> &'static str {
+    /// The tag the other driver's volume group must carry to be adopted (`None`: that driver puts
+    /// none).
+    pub const fn vg_tag(self) -> Option<&'static str> {
         match self {
-            Adopt::CsiDriverLvm => CSI_DRIVER_LVM_VG_TAG,
+            Adopt::CsiDriverLvm => Some(CSI_DRIVER_LVM_VG_TAG),
+            Adopt::TopoLvm => None,
+        }
+    }
+
+    /// Why the group with `tags` is not this driver's, or `None` when it is adopted.
+    pub fn refuses(self, tags: &[String]) -> Option<String> {
+        let has = |tag: &str| tags.iter().any(|t| t == tag);
+        match self {
+            Adopt::CsiDriverLvm if !has(CSI_DRIVER_LVM_VG_TAG) => Some(format!(
+                "it lacks the {CSI_DRIVER_LVM_VG_TAG:?} tag csi-driver-lvm puts on its groups"
+            )),
+            Adopt::TopoLvm if has(CSI_DRIVER_LVM_VG_TAG) => Some(format!(
+                "it carries csi-driver-lvm's tag {CSI_DRIVER_LVM_VG_TAG:?}: use adopt: \
+                 csi-driver-lvm"
+            )),
+            _ => None,
+        }
+    }
+
+    /// Where the group's name comes from, for the class to be named after it.
+    pub const fn group_name_hint(self) -> &'static str {
+        match self {
+            Adopt::CsiDriverLvm => "csi-driver-lvm's lvm.vgName, default csi-lvm",
+            Adopt::TopoLvm => {
+                "lvmd.yaml's device class name; where its volume-group differs, rename the group \
+                 after the class (vgrename <volume-group> <class>) once TopoLVM's node plugin is \
+                 stopped"
+            }
         }
     }
 
@@ -46,6 +80,7 @@ impl Adopt {
     pub const fn as_str(self) -> &'static str {
         match self {
             Adopt::CsiDriverLvm => "csi-driver-lvm",
+            Adopt::TopoLvm => "topolvm",
         }
     }
 }

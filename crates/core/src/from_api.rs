@@ -140,6 +140,7 @@ pub fn device_class_config(vg: &LVMVolumeGroup) -> Result<DeviceClassConfig, Str
         },
         adopt: spec.adopt.map(|a| match a {
             lvms_api::AdoptFrom::CsiDriverLvm => Adopt::CsiDriverLvm,
+            lvms_api::AdoptFrom::TopoLvm => Adopt::TopoLvm,
         }),
     })
 }

@@ -29,8 +29,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     config::{
-        CSI_DRIVER_LVM_VG_NAME, CSI_DRIVER_LVM_VG_TAG, CalculationPolicy, DeviceClassConfig,
-        DiscoveryPolicy, RaidConfig, RaidType, ThinPoolConfig, VG_OWNER_TAG,
+        CSI_DRIVER_LVM_VG_TAG, CalculationPolicy, DeviceClassConfig, DiscoveryPolicy, RaidConfig,
+        RaidType, ThinPoolConfig, VG_OWNER_TAG,
     },
     filter::{self, ExclusionReason, FilterContext, Verdict, find_device, physical_volume_of},
     glob::{self, Pattern},
@@ -505,7 +505,7 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
     // A group already ours (adopted before, or made by us) goes on as usual, `adopt` or not.
     let foreign_vg = vg.filter(|_| !ours);
     match (foreign_vg, class.adopt) {
-        (Some(vg), Some(adopt)) if vg.tags.iter().any(|t| t == adopt.vg_tag()) => {
+        (Some(vg), Some(adopt)) if adopt.refuses(&vg.tags).is_none() => {
             return ClassPlan {
                 devices,
                 actions: vec![Action::AdoptVolumeGroup {
@@ -519,11 +519,11 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
             return failed(
                 devices,
                 format!(
-                    "volume group {} exists but was not made by {adopt}: it lacks the {:?} tag \
-                     (it has {}), so adopt: {adopt} does not take it and lvms-rs never touches it; \
-                     check that this is the group meant, or rename the device class",
+                    "volume group {} exists but was not made by {adopt}: {} (it has {}), so \
+                     adopt: {adopt} does not take it and lvms-rs never touches it; check that \
+                     this is the group meant, or rename the device class",
                     vg.name,
-                    adopt.vg_tag(),
+                    adopt.refuses(&vg.tags).unwrap_or_default(),
                     if vg.tags.is_empty() {
                         "no tags".to_owned()
                     } else {
@@ -538,6 +538,12 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
                 format!(
                     "; it was made by csi-driver-lvm ({CSI_DRIVER_LVM_VG_TAG}): set adopt: \
                      csi-driver-lvm on device class {} to take it over without wiping it",
+                    class.name
+                )
+            } else if vg.tags.is_empty() {
+                format!(
+                    "; if TopoLVM's lvmd uses it, set adopt: topolvm on device class {} to take it \
+                     over without wiping it",
                     class.name
                 )
             } else {
@@ -559,10 +565,11 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
                 format!(
                     "device class {} has adopt: {adopt}, but this node has no volume group {} to \
                      adopt, and adopting never creates one: name the device class after the \
-                     group {adopt} made (its default is {CSI_DRIVER_LVM_VG_NAME}), or, for a node \
-                     without one, remove adopt (a group already adopted stays ours without it)",
+                     group {adopt} uses ({}), or, for a node without one, remove adopt (a group \
+                     already adopted stays ours without it)",
                     class.name,
                     class.name,
+                    adopt.group_name_hint(),
                     adopt = adopt.as_str(),
                 ),
             );

@@ -802,3 +802,76 @@ async fn engine_adopts_a_csi_driver_lvm_group_keeping_its_volumes_and_refuses_it
         assert!(again.executed.is_empty(), "{:?}", again.executed);
     }
 }
+
+#[tokio::test]
+#[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+async fn engine_adopts_a_topolvm_group_with_its_thin_pool_and_volumes_and_only_with_adopt() {
+    let mut s = Scratch::new(1, 512);
+    // The group an admin makes for TopoLVM's lvmd (no tag: lvmd never tags it), its thin pool
+    // and one thin volume named after a LogicalVolume's UID, as lvmd makes it.
+    let vg = s.vg_name();
+    // lvmd's default chart names the class `ssd` and its group `myvg1`: the group is renamed after
+    // the class first (docs/migration-from-lvms.md), which LVM does under a mounted volume.
+    let lvmd_vg = format!("{vg}lvmd");
+    s.vgs.push(lvmd_vg.clone());
+    let d0 = s.disks[0].clone();
+    let id = "6f1c2a4e-1b7d-4c1e-9a55-0e1f2d3c4b5a";
+    let mnt = "/run/lvms-vgrename";
+    sh(&format!(
+        "lvm vgcreate -q {lvmd_vg} {d0} && lvm lvcreate -q -y -L 256m -T {lvmd_vg}/pool0 && \
+         lvm lvcreate -q -y -T {lvmd_vg}/pool0 -n {id} -V 64m -W y && \
+         mkfs.ext4 -q /dev/{lvmd_vg}/{id} && mkdir -p {mnt} && mount /dev/{lvmd_vg}/{id} {mnt} && \
+         echo before > {mnt}/f && sync && lvm vgrename -q {lvmd_vg} {vg}"
+    ));
+    // The mount survives the rename and reads and writes; the LV's new path is the device mounted
+    // (mountinfo keeps the source string given at mount time, so the device numbers are compared,
+    // as the Node service compares them).
+    let out = sh(&format!(
+        "echo after >> {mnt}/f && sync && cat {mnt}/f && findmnt -n -o MAJ:MIN {mnt} && \
+         lsblk -dn -o MAJ:MIN /dev/{vg}/{id}"
+    ));
+    let lines: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    assert_eq!(lines[..2], ["before", "after"], "{out}");
+    assert_eq!(
+        lines[2], lines[3],
+        "mounted device and /dev/{vg}/{id}: {out}"
+    );
+    sh(&format!("umount {mnt}"));
+    let sum = lv_sum(&vg, id);
+    let pool_uuid = sh(&format!("lvm lvs --noheadings -o lv_uuid {vg}/pool0"));
+    let plain = format!(
+        "name: {vg}\ndeviceSelector:\n  paths: [{d0}]\nthinPoolConfig:\n  name: pool0\n  \
+         sizePercent: 50\n  overprovisionRatio: 10\n"
+    );
+
+    // Without adopt: refused, adopt: topolvm named, nothing executed.
+    let report = converge(&host(), &class(&plain)).await.unwrap();
+    let reason = failed_reason(&report);
+    assert!(reason.contains("set adopt: topolvm"), "{reason}");
+    assert!(report.executed.is_empty(), "{:?}", report.executed);
+
+    // With adopt: the tag, and nothing else; the pool is the class's pool, the volume kept.
+    let adopting = format!("{plain}adopt: topolvm\n");
+    let report = converge(&host(), &class(&adopting)).await.unwrap();
+    assert!(report.is_ready(), "{:?}", report.plan.state);
+    assert_eq!(
+        report.executed,
+        [Action::AdoptVolumeGroup {
+            name: vg.clone(),
+            tag: "lvms".into()
+        }]
+    );
+    assert_eq!(
+        sh(&format!("lvm vgs --noheadings -o vg_tags {vg}")).trim(),
+        "lvms"
+    );
+    assert_eq!(
+        sh(&format!("lvm lvs --noheadings -o lv_uuid {vg}/pool0")),
+        pool_uuid
+    );
+    assert_eq!(lv_sum(&vg, id), sum);
+    let again = converge(&host(), &class(&plain)).await.unwrap();
+    assert!(again.is_ready(), "{:?}", again.plan.state);
+    assert!(again.executed.is_empty(), "{:?}", again.executed);
+}

@@ -4,7 +4,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::{
-    config::{DeviceSelector, Fstype},
+    config::{CSI_DRIVER_LVM_VG_NAME, DeviceSelector, Fstype},
     filter::{LVM_SIGNATURE, tests::disk, tests::part},
     model::DeviceKind,
 };
@@ -2550,6 +2550,51 @@ fn adopt_never_creates_a_missing_group() {
         "{reason}"
     );
     assert!(plan.actions.is_empty());
+}
+
+/// TopoLVM's lvmd uses a group the admin made and never tags (ADR 0032): `adopt: topolvm` takes
+/// the untagged group of the class's name, and nothing else changes.
+#[test]
+fn adopt_topolvm_tags_an_untagged_group_ours_and_nothing_else() {
+    let (mut host, disks) = csi_driver_lvm_host(&[]);
+    let mut class = adopting(&disks[..2]);
+    class.adopt = Some(crate::config::Adopt::TopoLvm);
+    let before = host.obs.clone();
+    let plans = converge(&class, &mut host.obs);
+    assert_eq!(
+        plans[0].actions,
+        [Action::AdoptVolumeGroup {
+            name: "csi-lvm".into(),
+            tag: VG_OWNER_TAG.into()
+        }]
+    );
+    assert_eq!(plans.last().unwrap().state, ClassState::Ready);
+    assert_eq!(host.obs.pvs, before.pvs);
+    assert_eq!(host.obs.lvs, before.lvs);
+    assert_eq!(vg_of(&host.obs, "csi-lvm").tags, [VG_OWNER_TAG]);
+
+    // Not a group another driver marked as its own.
+    let (host, disks) = csi_driver_lvm_host(&[CSI_DRIVER_LVM_VG_TAG]);
+    let mut class = adopting(&disks[..2]);
+    class.adopt = Some(crate::config::Adopt::TopoLvm);
+    let plan = plan_device_class(&class, &host.obs);
+    let reason = failed_reason(&plan);
+    assert!(
+        reason.contains("not made by topolvm") && reason.contains("use adopt: csi-driver-lvm"),
+        "{reason}"
+    );
+    assert!(plan.actions.is_empty());
+
+    // Without adopt, an untagged group is refused and adopt: topolvm named as a fix.
+    let (host, disks) = csi_driver_lvm_host(&[]);
+    let mut plain = adopting(&disks[..2]);
+    plain.adopt = None;
+    let plan = plan_device_class(&plain, &host.obs);
+    let reason = failed_reason(&plan);
+    assert!(
+        reason.contains("vgchange --addtag lvms") && reason.contains("set adopt: topolvm"),
+        "{reason}"
+    );
 }
 
 #[test]

@@ -405,6 +405,14 @@ fn adopt_rules() -> Vec<Case> {
             Refused("spec.storage.deviceClasses[1].adopt"),
         )
         .by_adding(),
+        case(
+            51,
+            json!([base(), {"name": "ssd", "adopt": "topolvm",
+                            "deviceSelector": {"paths": ["/dev/sdc"]}}]),
+            json!([base(), shared(|c| c["adopt"] = json!("topolvm"))]),
+            Refused("spec.storage.deviceClasses[1].adopt"),
+        )
+        .by_adding(),
     ]
 }
 
