@@ -32,6 +32,19 @@ fn adopting() -> Arc<FakeBackend> {
     Arc::new(backend)
 }
 
+/// A new 64 MiB volume in the thick class.
+fn thick_volume(name: &str) -> NewVolume {
+    NewVolume {
+        name: name.into(),
+        class: "thick".into(),
+        size: 64 << 20,
+        lv_type: None,
+        volume_mode: None,
+        source: None,
+        ephemeral: None,
+    }
+}
+
 fn take_overs(backend: &FakeBackend) -> usize {
     backend
         .calls()
@@ -75,18 +88,7 @@ async fn a_volume_is_taken_over_the_first_time_a_call_names_it_then_served_and_d
 async fn only_csi_driver_lvm_ids_in_adopting_classes_are_answered() {
     // lvms-rs's own volumes and TopoLVM's ids are not served under csi-driver-lvm's name.
     let backend = adopting();
-    let ours = backend
-        .create_volume(&NewVolume {
-            name: "pvc-1".into(),
-            class: "thick".into(),
-            size: 64 << 20,
-            lv_type: None,
-            volume_mode: None,
-            source: None,
-            ephemeral: None,
-        })
-        .await
-        .unwrap();
+    let ours = backend.create_volume(&thick_volume("pvc-1")).await.unwrap();
     let volumes = CsiDriverLvmVolumes::new(backend.clone(), None);
     for id in [ours.id.as_str(), "6f1c2a4e-1b7d-4c1e-9a55-0e1f2d3c4b5a"] {
         assert!(volumes.get(id).await.unwrap().is_none(), "{id}");
@@ -134,15 +136,7 @@ async fn nothing_is_taken_over_while_csi_driver_lvm_answers_on_its_socket() {
 async fn nothing_new_is_made_under_csi_driver_lvms_name() {
     let volumes = CsiDriverLvmVolumes::new(adopting(), None);
     let err = volumes
-        .create_volume(&NewVolume {
-            name: "pvc-2".into(),
-            class: "thick".into(),
-            size: 64 << 20,
-            lv_type: None,
-            volume_mode: None,
-            source: None,
-            ephemeral: None,
-        })
+        .create_volume(&thick_volume("pvc-2"))
         .await
         .unwrap_err();
     assert!(

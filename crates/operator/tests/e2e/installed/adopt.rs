@@ -102,6 +102,44 @@ async fn lvm_field(vm: &Vm, cmd: &str) -> String {
         .to_owned()
 }
 
+/// Binds claim `name` to the PersistentVolume `pv` as the PV controller does after
+/// external-provisioner made it, and waits until it is Bound.
+async fn bind(pvcs: &Api<PersistentVolumeClaim>, name: &str, pv: &str) {
+    pvcs.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({
+            "metadata": {"annotations": {"pv.kubernetes.io/bind-completed": "yes",
+                                         "pv.kubernetes.io/bound-by-controller": "yes"}},
+            "spec": {"volumeName": pv},
+        })),
+    )
+    .await
+    .unwrap();
+    eventually(&format!("claim {name} is Bound"), SLOW, || async move {
+        let c = pvcs.get(name).await.map_err(|e| e.to_string())?;
+        let phase = c.status.and_then(|s| s.phase);
+        (phase.as_deref() == Some("Bound"))
+            .then_some(())
+            .ok_or_else(|| format!("{phase:?}"))
+    })
+    .await;
+}
+
+/// A stand-in for another driver's node plugin on the node: something accepts connections on
+/// `socket` until the process in `pid_file` is killed.
+async fn old_plugin_listens(vm: &Vm, socket: &str, pid_file: &str) {
+    vm.ok(&format!(
+        "mkdir -p $(dirname {socket}) && rm -f {socket} && \
+         setsid python3 -c 'import socket,time; s=socket.socket(socket.AF_UNIX); \
+         s.bind(\"{socket}\"); s.listen(8); \
+         [c.close() for c in iter(lambda: s.accept()[0], None)]' \
+         >/dev/null 2>&1 </dev/null & echo $! > {pid_file}; \
+         for i in $(seq 50); do [ -S {socket} ] && exit 0; sleep 0.1; done; exit 1"
+    ))
+    .await;
+}
+
 #[tokio::test]
 #[ignore = "step 1 of the takeover: run by `cargo xtask installed` before it installs lvms-rs"]
 async fn lvms_left_this_cluster() {
@@ -303,39 +341,10 @@ async fn lvms_left_this_cluster() {
         }),
     )
     .await;
-    pvcs.patch(
-        OLD_CLAIM,
-        &PatchParams::default(),
-        &Patch::Merge(json!({
-            "metadata": {"annotations": {"pv.kubernetes.io/bind-completed": "yes",
-                                         "pv.kubernetes.io/bound-by-controller": "yes"}},
-            "spec": {"volumeName": pv_name},
-        })),
-    )
-    .await
-    .unwrap();
-    eventually("the old claim is Bound", SLOW, || {
-        let pvcs = pvcs.clone();
-        async move {
-            let c = pvcs.get(OLD_CLAIM).await.map_err(|e| e.to_string())?;
-            let phase = c.status.and_then(|s| s.phase);
-            (phase.as_deref() == Some("Bound"))
-                .then_some(())
-                .ok_or_else(|| format!("{phase:?}"))
-        }
-    })
-    .await;
+    bind(&pvcs, OLD_CLAIM, &pv_name).await;
 
     // LVMS's node plugin is still running: something accepts connections on its socket.
-    vm.ok(&format!(
-        "mkdir -p $(dirname {OLD_SOCKET}) && rm -f {OLD_SOCKET} && \
-         setsid python3 -c 'import socket,time; s=socket.socket(socket.AF_UNIX); \
-         s.bind(\"{OLD_SOCKET}\"); s.listen(8); \
-         [c.close() for c in iter(lambda: s.accept()[0], None)]' \
-         >/dev/null 2>&1 </dev/null & echo $! > {OLD_PID}; \
-         for i in $(seq 50); do [ -S {OLD_SOCKET} ] && exit 0; sleep 0.1; done; exit 1"
-    ))
-    .await;
+    old_plugin_listens(vm, OLD_SOCKET, OLD_PID).await;
 
     // What step 2 compares against.
     let vg_uuid = lvm_field(vm, &format!("vgs --noheadings -o vg_uuid {CLASS}")).await;

@@ -30,7 +30,7 @@ use kube::{
 use lvms_api::LVMCluster;
 use serde_json::json;
 
-use super::{create, lvm_field};
+use super::{bind, create, lvm_field, old_plugin_listens};
 use crate::{
     installed::{
         INSTALL_NS, SLOW, delete_pod, env, node_pod_ready, pod, since_apply, wait_log, wait_running,
@@ -141,17 +141,6 @@ async fn left_this_cluster() {
         }),
     )
     .await;
-    pvcs.patch(
-        OLD_CLAIM,
-        &PatchParams::default(),
-        &Patch::Merge(json!({
-            "metadata": {"annotations": {"pv.kubernetes.io/bind-completed": "yes",
-                                         "pv.kubernetes.io/bound-by-controller": "yes"}},
-            "spec": {"volumeName": pv},
-        })),
-    )
-    .await
-    .unwrap();
     // Kubelet labelled the Node with the topology csi-driver-lvm's NodeGetInfo answered.
     Api::<Node>::all(client.clone())
         .patch(
@@ -161,28 +150,10 @@ async fn left_this_cluster() {
         )
         .await
         .unwrap();
-    eventually("the old claim is Bound", SLOW, || {
-        let pvcs = pvcs.clone();
-        async move {
-            let c = pvcs.get(OLD_CLAIM).await.map_err(|e| e.to_string())?;
-            let phase = c.status.and_then(|s| s.phase);
-            (phase.as_deref() == Some("Bound"))
-                .then_some(())
-                .ok_or_else(|| format!("{phase:?}"))
-        }
-    })
-    .await;
+    bind(&pvcs, OLD_CLAIM, &pv).await;
 
     // csi-driver-lvm's DaemonSet still runs on the node: something answers on its socket.
-    vm.ok(&format!(
-        "mkdir -p $(dirname {OLD_SOCKET}) && rm -f {OLD_SOCKET} && \
-         setsid python3 -c 'import socket,time; s=socket.socket(socket.AF_UNIX); \
-         s.bind(\"{OLD_SOCKET}\"); s.listen(8); \
-         [c.close() for c in iter(lambda: s.accept()[0], None)]' \
-         >/dev/null 2>&1 </dev/null & echo $! > {OLD_PID}; \
-         for i in $(seq 50); do [ -S {OLD_SOCKET} ] && exit 0; sleep 0.1; done; exit 1"
-    ))
-    .await;
+    old_plugin_listens(vm, OLD_SOCKET, OLD_PID).await;
     create(
         &Api::<ConfigMap>::namespaced(client.clone(), NS),
         json!({
