@@ -91,9 +91,9 @@ const LUN: &str = "lun0=3072";
 /// class's path, and what the lost-path test switches to the error target (`lun-path lose`).
 const LUN_MAP: &str = "lun0";
 
-/// The LUN's serial (its by-id name in the guests).
-fn lun_serial() -> &'static str {
-    LUN.split_once('=').map_or(LUN, |(serial, _)| serial)
+/// The serial of a disk spec `serial=MiB` (its by-id name in the guests).
+fn serial(spec: &str) -> &str {
+    spec.split_once('=').map_or(spec, |(serial, _)| serial)
 }
 /// The tests that build, before lvms-rs is installed, what an uninstalled LVMS and an uninstalled
 /// csi-driver-lvm leave behind.
@@ -300,12 +300,7 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
             .env("LVMS_E2E_SHARED_DEVICE", format!("/dev/mapper/{LUN_MAP}"))
             .env(
                 "LVMS_E2E_CSI_LVM_DEVICE",
-                format!(
-                    "/dev/disk/by-id/virtio-{}",
-                    CSI_LVM_DISK
-                        .split_once('=')
-                        .map_or(CSI_LVM_DISK, |(s, _)| s)
-                ),
+                format!("/dev/disk/by-id/virtio-{}", serial(CSI_LVM_DISK)),
             )
             // The failover test ends a node as a power loss would: its machine killed; then boots
             // it again through `reboots`.
@@ -549,7 +544,7 @@ fn node_vm(
         .env("NODE_DISK", "/dev/disk/by-id/virtio-node")
         .env(
             "NODE_LUN",
-            format!("/dev/disk/by-id/virtio-{}", lun_serial()),
+            format!("/dev/disk/by-id/virtio-{}", serial(LUN)),
         )
         .env("NODE_LUN_MAP", LUN_MAP)
         .env("NODE_NAME", node.name)

@@ -40,15 +40,6 @@ pub enum Adopt {
 }
 
 impl Adopt {
-    /// The tag the other driver's volume group must carry to be adopted (`None`: that driver puts
-    /// none).
-    pub const fn vg_tag(self) -> Option<&'static str> {
-        match self {
-            Adopt::CsiDriverLvm => Some(CSI_DRIVER_LVM_VG_TAG),
-            Adopt::TopoLvm => None,
-        }
-    }
-
     /// Why the group with `tags` is not this driver's, or `None` when it is adopted.
     pub fn refuses(self, tags: &[String]) -> Option<String> {
         let has = |tag: &str| tags.iter().any(|t| t == tag);

@@ -505,17 +505,17 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
     // A group already ours (adopted before, or made by us) goes on as usual, `adopt` or not.
     let foreign_vg = vg.filter(|_| !ours);
     match (foreign_vg, class.adopt) {
-        (Some(vg), Some(adopt)) if adopt.refuses(&vg.tags).is_none() => {
-            return ClassPlan {
-                devices,
-                actions: vec![Action::AdoptVolumeGroup {
-                    name: vg.name.clone(),
-                    tag: VG_OWNER_TAG.to_owned(),
-                }],
-                state: ClassState::Progressing,
-            };
-        }
         (Some(vg), Some(adopt)) => {
+            let Some(why) = adopt.refuses(&vg.tags) else {
+                return ClassPlan {
+                    devices,
+                    actions: vec![Action::AdoptVolumeGroup {
+                        name: vg.name.clone(),
+                        tag: VG_OWNER_TAG.to_owned(),
+                    }],
+                    state: ClassState::Progressing,
+                };
+            };
             return failed(
                 devices,
                 format!(
@@ -523,7 +523,7 @@ pub fn plan_device_class(class: &DeviceClassConfig, observed: &Observed) -> Clas
                      adopt: {adopt} does not take it and lvms-rs never touches it; check that \
                      this is the group meant, or rename the device class",
                     vg.name,
-                    adopt.refuses(&vg.tags).unwrap_or_default(),
+                    why,
                     if vg.tags.is_empty() {
                         "no tags".to_owned()
                     } else {

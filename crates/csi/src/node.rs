@@ -715,7 +715,7 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
             tracing::info!(size, "volume grown");
         }
         if let Some(range) = &req.capacity_range {
-            if u64::try_from(range.required_bytes).unwrap_or(0) > size {
+            if required > size {
                 return Err(ExpandError::OutOfRange(format!(
                     "volume {} is {size} bytes, less than the {} required: expand it with the controller first",
                     vol.id, range.required_bytes

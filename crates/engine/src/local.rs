@@ -142,6 +142,28 @@ fn is_our_id(id: &str) -> bool {
     ids::is_volume_id(id) || ids::is_snapshot_id(id) || ids::is_taken_over_id(id)
 }
 
+/// Whether `lv` is a volume TopoLVM's lvmd made in `class`: a thin volume of the class's pool, or
+/// in a thick class a plain, visible LV (topolvm `internal/lvmd/command/lvm.go`; ADR 0032).
+fn topolvm_shape(
+    class: &DeviceClassConfig,
+    lv: &LogicalVolume,
+    attr: &LvAttr,
+) -> std::result::Result<(), String> {
+    match (class.thin_pool(), lv.segtype == THIN) {
+        (Some(pool), true) if lv.pool_lv.as_deref() == Some(pool) => Ok(()),
+        (Some(pool), _) => Err(format!(
+            "it is not a thin volume of the class's pool {pool} (segment type {}, pool {:?})",
+            lv.segtype,
+            lv.pool_lv.as_deref().unwrap_or("")
+        )),
+        (None, false) if !attr.is_thin_pool() && !lv.name.starts_with('[') => Ok(()),
+        (None, _) => Err(format!(
+            "device class {} is thick and it is a {} volume",
+            class.name, lv.segtype
+        )),
+    }
+}
+
 /// Whether `lv` is a volume csi-driver-lvm made: its tag, and a plain, visible, linear, striped or
 /// raid1 LV (csi-driver-lvm `pkg/lvm/lvm.go` `CreateLV`; ADR 0033).
 fn csi_driver_lvm_shape(lv: &LogicalVolume, attr: &LvAttr) -> std::result::Result<(), String> {
@@ -1221,23 +1243,10 @@ impl<R: Runner> Backend for LocalBackend<R> {
                 class.name, req.id, lv.attr
             ))
         })?;
-        let thin = lv.segtype == THIN;
         let shape = if csi_driver_lvm {
             csi_driver_lvm_shape(lv, &attr)
         } else {
-            match (class.thin_pool(), thin) {
-            (Some(pool), true) if lv.pool_lv.as_deref() == Some(pool) => Ok(()),
-            (Some(pool), _) => Err(format!(
-                "it is not a thin volume of the class's pool {pool} (segment type {}, pool {:?})",
-                lv.segtype,
-                lv.pool_lv.as_deref().unwrap_or("")
-            )),
-            (None, false) if !attr.is_thin_pool() && !lv.name.starts_with('[') => Ok(()),
-            (None, _) => Err(format!(
-                "device class {} is thick and it is a {} volume",
-                class.name, lv.segtype
-            )),
-            }
+            topolvm_shape(class, lv, &attr)
         }
         .and_then(|()| {
             let writable = matches!(
