@@ -28,6 +28,21 @@ use crate::{artifacts, deps, report::Counts};
 /// What the whole CI run (`.ci/run`) should take at most; past it the run warns.
 const BUDGET: Duration = Duration::from_secs(45 * 60);
 
+/// When the whole CI run is stopped: phases still running are killed (with every process under
+/// them) and those not started are not run, so the table and the logs' tails are printed well
+/// before CI's hard 90-minute limit ends the run with nothing said (stop 49: a run went past it and
+/// only the last lines of output were kept, none saying which phase held it).
+const RUN_DEADLINE: Duration = Duration::from_secs(78 * 60);
+
+/// The longest any one phase may run: two and a half times its known time, at least ten minutes,
+/// so a hung phase is killed and named while the others go on.
+fn limit(phase: &Phase) -> Duration {
+    if phase.name == PREPARE {
+        return Duration::from_secs(30 * 60);
+    }
+    Duration::from_secs((phase.secs.saturating_mul(5) / 2).max(10 * 60))
+}
+
 /// `.ci/run` exports the Unix time it started, so the table counts what came before this task
 /// (the packages, building xtask) in the total.
 const CI_START_ENV: &str = "LVMS_CI_START";
@@ -129,20 +144,20 @@ pub fn phases(repo: &Path, list: &Path) -> Vec<Phase> {
             // 33 s and 24 s of CPU (run of e105b74): it fits beside anything.
             ..xtask("host tests", 33, 50, &[])
         },
-        // Times and loads (CPU ÷ wall) from the clean-clone run of e105b74, every guest user-mode
-        // (ADR 0027): the VM shards 651 s / 447 s and 631 s / 408 s.
-        xtask("VM suite 1/2", 650, 70, &["vm-test", "--shard", "1/2"]),
-        xtask("VM suite 2/2", 630, 70, &["vm-test", "--shard", "2/2"]),
-        // 292 s / 175 s, 288 s / 63 s, 188 s / 94 s.
+        // Times from the clean-clone CI run 23 (cf1d2be), every guest user-mode (ADR 0027); loads
+        // (CPU ÷ wall) from the run of e105b74.
+        xtask("VM suite 1/2", 540, 70, &["vm-test", "--shard", "1/2"]),
+        xtask("VM suite 2/2", 870, 70, &["vm-test", "--shard", "2/2"]),
+        // 263 s, 248 s, 184 s in CI run 23.
         sanlock(xtask(
             "two-node: shared classes",
-            290,
+            270,
             60,
             &["vm-shared", "--skip", crate::shared::FENCING_PREFIX],
         )),
         sanlock(xtask(
             "two-node: power loss",
-            290,
+            250,
             25,
             &["vm-shared", "fencing_power_loss"],
         )),
@@ -154,7 +169,7 @@ pub fn phases(repo: &Path, list: &Path) -> Vec<Phase> {
         )),
         xtask(
             "csi-sanity: local classes",
-            200,
+            250,
             110,
             &[
                 "sanity",
@@ -170,7 +185,7 @@ pub fn phases(repo: &Path, list: &Path) -> Vec<Phase> {
         ),
         xtask(
             "csi-sanity: shared class",
-            170,
+            190,
             80,
             &[
                 "sanity",
@@ -180,14 +195,14 @@ pub fn phases(repo: &Path, list: &Path) -> Vec<Phase> {
                 "shared-linear-block",
             ],
         ),
-        // 488 s / 219 s and 518 s / 320 s.
-        xtask("e2e on a real control plane", 490, 45, &["e2e"]),
-        // Two nodes (two user-mode guests): 951 s in CI run 14 for both scenarios (the node-local
-        // one 279 s, the shared one 568 s, most of it waiting on sanlock's host-dead time twice).
+        // 368 s in CI run 23; load from 488 s / 219 s and 518 s / 320 s.
+        xtask("e2e on a real control plane", 370, 45, &["e2e"]),
+        // Two nodes (two user-mode guests): 1249 s in CI run 23 for the four scenarios, most of it
+        // waiting on sanlock's host-dead time twice and on the two takeovers' old plugins.
         sanlock(xtask(
             "installed on two real nodes",
-            951,
-            80,
+            1250,
+            60,
             &["installed"],
         )),
     ]
@@ -210,8 +225,12 @@ struct Done {
     wall: Duration,
     cpu: Option<Duration>,
     ok: bool,
+    /// Why it was killed or not run (`None` when it ran to its end).
+    stopped: Option<String>,
     counts: Option<Counts>,
     log: PathBuf,
+    /// Free space on the target directory's file system when it ended.
+    free: Option<u64>,
 }
 
 pub struct Options {
@@ -250,6 +269,15 @@ pub fn run(repo: &Path, options: &Options) -> Result<ExitCode> {
     }
     order_by_work(&mut queue);
 
+    let before = ci_started_before(started);
+    let deadline = started + RUN_DEADLINE.saturating_sub(before);
+    let disk = DiskWatch::start(repo.join("target"));
+    println!(
+        "test: {} free on the target directory's file system; phases still running {:.0} min \
+         after the run's start are killed",
+        gib(disk.first),
+        RUN_DEADLINE.as_secs_f64() / 60.0
+    );
     let board = Arc::new(Board {
         queue: Mutex::new(VecDeque::from(queue)),
         running: Mutex::new(0),
@@ -257,6 +285,7 @@ pub fn run(repo: &Path, options: &Options) -> Result<ExitCode> {
         prepared: Mutex::new(None),
         changed: Condvar::new(),
         done: Mutex::new(Vec::new()),
+        deadline,
     });
     let lanes: Vec<_> = (1..=options.lanes.max(1))
         .map(|lane| {
@@ -266,8 +295,8 @@ pub fn run(repo: &Path, options: &Options) -> Result<ExitCode> {
                 while let Some(next) = board.next() {
                     let phase = match next {
                         Next::Run(phase) => phase,
-                        Next::Skip(phase) => {
-                            let done = Done::not_run(&phase, &dir);
+                        Next::Skip(phase, why) => {
+                            let done = Done::not_run(&phase, &dir, why);
                             board.finish(&Phase { load: 0, ..phase }, done);
                             continue;
                         }
@@ -277,8 +306,16 @@ pub fn run(repo: &Path, options: &Options) -> Result<ExitCode> {
                         phase.name,
                         log_path(&dir, phase.name).display()
                     );
-                    let result =
-                        run_phase(&exe, &repo, &dir, &phase, &env, &lane.to_string(), started);
+                    let result = run_phase(
+                        &exe,
+                        &repo,
+                        &dir,
+                        &phase,
+                        &env,
+                        &lane.to_string(),
+                        started,
+                        deadline,
+                    );
                     report_done(&result);
                     board.finish(&phase, result);
                 }
@@ -295,8 +332,9 @@ pub fn run(repo: &Path, options: &Options) -> Result<ExitCode> {
         .unwrap_or_default();
     results.sort_by_key(|r| r.started);
 
-    let before = ci_started_before(started);
+    let disk = disk.stop();
     print!("{}", table(&results, before, started.elapsed() + before));
+    println!("{}", disk.line(before));
     let total = started.elapsed() + before;
     if total > BUDGET {
         println!("{}", budget_warning(&results, total));
@@ -335,12 +373,14 @@ struct Board {
     prepared: Mutex<Option<bool>>,
     changed: Condvar,
     done: Mutex<Vec<Done>>,
+    /// Past it, no phase starts ([`RUN_DEADLINE`]).
+    deadline: Instant,
 }
 
 enum Next {
     Run(Phase),
-    /// Needs `prepare`, which failed.
-    Skip(Phase),
+    /// Not run, and why: it needs `prepare`, which failed, or the run's deadline has passed.
+    Skip(Phase, &'static str),
 }
 
 impl Board {
@@ -369,7 +409,10 @@ impl Board {
                 Some(i) => {
                     let phase = queue.remove(i)?;
                     if phase.after_prepare && prepared == Some(false) {
-                        return Some(Next::Skip(phase));
+                        return Some(Next::Skip(phase, "not run (the build failed)"));
+                    }
+                    if Instant::now() >= self.deadline {
+                        return Some(Next::Skip(phase, "not run (past the run's deadline)"));
                     }
                     if let Ok(mut r) = self.running.lock() {
                         *r += phase.load;
@@ -411,7 +454,7 @@ impl Board {
 }
 
 impl Done {
-    fn not_run(phase: &Phase, dir: &Path) -> Self {
+    fn not_run(phase: &Phase, dir: &Path, why: &str) -> Self {
         Done {
             name: phase.name.to_owned(),
             lane: "-".into(),
@@ -419,9 +462,102 @@ impl Done {
             wall: Duration::ZERO,
             cpu: None,
             ok: false,
+            stopped: Some(why.to_owned()),
             counts: None,
             log: log_path(dir, phase.name),
+            free: None,
         }
+    }
+}
+
+/// The free space on the target directory's file system, read every few seconds while the phases
+/// run: CI machines have had only a few GiB free (`.ci/run`), and a full disk shows up as I/O errors
+/// inside the guests, far from its cause.
+struct DiskWatch {
+    first: Option<u64>,
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    sampler: thread::JoinHandle<Option<(u64, Duration)>>,
+    path: PathBuf,
+}
+
+/// What [`DiskWatch`] saw.
+struct DiskSeen {
+    first: Option<u64>,
+    lowest: Option<(u64, Duration)>,
+    last: Option<u64>,
+}
+
+fn free_bytes(path: &Path) -> Option<u64> {
+    let v = rustix::fs::statvfs(path).ok()?;
+    Some(v.f_bavail.saturating_mul(v.f_frsize))
+}
+
+fn gib(bytes: Option<u64>) -> String {
+    bytes.map_or_else(
+        || "? GiB".into(),
+        |b| format!("{:.1} GiB", b as f64 / f64::from(1u32 << 30)),
+    )
+}
+
+impl DiskWatch {
+    fn start(path: PathBuf) -> Self {
+        let first = free_bytes(&path);
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let sampler = {
+            let (stop, path) = (Arc::clone(&stop), path.clone());
+            let started = Instant::now();
+            thread::spawn(move || {
+                let mut lowest: Option<(u64, Duration)> = None;
+                let (lock, cv) = &*stop;
+                let mut stopped = lock.lock().ok()?;
+                while !*stopped {
+                    if let Some(free) = free_bytes(&path)
+                        && lowest.is_none_or(|(l, _)| free < l)
+                    {
+                        lowest = Some((free, started.elapsed()));
+                    }
+                    stopped = cv.wait_timeout(stopped, Duration::from_secs(5)).ok()?.0;
+                }
+                lowest
+            })
+        };
+        DiskWatch {
+            first,
+            stop,
+            sampler,
+            path,
+        }
+    }
+
+    fn stop(self) -> DiskSeen {
+        if let Ok(mut s) = self.stop.0.lock() {
+            *s = true;
+        }
+        self.stop.1.notify_all();
+        DiskSeen {
+            first: self.first,
+            lowest: self.sampler.join().ok().flatten(),
+            last: free_bytes(&self.path),
+        }
+    }
+}
+
+impl DiskSeen {
+    /// `before`: how long CI ran before this task, as the table's start column counts.
+    fn line(&self, before: Duration) -> String {
+        format!(
+            "disk: {} free at the start, lowest {}, {} at the end",
+            gib(self.first),
+            self.lowest.map_or_else(
+                || "not read".into(),
+                |(b, at)| format!(
+                    "{} at {:.1} m",
+                    gib(Some(b)),
+                    (before + at).as_secs_f64() / 60.0
+                )
+            ),
+            gib(self.last)
+        )
     }
 }
 
@@ -458,6 +594,7 @@ fn log_path(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{slug}.log"))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_phase(
     exe: &Path,
     repo: &Path,
@@ -466,9 +603,29 @@ fn run_phase(
     env: &[(&str, String)],
     lane: &str,
     run_started: Instant,
+    deadline: Instant,
 ) -> Done {
     let log = log_path(dir, phase.name);
     let started = Instant::now();
+    let own_limit = limit(phase);
+    let (wait, why) = if started + own_limit <= deadline {
+        (
+            own_limit,
+            format!(
+                "KILLED at its {:.0}-minute limit",
+                own_limit.as_secs_f64() / 60.0
+            ),
+        )
+    } else {
+        (
+            deadline.saturating_duration_since(started),
+            format!(
+                "KILLED at the run's {:.0}-minute deadline",
+                RUN_DEADLINE.as_secs_f64() / 60.0
+            ),
+        )
+    };
+    let mut stopped = None;
     let outcome = (|| -> Result<(bool, Option<Duration>)> {
         let file = fs::File::create(&log)?;
         let mut cmd = if phase.cargo {
@@ -486,7 +643,24 @@ fn run_phase(
         let mut child = cmd
             .spawn()
             .with_context(|| format!("starting {}", phase.name))?;
-        let cpu = cpu_at_exit(child.id());
+        // The watchdog kills the phase and every process under it (guests, control planes) when
+        // its time is up; it hears of the phase's exit while the exited phase is still unreaped,
+        // so the id it would kill is never another's.
+        let (exited, heard) = std::sync::mpsc::channel::<()>();
+        let pid = child.id();
+        let watchdog = thread::spawn(move || {
+            if heard.recv_timeout(wait) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+                lvms_testkit::guest::kill_machine(pid);
+                true
+            } else {
+                false
+            }
+        });
+        let cpu = cpu_at_exit(pid);
+        let _ = exited.send(());
+        if watchdog.join().unwrap_or(false) {
+            stopped = Some(why);
+        }
         let status = child.wait()?;
         Ok((status.success(), cpu))
     })();
@@ -517,9 +691,11 @@ fn run_phase(
         started: started - run_started,
         wall: started.elapsed(),
         cpu,
-        ok: ok && !failed_tests,
+        ok: ok && !failed_tests && stopped.is_none(),
+        stopped,
         counts,
         log,
+        free: free_bytes(dir),
     }
 }
 
@@ -561,7 +737,7 @@ fn report_done(d: &Done) {
         "test: [lane {}] {}: {} in {:.0} s{}{}",
         d.lane,
         d.name,
-        if d.ok { "ok" } else { "FAILED" },
+        d.result(),
         d.wall.as_secs_f64(),
         d.cpu
             .map(|c| format!(", cpu {:.0} s", c.as_secs_f64()))
@@ -584,24 +760,37 @@ fn report_done(d: &Done) {
     }
 }
 
+impl Done {
+    /// The table's result column: ok, FAILED, or why it was killed or not run.
+    fn result(&self) -> &str {
+        match (&self.stopped, self.ok) {
+            (Some(why), _) => why,
+            (None, true) => "ok",
+            (None, false) => "FAILED",
+        }
+    }
+}
+
 fn table(results: &[Done], before: Duration, total: Duration) -> String {
-    let mut s =
-        String::from("\nphase                              lane   start    wall     cpu  result\n");
+    let mut s = String::from(
+        "\nphase                              lane   start    wall     cpu     free  result\n",
+    );
     if !before.is_zero() {
         let _ = writeln!(
             s,
-            "{:<34} {:>4} {:>7} {:>6.0} s {:>7}  packages, building xtask",
+            "{:<34} {:>4} {:>7} {:>6.0} s {:>7} {:>8}  packages, building xtask",
             "before `cargo xtask test`",
             "-",
             "",
             before.as_secs_f64(),
+            "",
             ""
         );
     }
     for r in results {
         let _ = writeln!(
             s,
-            "{:<34} {:>4} {:>7} {:>6.0} s {:>7}  {}{}",
+            "{:<34} {:>4} {:>7} {:>6.0} s {:>7} {:>8}  {}{}",
             r.name,
             r.lane,
             if r.started == Duration::MAX {
@@ -613,13 +802,8 @@ fn table(results: &[Done], before: Duration, total: Duration) -> String {
             r.cpu
                 .map(|c| format!("{:.0} s", c.as_secs_f64()))
                 .unwrap_or_else(|| "-".into()),
-            if r.ok {
-                "ok"
-            } else if r.started == Duration::MAX {
-                "not run (the build failed)"
-            } else {
-                "FAILED"
-            },
+            r.free.map_or_else(|| "-".into(), |b| gib(Some(b))),
+            r.result(),
             r.counts.map(|c| format!(": {c}")).unwrap_or_default(),
         );
     }
@@ -708,8 +892,10 @@ mod tests {
             wall: Duration::from_secs(secs),
             cpu: None,
             ok: true,
+            stopped: None,
             counts: None,
             log: PathBuf::new(),
+            free: Some(3 << 29),
         }
     }
 
@@ -721,14 +907,16 @@ mod tests {
             prepared: Mutex::new(prepared),
             changed: Condvar::new(),
             done: Mutex::new(Vec::new()),
+            deadline: Instant::now() + Duration::from_secs(3600),
         }
     }
 
     fn name(next: Option<Next>) -> &'static str {
         match next {
             Some(Next::Run(p)) => p.name,
-            Some(Next::Skip(p)) => {
+            Some(Next::Skip(p, why)) => {
                 assert!(p.after_prepare);
+                assert_eq!(why, "not run (the build failed)");
                 "skipped"
             }
             None => "none",
@@ -825,6 +1013,83 @@ mod tests {
     }
 
     #[test]
+    fn no_phase_starts_past_the_runs_deadline() {
+        let mut b = board(vec![xtask("late", 60, 50, &[])], Some(true));
+        b.deadline = Instant::now();
+        match b.next() {
+            Some(Next::Skip(p, why)) => {
+                assert_eq!(p.name, "late");
+                assert_eq!(why, "not run (past the run's deadline)");
+            }
+            _ => panic!("a phase started past the deadline"),
+        }
+    }
+
+    #[test]
+    fn a_phase_running_at_the_deadline_is_killed_with_the_processes_under_it() {
+        let dir = std::env::temp_dir().join(format!("lanes-watchdog-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let pidfile = dir.join("grandchild");
+        let script = format!(
+            "sleep 300 & echo $! > {}; echo started; wait",
+            pidfile.display()
+        );
+        let phase = xtask("hangs", 60, 50, &["-c", &script]);
+        let started = Instant::now();
+        let done = run_phase(
+            Path::new("/bin/sh"),
+            &dir,
+            &dir,
+            &phase,
+            &[],
+            "1",
+            started,
+            started + Duration::from_secs(2),
+        );
+        assert!(started.elapsed() < Duration::from_secs(60), "it was killed");
+        assert!(!done.ok);
+        assert_eq!(
+            done.result(),
+            "KILLED at the run's 78-minute deadline",
+            "{:?}",
+            done.stopped
+        );
+        let grandchild: u32 = fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // Gone, or a zombie waiting for whoever reaps orphans here.
+        let stat = fs::read_to_string(format!("/proc/{grandchild}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r.trim_start().chars().next());
+        assert!(
+            stat.is_empty() || state == Some(Some('Z')),
+            "the phase's child still runs: {stat}"
+        );
+        let t = table(&[done], Duration::ZERO, Duration::from_secs(3));
+        assert!(t.contains("KILLED at the run's 78-minute deadline"), "{t}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_phase_is_limited_to_two_and_a_half_times_its_known_time_and_at_least_ten_minutes() {
+        assert_eq!(
+            limit(&xtask("installed", 1200, 80, &[])),
+            Duration::from_secs(3000)
+        );
+        assert_eq!(
+            limit(&xtask("host tests", 33, 50, &[])),
+            Duration::from_secs(600)
+        );
+        assert_eq!(
+            limit(&xtask(PREPARE, u64::MAX, 100, &[])),
+            Duration::from_secs(1800)
+        );
+    }
+
+    #[test]
     fn cpu_time_is_read_from_a_zombies_stat_line() {
         // pid (comm with spaces) state ppid pgrp session tty tpgid flags minflt cminflt majflt
         // cmajflt utime stime cutime cstime …
@@ -878,6 +1143,10 @@ mod tests {
             assert!(t.contains(p.name), "{t}");
         }
         assert!(t.contains("before `cargo xtask test`"), "{t}");
+        assert!(
+            t.contains("1.5 GiB"),
+            "the free space at each phase's end: {t}"
+        );
         assert!(t.contains("33.3 min"), "{t}");
     }
 }
