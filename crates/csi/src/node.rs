@@ -138,8 +138,42 @@ fn i64_of(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
+/// What a mount at `path` would hide, or `None` when nothing: the path is missing, an empty
+/// directory or an empty file. A node plugin mounts only over what holds nothing, so it never hides
+/// data it did not put there (issue 35: an inline volume published at `/etc` was mounted over it).
+async fn hidden_by_mount(path: &str) -> io::Result<Option<String>> {
+    match tokio::fs::symlink_metadata(path).await {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+        Ok(md) if md.is_dir() => {
+            let mut entries = tokio::fs::read_dir(path).await?;
+            Ok(entries.next_entry().await?.map(|e| {
+                format!(
+                    "a directory that is not empty (it holds {:?})",
+                    e.file_name()
+                )
+            }))
+        }
+        Ok(md) if md.is_file() && md.len() == 0 => Ok(None),
+        Ok(md) if md.is_file() => Ok(Some(format!("a file of {} bytes", md.len()))),
+        Ok(md) => Ok(Some(format!("a {:?}", md.file_type()))),
+    }
+}
+
+/// [`hidden_by_mount`] as the refusal `what` gets (FAILED_PRECONDITION, naming the path).
+async fn refuse_to_hide(field: &str, path: &str) -> Result<(), PublishError> {
+    match hidden_by_mount(path).await {
+        Ok(None) => Ok(()),
+        Ok(Some(what)) => Err(PublishError::WouldHide(format!(
+            "{field} {path} is {what}: lvms-rs mounts only over a missing path, an empty \
+             directory or an empty file, never over what it did not put there; give an empty path"
+        ))),
+        Err(e) => Err(PublishError::CreateTarget(path.to_owned(), e)),
+    }
+}
+
 /// Creates the publish target when missing: a directory for a filesystem, a file for a block device.
-/// Returns whether it was created.
+/// One that exists must hold nothing ([`hidden_by_mount`]). Returns whether it was created.
 async fn prepare_target(target: &str, block: bool) -> Result<bool, PublishError> {
     let (want, want_name) = if block {
         (true, "a file")
@@ -147,7 +181,10 @@ async fn prepare_target(target: &str, block: bool) -> Result<bool, PublishError>
         (false, "a directory")
     };
     match tokio::fs::symlink_metadata(target).await {
-        Ok(md) if (block && md.is_file()) || (!block && md.is_dir()) => Ok(false),
+        Ok(md) if (block && md.is_file()) || (!block && md.is_dir()) => {
+            refuse_to_hide("target path", target).await?;
+            Ok(false)
+        }
         Ok(md) => Err(PublishError::TargetKind(format!(
             "target path {target} exists and is not {want_name} ({:?}), which {} access needs",
             md.file_type(),
@@ -413,6 +450,11 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
                 return Ok(NodeStageVolumeResponse {});
             }
             Stage::Mount => {}
+        }
+        match hidden_by_mount(staging).await {
+            Ok(None) => {}
+            Ok(Some(what)) => return Err(StageError::WouldHide(staging.to_owned(), what)),
+            Err(e) => return Err(StageError::StagingPath(staging.to_owned(), e)),
         }
         let found = self.fs.detect_fs(&device).await.map_err(host("probing"))?;
         let (fstype, blank) = match found {

@@ -235,4 +235,26 @@ mod vm_ephemeral {
         }
         assert!(lvs_in(&env.vg).is_empty());
     }
+
+    /// Issue 35: an inline volume published at `/etc`-like directory was made and mounted over it.
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn publish_over_a_directory_that_is_not_empty_makes_nothing_and_hides_nothing() {
+        let env = Env::new();
+        let svc = env.service();
+        let target = env.target("etc");
+        std::fs::create_dir_all(&target).unwrap();
+        std::fs::write(format!("{target}/passwd"), "root:x:0:0\n").unwrap();
+        let err = publish(&svc, &kubelet_id(), &target, context("etc", &[]))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+        assert!(err.message().contains(&target), "{}", err.message());
+        assert!(lvs_in(&env.vg).is_empty(), "no volume was made");
+        assert_eq!(mounted_source(&target), "", "nothing mounted over it");
+        assert_eq!(
+            std::fs::read_to_string(format!("{target}/passwd")).unwrap(),
+            "root:x:0:0\n"
+        );
+    }
 }

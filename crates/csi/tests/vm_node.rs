@@ -450,6 +450,65 @@ mod vm_node {
         assert_eq!(sh(&format!("blkid -p -o value -s UUID {dev}")), uuid);
     }
 
+    /// Issue 35: a node plugin never mounts over what it did not put there. Stage onto a full
+    /// directory, publish onto one, and block publish onto a file with content are refused naming
+    /// the path, and nothing is formatted, mounted or changed.
+    #[tokio::test]
+    #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+    async fn stage_and_publish_refuse_a_target_that_is_not_empty_and_change_nothing() {
+        let env = Env::new(1024);
+        let id = env.volume("pvc-hide", XFS_MIB);
+        let dev = env.device(&id);
+        let svc = env.service();
+        let full = |name: &str| {
+            let p = env.staging(name);
+            std::fs::write(format!("{p}/keep"), "theirs").unwrap();
+            p
+        };
+        let kept = |p: &str| std::fs::read_to_string(format!("{p}/keep")).unwrap() == "theirs";
+
+        let staging = full("full");
+        let err = stage(&svc, &id, &staging, writer("ext4"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+        assert!(err.message().contains(&staging), "{}", err.message());
+        assert!(!is_mounted(&staging) && kept(&staging));
+        assert_eq!(blkid_type(&dev), "", "the blank volume was not formatted");
+
+        let good = env.staging("good");
+        stage(&svc, &id, &good, writer("ext4")).await.unwrap();
+        let target = full("target");
+        let err = publish(&svc, &id, &good, &target, writer("ext4"), false)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+        assert!(err.message().contains(&target), "{}", err.message());
+        assert!(!is_mounted(&target) && kept(&target));
+        unstage(&svc, &id, &good).await.unwrap();
+
+        let file = env.target("block");
+        std::fs::write(&file, "theirs").unwrap();
+        let block_staging = env.staging("block");
+        stage(&svc, &id, &block_staging, block_cap(Mode::SingleNodeWriter))
+            .await
+            .unwrap();
+        let err = publish(
+            &svc,
+            &id,
+            &block_staging,
+            &file,
+            block_cap(Mode::SingleNodeWriter),
+            false,
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+        assert!(err.message().contains(&file), "{}", err.message());
+        assert!(!is_mounted(&file));
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "theirs");
+    }
+
     #[tokio::test]
     #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
     async fn readonly_publish_refuses_writes() {

@@ -21,11 +21,14 @@ use lvms_engine::{
     backend::{Backend, BackendError, DeviceClassConfig, Layout, NewVolume, Volume},
     ids::EphemeralOwner,
 };
-use lvms_host::{fs::fstype_name, runner::Runner};
+use lvms_host::{
+    fs::{find_mount_by_target, fstype_name},
+    runner::Runner,
+};
 
 use super::{
     NodeService, PublishError, RequestError, UnpublishError, device_ids, prepare_target,
-    remove_target,
+    refuse_to_hide, remove_target,
     request::{self, Access, Invalid, known_fstype},
     table::{self, Stage},
 };
@@ -212,6 +215,10 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
             let id = req.volume_id.clone();
             move |source| PublishError::Ephemeral { step, id, source }
         };
+        // Before any volume is made: a target not mounted yet must hold nothing a mount would hide.
+        if find_mount_by_target(&self.mounts().await?, target).is_none() {
+            refuse_to_hide("target path", target).await?;
+        }
         let vol = self
             .backend
             .create_volume(&NewVolume {

@@ -114,6 +114,12 @@ pub enum StageError {
     /// The staging path is not a directory (INVALID_ARGUMENT).
     #[error("staging_target_path {0} is not a directory")]
     StagingNotDir(String),
+    /// Not mounted yet and not empty: a mount would hide what it holds (FAILED_PRECONDITION).
+    #[error(
+        "staging_target_path {0} is {1}: lvms-rs mounts only over an empty directory, never over \
+         what it did not put there; give an empty one"
+    )]
+    WouldHide(String, String),
     /// Staged at the path with other arguments, or another volume is there (ALREADY_EXISTS).
     #[error("{0}")]
     Incompatible(String),
@@ -154,9 +160,9 @@ impl StageError {
             Self::Request(e) => e.code(),
             Self::StagingPath(..) | Self::StagingNotDir(_) => Code::InvalidArgument,
             Self::Incompatible(_) => Code::AlreadyExists,
-            Self::WrongFilesystem { .. } | Self::UnsupportedSignature { .. } => {
-                Code::FailedPrecondition
-            }
+            Self::WrongFilesystem { .. }
+            | Self::UnsupportedSignature { .. }
+            | Self::WouldHide(..) => Code::FailedPrecondition,
             Self::Activate { source, .. } => backend_code(source),
             Self::Host { source, .. } => host_code(source),
         }
@@ -220,6 +226,9 @@ pub enum PublishError {
     /// The target exists as the wrong kind of file (FAILED_PRECONDITION).
     #[error("{0}")]
     TargetKind(String),
+    /// The target holds something a mount would hide (FAILED_PRECONDITION).
+    #[error("{0}")]
+    WouldHide(String),
     /// The target could not be created (INTERNAL).
     #[error("creating target path {0}")]
     CreateTarget(String, #[source] io::Error),
@@ -257,7 +266,8 @@ impl PublishError {
             Self::StagingRequired
             | Self::PublishedElsewhere(_)
             | Self::NotStaged(_)
-            | Self::TargetKind(_) => Code::FailedPrecondition,
+            | Self::TargetKind(_)
+            | Self::WouldHide(_) => Code::FailedPrecondition,
             Self::CreateTarget(..) => Code::Internal,
             Self::Bind { source, .. } | Self::Host { source, .. } => host_code(source),
             Self::Ephemeral { source, .. } => backend_code(source),

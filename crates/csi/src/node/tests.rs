@@ -797,6 +797,103 @@ async fn publish_block_binds_the_device_onto_a_file_it_creates() {
     s.fake.assert_done();
 }
 
+/// A directory holding a file of someone else's, as `/etc` would.
+fn not_ours(s: &Setup, name: &str) -> String {
+    let dir = s.path(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(format!("{dir}/passwd"), "root:x:0:0").unwrap();
+    dir
+}
+
+fn assert_refused_naming<T: std::fmt::Debug>(got: Result<Response<T>, Status>, path: &str) {
+    let err = got.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    assert!(
+        err.message().contains(path) && err.message().contains("not empty"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(
+        std::fs::read_to_string(format!("{path}/passwd")).unwrap(),
+        "root:x:0:0",
+        "left as it was"
+    );
+}
+
+#[tokio::test]
+async fn stage_and_publish_never_mount_over_a_directory_or_file_that_is_not_empty() {
+    let s = Setup::new(NodeOptions::default());
+    // Stage: the volume is activated and probed, but neither formatted nor mounted.
+    let staging = not_ours(&s, "staging-etc");
+    let got = s
+        .svc
+        .node_stage_volume(Request::new(stage_req(&s.id, &staging, writer())))
+        .await;
+    assert_refused_naming(got, &staging);
+    assert!(s.fake.calls().is_empty(), "{:?}", s.fake.calls());
+
+    // Publish of a staged volume onto a full directory: no bind mount.
+    let good_staging = s.staging();
+    s.mountinfo(&[fs_line(40, &good_staging, "rw")]);
+    let target = not_ours(&s, "pods/a/etc");
+    let got = s
+        .svc
+        .node_publish_volume(Request::new(publish_req(
+            &s.id,
+            &good_staging,
+            &target,
+            writer(),
+            false,
+        )))
+        .await;
+    assert_refused_naming(got, &target);
+
+    // Block access onto a file with content, and a symlink to a directory of someone else's.
+    let file = s.path("pods/b/device");
+    std::fs::create_dir_all(s.path("pods/b")).unwrap();
+    std::fs::write(&file, "data").unwrap();
+    let link = s.path("pods/c");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    for (t, cap) in [
+        (&file, block_cap(Mode::SingleNodeWriter)),
+        (&link, writer()),
+    ] {
+        let err = s
+            .svc
+            .node_publish_volume(Request::new(publish_req(
+                &s.id,
+                &good_staging,
+                t,
+                cap,
+                false,
+            )))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+        assert!(err.message().contains(t.as_str()), "{}", err.message());
+    }
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "data");
+    assert!(s.fake.calls().is_empty(), "{:?}", s.fake.calls());
+
+    // An empty directory is mounted over as before.
+    let empty = s.path("pods/d/mount");
+    std::fs::create_dir_all(&empty).unwrap();
+    s.fake
+        .expect(&["mount", "--bind", &good_staging, &empty])
+        .succeeds();
+    s.svc
+        .node_publish_volume(Request::new(publish_req(
+            &s.id,
+            &good_staging,
+            &empty,
+            writer(),
+            false,
+        )))
+        .await
+        .unwrap();
+    s.fake.assert_done();
+}
+
 #[tokio::test]
 async fn publish_that_fails_removes_the_target_it_created() {
     let s = Setup::new(NodeOptions::default());
@@ -1505,6 +1602,24 @@ async fn a_missing_field_is_invalid_argument_whatever_the_volume_id_and_a_path_w
 }
 
 // ---- inline ephemeral volumes ----
+
+#[tokio::test]
+async fn ephemeral_publish_over_a_directory_that_is_not_empty_makes_no_volume() {
+    let s = Setup::new(NodeOptions::default());
+    s.backend
+        .classes
+        .lock()
+        .unwrap()
+        .push(DeviceClassConfig::named("vg1").as_default());
+    let target = not_ours(&s, "etc");
+    let mut req = publish_req("csi-0123456789abcdef", "", &target, writer(), false);
+    req.volume_context =
+        HashMap::from([("csi.storage.k8s.io/ephemeral".to_owned(), "true".to_owned())]);
+    // The test backend would answer UNAVAILABLE to create_volume (`unused`): none is asked for.
+    let got = s.svc.node_publish_volume(Request::new(req)).await;
+    assert_refused_naming(got, &target);
+    assert!(s.fake.calls().is_empty(), "nothing ran");
+}
 
 #[tokio::test]
 async fn ephemeral_publish_with_a_bad_attribute_is_invalid_argument_naming_it() {
