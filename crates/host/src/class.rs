@@ -39,6 +39,32 @@ impl Converged {
             Self::Shared(r) => r.is_ready(),
         }
     }
+
+    /// Why the class cannot serve volumes on this node, as its plan says (`None`: it can).
+    pub fn not_ready_reason(&self) -> Option<String> {
+        use lvms_core::{plan::ClassState, shared::State};
+        if self.is_ready() {
+            return None;
+        }
+        Some(match self {
+            Self::Local(r) => match &r.plan.state {
+                ClassState::Failed { reason } | ClassState::Degraded { reason } => reason.clone(),
+                ClassState::Progressing | ClassState::Ready => {
+                    "its volume group is still being made".to_owned()
+                }
+            },
+            Self::Shared(r) => {
+                let state = match &r.plan.state {
+                    State::Failed { reason } | State::Waiting { reason } => reason.clone(),
+                    State::Joined => "its lockspace is joined but not usable yet".to_owned(),
+                };
+                match r.fencing.as_ref().map(|f| f.verdict.message.as_str()) {
+                    Some(m) if !m.is_empty() => format!("{state} (fencing: {m})"),
+                    _ => state,
+                }
+            }
+        })
+    }
 }
 
 /// Converges `class` on this node. A node-local class never discovers or matches the devices in

@@ -1,13 +1,16 @@
 //! `lvms standalone`: the CSI driver without Kubernetes. Converges this node's device classes from a
 //! config file (the node engine), then serves Identity, Controller and Node on one Unix socket.
-//! `Probe` answers ready once every class converged; convergence is retried until it does.
+//! The classes that converged are served as soon as they have (the node agent's [`Switch`] over a
+//! backend of those classes, as on Kubernetes); one that failed is retried every 10 s, and until it
+//! converges its reason answers every call that names it (issue 35: one bad LUN no longer keeps a
+//! host's healthy classes from serving). `Probe` answers ready once any class serves.
 //!
 //! The driver's LVM commands run in one long-lived `lvm` shell process ([`LvmShell`]).
 //!
 //! Crash-safe by construction: everything the driver knows is on disk (LV names and tags, mounts), so
 //! killing it at any point and starting it again finds every volume.
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
 use lvms_csi::{
@@ -16,7 +19,7 @@ use lvms_csi::{
     node::{NodeOptions, NodeService},
     server::{self, Services},
 };
-use lvms_engine::local::LocalBackend;
+use lvms_engine::{backend::DeviceClassConfig, local::LocalBackend};
 use lvms_host::{
     class::{self as engines, Hosts},
     engine::RealNodeHost,
@@ -26,6 +29,8 @@ use lvms_host::{
     shared::RealSharedHost,
     shell::LvmShell,
 };
+use lvms_node::switch::Switch;
+use tokio::sync::watch;
 
 /// How often convergence is retried while a class is not ready.
 const CONVERGE_RETRY: Duration = Duration::from_secs(10);
@@ -69,7 +74,6 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
         args.config.display()
     );
     let node_id = args.node_id.unwrap_or_else(host_name);
-    let classes = config.device_classes.clone();
     // A capability without a filesystem gets its volume's class's (see `NodeService`), and when the
     // class names none the default class's, else xfs.
     let default_fstype = config
@@ -82,20 +86,34 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
     let runner = Arc::new(RealRunner);
     // The driver's LVM commands go to one long-lived `lvm` shell process (see `lvms_host::shell`); the
     // node engine's device work and the filesystem tools run as processes.
-    let backend = Arc::new(
-        LocalBackend::new(
-            node_id.clone(),
-            classes,
-            Lvm::new(Arc::new(LvmShell::new())).with_shared(
-                config
-                    .device_classes
-                    .iter()
-                    .filter(|c| c.is_shared())
-                    .map(|c| c.name.clone()),
-            ),
-        )
-        .with_shared_stage_wait(std::time::Duration::from_secs(args.shared_stage_wait)),
+    let shell = Arc::new(LvmShell::new());
+    let shared: Vec<String> = config
+        .device_classes
+        .iter()
+        .filter(|c| c.is_shared())
+        .map(|c| c.name.clone())
+        .collect();
+    let stage_wait = Duration::from_secs(args.shared_stage_wait);
+    let make_backend = {
+        let node_id = node_id.clone();
+        move |classes: Vec<DeviceClassConfig>| {
+            LocalBackend::new(
+                node_id.clone(),
+                classes,
+                Lvm::new(shell.clone()).with_shared(shared.clone()),
+            )
+            .with_shared_stage_wait(stage_wait)
+        }
+    };
+    let (serving, current) = watch::channel(None);
+    let (unserved_tx, unserved) = watch::channel(
+        config
+            .device_classes
+            .iter()
+            .map(|c| (c.name.clone(), "not converged yet".to_owned()))
+            .collect::<BTreeMap<_, _>>(),
     );
+    let backend = Arc::new(Switch::new(node_id.clone(), current).with_unserved(unserved));
     let converged = Converged::default();
     let socket = PathBuf::from(
         args.endpoint
@@ -109,7 +127,7 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
         socket.display()
     );
 
-    // Converge in the background; Probe says ready once every class is.
+    // Converge in the background; each round serves the classes that are ready.
     {
         let converged = converged.clone();
         let runner = runner.clone();
@@ -119,30 +137,50 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
                 local: RealNodeHost::new(runner.clone()),
                 shared: RealSharedHost::new(runner),
             };
+            let mut served: Option<Vec<String>> = None;
             loop {
-                let mut ready = true;
+                let mut ready = Vec::new();
+                let mut failed = BTreeMap::new();
                 for class in &config.device_classes {
                     let others = config.claims_of_others(&class.name);
-                    match engines::converge(&hosts, class, &others, config.shared.as_ref()).await {
-                        Ok(report) if report.is_ready() => {}
-                        Ok(engines::Converged::Shared(report)) => {
-                            ready = false;
-                            let fencing =
-                                report.fencing.as_ref().map(|f| f.verdict.message.as_str());
-                            tracing::warn!(device_class = %class.name, state = ?report.plan.state, ?fencing, "shared device class not ready");
-                        }
-                        Ok(engines::Converged::Local(report)) => {
-                            ready = false;
-                            tracing::warn!(device_class = %class.name, state = ?report.plan.state, "device class not ready");
-                        }
-                        Err(e) => {
-                            ready = false;
-                            tracing::warn!(device_class = %class.name, error = %e, "converging failed");
+                    let reason =
+                        match engines::converge(&hosts, class, &others, config.shared.as_ref())
+                            .await
+                        {
+                            Ok(report) => report.not_ready_reason(),
+                            Err(e) => Some(format!("converging failed: {e}")),
+                        };
+                    match reason {
+                        None => ready.push(class.clone()),
+                        Some(reason) => {
+                            tracing::warn!(device_class = %class.name, %reason, "device class not ready");
+                            failed.insert(class.name.clone(), reason);
                         }
                     }
                 }
-                if ready {
-                    converged.set(true);
+                let names: Vec<String> = ready.iter().map(|c| c.name.clone()).collect();
+                if served.as_ref() != Some(&names) {
+                    tracing::info!(classes = ?names, "serving classes");
+                    eprintln!(
+                        "lvms standalone: serving device classes [{}]{}",
+                        names.join(", "),
+                        if failed.is_empty() {
+                            String::new()
+                        } else {
+                            format!(
+                                "; not ready: {}",
+                                failed.keys().cloned().collect::<Vec<_>>().join(", ")
+                            )
+                        }
+                    );
+                    serving
+                        .send_replace((!ready.is_empty()).then(|| Arc::new(make_backend(ready))));
+                    converged.set(!names.is_empty());
+                    served = Some(names);
+                }
+                let done = failed.is_empty();
+                unserved_tx.send_replace(failed);
+                if done {
                     eprintln!("lvms standalone: every device class is ready");
                     return;
                 }

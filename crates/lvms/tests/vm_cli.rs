@@ -139,6 +139,93 @@ fn lvms_converge_exits_non_zero_and_explains_a_failed_class() {
     assert!(err.contains("not ready"), "{err}");
 }
 
+/// Issue 35: one class on a disk that holds a foreign volume group no longer keeps the healthy
+/// class beside it from serving. The driver becomes ready, serves the healthy class, and answers a
+/// call naming the failed class with its reason; the foreign group is left as it was.
+#[test]
+#[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
+fn lvms_standalone_serves_its_ready_classes_and_answers_a_failed_ones_reason() {
+    let mut s = Scratch::new(2, 1200);
+    let foreign = s.vg_name();
+    sh(&format!("lvm vgcreate -q {foreign} {} 2>&1", s.disks[1]));
+    let bad = s.vg_name();
+    let (good, config) = write_config(&mut s, |vg, disks| {
+        format!(
+            "deviceClasses:\n  - name: {vg}\n    default: true\n    deviceSelector:\n      \
+             paths: [{}]\n  - name: {bad}\n    deviceSelector:\n      paths: [{}]\n",
+            disks[0], disks[1]
+        )
+    });
+    let socket = format!("/run/{good}.sock");
+    let pid = sh(&format!(
+        "setsid {} standalone --config {config} --endpoint {socket} --node-id node1 \
+         >/run/{good}.log 2>&1 </dev/null & echo $!",
+        env!("CARGO_BIN_EXE_lvms")
+    ))
+    .trim()
+    .to_owned();
+    let csi = |args: &[&str]| {
+        let mut all = vec!["csi", "--endpoint", &socket];
+        all.extend_from_slice(args);
+        lvms(&all)
+    };
+    let log = || sh(&format!("cat /run/{good}.log"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !csi(&["probe"]).0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not ready in 120 s with one healthy class:\n{}",
+            log()
+        );
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
+    let (ok, id, err) = csi(&[
+        "--output",
+        "id",
+        "create-volume",
+        "--name",
+        "healthy",
+        "--size",
+        "64Mi",
+        "--class",
+        &good,
+    ]);
+    assert!(ok, "{err}\n{}", log());
+    assert!(
+        sh(&format!("lvm lvs --noheadings -o lv_name {good}")).contains(id.trim()),
+        "the volume is in the healthy class"
+    );
+    let (ok, out, err) = csi(&[
+        "create-volume",
+        "--name",
+        "in-bad",
+        "--size",
+        "64Mi",
+        "--class",
+        &bad,
+    ]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("Unavailable")
+            && err.contains(&format!("device class {bad} is not ready"))
+            && err.contains(&format!("volume group {foreign}")),
+        "the failed class's reason: {err}"
+    );
+    assert!(
+        log().contains(&format!("not ready: {bad}")),
+        "the log names the class not served:\n{}",
+        log()
+    );
+    assert_eq!(
+        sh(&format!("lvm vgs --noheadings -o lv_count {foreign}")).trim(),
+        "0",
+        "the foreign group is untouched"
+    );
+    let (ok, _, err) = csi(&["delete-volume", id.trim()]);
+    assert!(ok, "{err}");
+    sh(&format!("kill {pid}; sleep 1"));
+}
+
 #[test]
 #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
 fn lvms_devices_reports_usable_disks_and_excluded_decoys_with_reasons() {

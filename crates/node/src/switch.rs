@@ -7,7 +7,11 @@
 //! with [`Switch::with_settling`], the shared classes a node joins are listed only once they
 //! settled (joined or failed), waiting for them at most [`SETTLE_WAIT`].
 
-use std::{collections::BTreeSet, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use lvms_core::layout::FreeSpace;
 use lvms_engine::backend::{
@@ -27,6 +31,8 @@ pub struct Switch<B> {
     current: watch::Receiver<Option<Arc<B>>>,
     /// The shared classes still joining (`None`: not known yet), and how long to wait for them.
     settling: Option<(watch::Receiver<Option<BTreeSet<String>>>, Duration)>,
+    /// The classes configured here that are not served, each with why ([`Switch::with_unserved`]).
+    unserved: Option<watch::Receiver<BTreeMap<String, String>>>,
 }
 
 impl<B> Switch<B> {
@@ -35,7 +41,61 @@ impl<B> Switch<B> {
             node: node.into(),
             current,
             settling: None,
+            unserved: None,
         }
+    }
+
+    /// The classes of this node that failed to converge, each with its reason: a call naming one
+    /// (create, capacity) answers that reason, and a volume the served classes do not hold is
+    /// UNAVAILABLE while any class is unserved (it may be in one), never NOT_FOUND.
+    #[must_use]
+    pub fn with_unserved(mut self, unserved: watch::Receiver<BTreeMap<String, String>>) -> Self {
+        self.unserved = Some(unserved);
+        self
+    }
+
+    fn unserved(&self) -> BTreeMap<String, String> {
+        self.unserved
+            .as_ref()
+            .map(|u| u.borrow().clone())
+            .unwrap_or_default()
+    }
+
+    /// UNAVAILABLE with `class`'s reason when it is unserved.
+    fn served(&self, class: &str) -> Result<()> {
+        match self.unserved().get(class) {
+            Some(reason) => Err(BackendError::Unavailable(format!(
+                "device class {class} is not ready on node {}: {reason}",
+                self.node
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// `result`, but a NOT_FOUND is UNAVAILABLE ([`Self::found_or_unserved`]) while a class is
+    /// unserved.
+    fn missing_or_unserved<T>(&self, id: &str, result: Result<T>) -> Result<T> {
+        match result {
+            Err(BackendError::NotFound(m)) => match self.found_or_unserved(id, None) {
+                Ok(_) => Err(BackendError::NotFound(m)),
+                Err(e) => Err(e),
+            },
+            other => other,
+        }
+    }
+
+    /// `found`, or UNAVAILABLE naming the unserved classes when nothing was found and some are.
+    fn found_or_unserved(&self, id: &str, found: Option<Volume>) -> Result<Option<Volume>> {
+        let unserved = self.unserved();
+        if found.is_some() || unserved.is_empty() {
+            return Ok(found);
+        }
+        Err(BackendError::Unavailable(format!(
+            "volume {id} is in no ready device class on node {}, and it may be in one that is not \
+             ready: {}",
+            self.node,
+            describe(&unserved)
+        )))
     }
 
     /// `joined_shared` (what `NodeGetInfo` advertises) first waits up to `wait` until `settling`
@@ -76,12 +136,30 @@ impl<B> Switch<B> {
 
     fn or_unavailable(&self) -> Result<Arc<B>> {
         self.current().ok_or_else(|| {
-            BackendError::Unavailable(format!(
-                "no device class is ready on node {} yet: see its LVMVolumeGroupNodeStatus",
-                self.node
-            ))
+            let unserved = self.unserved();
+            BackendError::Unavailable(if unserved.is_empty() {
+                format!(
+                    "no device class is ready on node {} yet: see its LVMVolumeGroupNodeStatus",
+                    self.node
+                )
+            } else {
+                format!(
+                    "no device class is ready on node {}: {}",
+                    self.node,
+                    describe(&unserved)
+                )
+            })
         })
     }
+}
+
+/// `class: reason; …`.
+fn describe(unserved: &BTreeMap<String, String>) -> String {
+    unserved
+        .iter()
+        .map(|(c, r)| format!("{c}: {r}"))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 impl<B: Backend> Backend for Switch<B> {
@@ -101,7 +179,8 @@ impl<B: Backend> Backend for Switch<B> {
     }
 
     async fn get(&self, id: &str) -> Result<Option<Volume>> {
-        self.or_unavailable()?.get(id).await
+        let found = self.or_unavailable()?.get(id).await?;
+        self.found_or_unserved(id, found)
     }
 
     async fn list(&self) -> Result<Vec<Volume>> {
@@ -109,6 +188,7 @@ impl<B: Backend> Backend for Switch<B> {
     }
 
     async fn create_volume(&self, req: &NewVolume) -> Result<Volume> {
+        self.served(&req.class)?;
         self.or_unavailable()?.create_volume(req).await
     }
 
@@ -117,27 +197,36 @@ impl<B: Backend> Backend for Switch<B> {
     }
 
     async fn delete(&self, id: &str) -> Result<bool> {
-        self.or_unavailable()?.delete(id).await
+        let removed = self.or_unavailable()?.delete(id).await;
+        match self.missing_or_unserved(id, removed)? {
+            false => self.found_or_unserved(id, None).map(|_| false),
+            true => Ok(true),
+        }
     }
 
     async fn expand(&self, id: &str, size: u64) -> Result<u64> {
-        self.or_unavailable()?.expand(id, size).await
+        let grown = self.or_unavailable()?.expand(id, size).await;
+        self.missing_or_unserved(id, grown)
     }
 
     async fn capacity(&self, class: &str, layout: &Layout) -> Result<Capacity> {
+        self.served(class)?;
         self.or_unavailable()?.capacity(class, layout).await
     }
 
     async fn free_space(&self, class: &str) -> Result<Option<FreeSpace>> {
+        self.served(class)?;
         self.or_unavailable()?.free_space(class).await
     }
 
     async fn activate(&self, id: &str) -> Result<String> {
-        self.or_unavailable()?.activate(id).await
+        let device = self.or_unavailable()?.activate(id).await;
+        self.missing_or_unserved(id, device)
     }
 
     async fn activate_for(&self, id: &str, multi_node: bool) -> Result<String> {
-        self.or_unavailable()?.activate_for(id, multi_node).await
+        let device = self.or_unavailable()?.activate_for(id, multi_node).await;
+        self.missing_or_unserved(id, device)
     }
 
     async fn joined_shared(&self) -> Vec<String> {
@@ -190,6 +279,54 @@ mod tests {
 
         tx.send_replace(None);
         assert!(switch.list().await.is_err());
+    }
+
+    #[tokio::test]
+    async fn an_unserved_class_answers_its_reason_and_a_missing_volume_is_unavailable_meanwhile() {
+        let (tx, rx) = watch::channel(Some(Arc::new(FakeBackend::new())));
+        let (why, unserved) = watch::channel(BTreeMap::from([(
+            "bad".to_owned(),
+            "/dev/vdc holds a foreign volume group".to_owned(),
+        )]));
+        let switch = Switch::new("node-a", rx).with_unserved(unserved);
+        let new = |class: &str| NewVolume {
+            name: "pvc-1".into(),
+            class: class.into(),
+            size: 64 << 20,
+            lv_type: None,
+            volume_mode: None,
+            source: None,
+            ephemeral: None,
+        };
+        let err = switch.create_volume(&new("bad")).await.unwrap_err();
+        assert!(
+            matches!(&err, BackendError::Unavailable(m)
+                if m.contains("device class bad") && m.contains("foreign volume group")),
+            "{err}"
+        );
+        let err = switch
+            .capacity("bad", &Layout::default())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, BackendError::Unavailable(_)), "{err}");
+        // The served classes work as before.
+        let made = switch.create_volume(&new("thin")).await.unwrap();
+        assert_eq!(switch.get(&made.id).await.unwrap().unwrap().id, made.id);
+        // A volume no served class holds may be in the unserved one: not NOT_FOUND, not deleted.
+        for err in [
+            switch.get("elsewhere").await.unwrap_err(),
+            switch.delete("elsewhere").await.unwrap_err(),
+        ] {
+            assert!(
+                matches!(&err, BackendError::Unavailable(m) if m.contains("bad: /dev/vdc")),
+                "{err}"
+            );
+        }
+        // Once every class is served, a missing volume is simply missing.
+        why.send_replace(BTreeMap::new());
+        assert!(switch.get("elsewhere").await.unwrap().is_none());
+        assert!(!switch.delete("elsewhere").await.unwrap());
+        drop(tx);
     }
 
     /// The trait's defaults are those of a backend without shared classes: a `Switch` that did not
