@@ -383,6 +383,22 @@ impl<B: Backend> ControllerService<B> {
 
     fn class(&self, asked: Option<&str>) -> Result<DeviceClassConfig, RpcError> {
         let classes = self.backend.classes();
+        // A class configured here that failed to converge answers its reason (UNAVAILABLE: it may
+        // serve later), the default one too when none was asked for.
+        let unserved = self.backend.unserved();
+        if let Some((class, reason)) = unserved
+            .iter()
+            .find(|(c, _)| asked.map_or(c.default, |name| c.name == name))
+        {
+            return Err(RpcError::new(
+                Code::Unavailable,
+                format!(
+                    "device class {} is not ready on node {}: {reason}",
+                    class.name,
+                    self.backend.node_id()
+                ),
+            ));
+        }
         let known = || {
             classes
                 .iter()
@@ -401,7 +417,7 @@ impl<B: Backend> ControllerService<B> {
             None => classes
                 .iter()
                 .find(|c| c.default)
-                .or_else(|| (classes.len() == 1).then(|| &classes[0]))
+                .or_else(|| (classes.len() == 1 && unserved.is_empty()).then(|| &classes[0]))
                 .cloned()
                 .ok_or_else(|| {
                     RpcError::invalid(format!(

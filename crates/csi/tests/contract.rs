@@ -18,7 +18,7 @@ use lvms_csi::{
     },
     server,
 };
-use lvms_engine::ids;
+use lvms_engine::{backend::DeviceClassConfig, ids};
 use lvms_testkit::csi_requests::{
     block, create, from_snapshot, from_volume, in_class, mount, range,
 };
@@ -484,6 +484,36 @@ async fn create_volume_same_name_different_size_is_already_exists() {
     );
     assert_eq!(c, Code::AlreadyExists, "{m}");
     assert!(m.contains("device class thin"), "{m}");
+}
+
+/// A class configured but failed to converge (standalone's degraded serving, ADR 0034): a request
+/// naming it, or naming no class while it is the default, is UNAVAILABLE with its reason; the
+/// served classes are used as before.
+#[tokio::test]
+async fn a_class_that_is_not_served_answers_its_reason_and_the_others_serve() {
+    let why = "/dev/vdc is an LVM physical volume of volume group old";
+    let backend = FakeBackend::new().with_unserved(DeviceClassConfig::named("bad"), why);
+    let mut d = Driver::start_with(Arc::new(backend)).await;
+    let (c, m) = code(
+        d.controller
+            .create_volume(in_class(create("pvc-1", GIB), "bad"))
+            .await,
+    );
+    assert_eq!(c, Code::Unavailable, "{m}");
+    assert!(
+        m.contains("device class bad is not ready") && m.contains(why),
+        "{m}"
+    );
+    volume_id(&mut d, in_class(create("pvc-2", GIB), "thick")).await;
+
+    // The default class is the one not served (the fake's served `thin` says default too; a
+    // configuration has one default, and the one not served is asked about first).
+    let default_down =
+        FakeBackend::new().with_unserved(DeviceClassConfig::named("fast").as_default(), why);
+    let mut d = Driver::start_with(Arc::new(default_down)).await;
+    let (c, m) = code(d.controller.create_volume(create("pvc-3", GIB)).await);
+    assert_eq!(c, Code::Unavailable, "{m}");
+    assert!(m.contains("device class fast"), "{m}");
 }
 
 #[tokio::test]

@@ -121,6 +121,12 @@ pub trait Backend: Send + Sync + 'static {
     /// The classes served (owned: the node agent's set changes as device classes become ready).
     fn classes(&self) -> Vec<DeviceClassConfig>;
 
+    /// The classes configured here but not served, each with why (a class that failed to
+    /// converge): a request naming one answers that reason. None by default.
+    fn unserved(&self) -> Vec<(DeviceClassConfig, String)> {
+        Vec::new()
+    }
+
     /// Whether every class is ready to serve (volume group and pool exist).
     fn ready(&self) -> impl Future<Output = Result<bool>> + Send;
 

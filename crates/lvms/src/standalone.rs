@@ -10,7 +10,7 @@
 //! Crash-safe by construction: everything the driver knows is on disk (LV names and tags, mounts), so
 //! killing it at any point and starting it again finds every volume.
 
-use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
 use lvms_csi::{
@@ -110,8 +110,8 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
         config
             .device_classes
             .iter()
-            .map(|c| (c.name.clone(), "not converged yet".to_owned()))
-            .collect::<BTreeMap<_, _>>(),
+            .map(|c| (c.clone(), "not converged yet".to_owned()))
+            .collect::<Vec<_>>(),
     );
     let backend = Arc::new(Switch::new(node_id.clone(), current).with_unserved(unserved));
     let converged = Converged::default();
@@ -140,7 +140,7 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
             let mut served: Option<Vec<String>> = None;
             loop {
                 let mut ready = Vec::new();
-                let mut failed = BTreeMap::new();
+                let mut failed = Vec::new();
                 for class in &config.device_classes {
                     let others = config.claims_of_others(&class.name);
                     let reason =
@@ -154,7 +154,7 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
                         None => ready.push(class.clone()),
                         Some(reason) => {
                             tracing::warn!(device_class = %class.name, %reason, "device class not ready");
-                            failed.insert(class.name.clone(), reason);
+                            failed.push((class.clone(), reason));
                         }
                     }
                 }
@@ -169,7 +169,11 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
                         } else {
                             format!(
                                 "; not ready: {}",
-                                failed.keys().cloned().collect::<Vec<_>>().join(", ")
+                                failed
+                                    .iter()
+                                    .map(|(c, _)| c.name.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
                             )
                         }
                     );

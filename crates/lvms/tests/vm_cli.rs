@@ -24,6 +24,36 @@ fn write_config(s: &mut Scratch, body: impl FnOnce(&str, &[String]) -> String) -
     (vg, path)
 }
 
+/// `lvms standalone` on `config` as node1, serving on `/run/<name>.sock` with its log in
+/// `/run/<name>.log`, once its Probe answers ready (within `secs`). Returns its pid.
+fn start_standalone(config: &str, name: &str, secs: u64) -> String {
+    let pid = sh(&format!(
+        "setsid {} standalone --config {config} --endpoint /run/{name}.sock --node-id node1 \
+         >/run/{name}.log 2>&1 </dev/null & echo $!",
+        env!("CARGO_BIN_EXE_lvms")
+    ))
+    .trim()
+    .to_owned();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !csi(name, &["probe"]).0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "lvms standalone not ready in {secs} s:\n{}",
+            sh(&format!("cat /run/{name}.log"))
+        );
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
+    pid
+}
+
+/// `lvms csi` against the standalone driver [`start_standalone`] started as `name`.
+fn csi(name: &str, args: &[&str]) -> (bool, String, String) {
+    let socket = format!("/run/{name}.sock");
+    let mut all = vec!["csi", "--endpoint", &socket];
+    all.extend_from_slice(args);
+    lvms(&all)
+}
+
 #[test]
 #[ignore = "real LVM: runs in the VM (cargo xtask vm-test)"]
 fn lvms_converge_json_second_run_executes_nothing() {
@@ -156,29 +186,10 @@ fn lvms_standalone_serves_its_ready_classes_and_answers_a_failed_ones_reason() {
             disks[0], disks[1]
         )
     });
-    let socket = format!("/run/{good}.sock");
-    let pid = sh(&format!(
-        "setsid {} standalone --config {config} --endpoint {socket} --node-id node1 \
-         >/run/{good}.log 2>&1 </dev/null & echo $!",
-        env!("CARGO_BIN_EXE_lvms")
-    ))
-    .trim()
-    .to_owned();
-    let csi = |args: &[&str]| {
-        let mut all = vec!["csi", "--endpoint", &socket];
-        all.extend_from_slice(args);
-        lvms(&all)
-    };
+    // Ready with one healthy class of two.
+    let pid = start_standalone(&config, &good, 120);
+    let csi = |args: &[&str]| csi(&good, args);
     let log = || sh(&format!("cat /run/{good}.log"));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while !csi(&["probe"]).0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not ready in 120 s with one healthy class:\n{}",
-            log()
-        );
-        std::thread::sleep(std::time::Duration::from_secs(2));
-    }
     let (ok, id, err) = csi(&[
         "--output",
         "id",
@@ -330,28 +341,8 @@ fn lvms_shared_stage_resumes_an_interrupted_zeroing_from_its_record() {
     });
     let (ok, out, err) = lvms(&["converge", "--config", &config, "--output", "json"]);
     assert!(ok, "{out}\n{err}");
-    let socket = format!("/run/{vg}.sock");
-    let pid = sh(&format!(
-        "setsid {} standalone --config {config} --endpoint {socket} --node-id node1 \
-         >/run/{vg}.log 2>&1 </dev/null & echo $!",
-        env!("CARGO_BIN_EXE_lvms")
-    ))
-    .trim()
-    .to_owned();
-    let csi = |args: &[&str]| {
-        let mut all = vec!["csi", "--endpoint", &socket];
-        all.extend_from_slice(args);
-        lvms(&all)
-    };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
-    while !csi(&["probe"]).0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "lvms standalone not ready in 300 s:\n{}",
-            sh(&format!("cat /run/{vg}.log"))
-        );
-        std::thread::sleep(std::time::Duration::from_secs(2));
-    }
+    let pid = start_standalone(&config, &vg, 300);
+    let csi = |args: &[&str]| csi(&vg, args);
 
     let (ok, id, err) = csi(&[
         "--output",

@@ -7,11 +7,7 @@
 //! with [`Switch::with_settling`], the shared classes a node joins are listed only once they
 //! settled (joined or failed), waiting for them at most [`SETTLE_WAIT`].
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use lvms_core::layout::FreeSpace;
 use lvms_engine::backend::{
@@ -32,7 +28,7 @@ pub struct Switch<B> {
     /// The shared classes still joining (`None`: not known yet), and how long to wait for them.
     settling: Option<(watch::Receiver<Option<BTreeSet<String>>>, Duration)>,
     /// The classes configured here that are not served, each with why ([`Switch::with_unserved`]).
-    unserved: Option<watch::Receiver<BTreeMap<String, String>>>,
+    unserved: Option<watch::Receiver<Vec<(DeviceClassConfig, String)>>>,
 }
 
 impl<B> Switch<B> {
@@ -46,15 +42,20 @@ impl<B> Switch<B> {
     }
 
     /// The classes of this node that failed to converge, each with its reason: a call naming one
-    /// (create, capacity) answers that reason, and a volume the served classes do not hold is
-    /// UNAVAILABLE while any class is unserved (it may be in one), never NOT_FOUND.
+    /// (create, capacity) answers that reason, and deleting, growing or activating a volume the
+    /// served classes do not hold is UNAVAILABLE while any class is unserved (it may be in one),
+    /// never done or NOT_FOUND. A lookup (`get`) still answers `None`: CreateVolume looks its new
+    /// volume up first.
     #[must_use]
-    pub fn with_unserved(mut self, unserved: watch::Receiver<BTreeMap<String, String>>) -> Self {
+    pub fn with_unserved(
+        mut self,
+        unserved: watch::Receiver<Vec<(DeviceClassConfig, String)>>,
+    ) -> Self {
         self.unserved = Some(unserved);
         self
     }
 
-    fn unserved(&self) -> BTreeMap<String, String> {
+    fn unserved_now(&self) -> Vec<(DeviceClassConfig, String)> {
         self.unserved
             .as_ref()
             .map(|u| u.borrow().clone())
@@ -63,8 +64,8 @@ impl<B> Switch<B> {
 
     /// UNAVAILABLE with `class`'s reason when it is unserved.
     fn served(&self, class: &str) -> Result<()> {
-        match self.unserved().get(class) {
-            Some(reason) => Err(BackendError::Unavailable(format!(
+        match self.unserved_now().iter().find(|(c, _)| c.name == class) {
+            Some((_, reason)) => Err(BackendError::Unavailable(format!(
                 "device class {class} is not ready on node {}: {reason}",
                 self.node
             ))),
@@ -86,7 +87,7 @@ impl<B> Switch<B> {
 
     /// `found`, or UNAVAILABLE naming the unserved classes when nothing was found and some are.
     fn found_or_unserved(&self, id: &str, found: Option<Volume>) -> Result<Option<Volume>> {
-        let unserved = self.unserved();
+        let unserved = self.unserved_now();
         if found.is_some() || unserved.is_empty() {
             return Ok(found);
         }
@@ -136,7 +137,7 @@ impl<B> Switch<B> {
 
     fn or_unavailable(&self) -> Result<Arc<B>> {
         self.current().ok_or_else(|| {
-            let unserved = self.unserved();
+            let unserved = self.unserved_now();
             BackendError::Unavailable(if unserved.is_empty() {
                 format!(
                     "no device class is ready on node {} yet: see its LVMVolumeGroupNodeStatus",
@@ -154,10 +155,10 @@ impl<B> Switch<B> {
 }
 
 /// `class: reason; …`.
-fn describe(unserved: &BTreeMap<String, String>) -> String {
+fn describe(unserved: &[(DeviceClassConfig, String)]) -> String {
     unserved
         .iter()
-        .map(|(c, r)| format!("{c}: {r}"))
+        .map(|(c, r)| format!("{}: {r}", c.name))
         .collect::<Vec<_>>()
         .join("; ")
 }
@@ -171,6 +172,10 @@ impl<B: Backend> Backend for Switch<B> {
         self.current().map(|b| b.classes()).unwrap_or_default()
     }
 
+    fn unserved(&self) -> Vec<(DeviceClassConfig, String)> {
+        self.unserved_now()
+    }
+
     async fn ready(&self) -> Result<bool> {
         match self.current() {
             Some(b) => b.ready().await,
@@ -179,8 +184,7 @@ impl<B: Backend> Backend for Switch<B> {
     }
 
     async fn get(&self, id: &str) -> Result<Option<Volume>> {
-        let found = self.or_unavailable()?.get(id).await?;
-        self.found_or_unserved(id, found)
+        self.or_unavailable()?.get(id).await
     }
 
     async fn list(&self) -> Result<Vec<Volume>> {
@@ -284,10 +288,10 @@ mod tests {
     #[tokio::test]
     async fn an_unserved_class_answers_its_reason_and_a_missing_volume_is_unavailable_meanwhile() {
         let (tx, rx) = watch::channel(Some(Arc::new(FakeBackend::new())));
-        let (why, unserved) = watch::channel(BTreeMap::from([(
-            "bad".to_owned(),
+        let (why, unserved) = watch::channel(vec![(
+            DeviceClassConfig::named("bad"),
             "/dev/vdc holds a foreign volume group".to_owned(),
-        )]));
+        )]);
         let switch = Switch::new("node-a", rx).with_unserved(unserved);
         let new = |class: &str| NewVolume {
             name: "pvc-1".into(),
@@ -309,13 +313,15 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, BackendError::Unavailable(_)), "{err}");
-        // The served classes work as before.
+        // The served classes work as before; a lookup of a volume not there is `None` (so that
+        // CreateVolume can look its new volume up first).
+        assert!(switch.get("elsewhere").await.unwrap().is_none());
         let made = switch.create_volume(&new("thin")).await.unwrap();
         assert_eq!(switch.get(&made.id).await.unwrap().unwrap().id, made.id);
-        // A volume no served class holds may be in the unserved one: not NOT_FOUND, not deleted.
+        // A volume no served class holds may be in the unserved one: not deleted, not NOT_FOUND.
         for err in [
-            switch.get("elsewhere").await.unwrap_err(),
             switch.delete("elsewhere").await.unwrap_err(),
+            switch.expand("elsewhere", 1 << 30).await.unwrap_err(),
         ] {
             assert!(
                 matches!(&err, BackendError::Unavailable(m) if m.contains("bad: /dev/vdc")),
@@ -323,7 +329,7 @@ mod tests {
             );
         }
         // Once every class is served, a missing volume is simply missing.
-        why.send_replace(BTreeMap::new());
+        why.send_replace(Vec::new());
         assert!(switch.get("elsewhere").await.unwrap().is_none());
         assert!(!switch.delete("elsewhere").await.unwrap());
         drop(tx);

@@ -39,6 +39,8 @@ pub struct State {
 
 pub struct FakeBackend {
     classes: Vec<DeviceClassConfig>,
+    /// Classes configured but not served, with why ([`Backend::unserved`]).
+    unserved: Vec<(DeviceClassConfig, String)>,
     pub state: Mutex<State>,
 }
 
@@ -61,8 +63,16 @@ impl FakeBackend {
                     .as_default(),
                 DeviceClassConfig::named("thick"),
             ],
+            unserved: Vec::new(),
             state: Mutex::new(state),
         }
+    }
+
+    /// The same backend with `class` configured but not served, for `reason`.
+    #[must_use]
+    pub fn with_unserved(mut self, class: DeviceClassConfig, reason: &str) -> Self {
+        self.unserved.push((class, reason.to_owned()));
+        self
     }
 
     /// The same backend with thick `class`'s free space spread evenly over `devices` devices, so
@@ -188,6 +198,10 @@ impl Backend for FakeBackend {
 
     fn classes(&self) -> Vec<DeviceClassConfig> {
         self.classes.clone()
+    }
+
+    fn unserved(&self) -> Vec<(DeviceClassConfig, String)> {
+        self.unserved.clone()
     }
 
     async fn ready(&self) -> Result<bool> {
