@@ -34,6 +34,11 @@ const BUDGET: Duration = Duration::from_secs(45 * 60);
 /// only the last lines of output were kept, none saying which phase held it).
 const RUN_DEADLINE: Duration = Duration::from_secs(78 * 60);
 
+/// What a whole run has taken of the target directory's file system at its fullest, with some
+/// room: CI run 24 went from 76.6 to 65.9 GiB free (the guests' disk images, the test build, the
+/// Kubernetes assets and the installed nodes' images).
+const DISK_NEEDED: u64 = 12 << 30;
+
 /// The longest any one phase may run: two and a half times its known time, at least ten minutes,
 /// so a hung phase is killed and named while the others go on.
 fn limit(phase: &Phase) -> Duration {
@@ -278,6 +283,13 @@ pub fn run(repo: &Path, options: &Options) -> Result<ExitCode> {
         gib(disk.first),
         RUN_DEADLINE.as_secs_f64() / 60.0
     );
+    if disk.first.is_some_and(|free| free < DISK_NEEDED) {
+        println!(
+            "test: WARNING: a run has needed about {} of disk (CI run 24: 10.7 \
+             GiB); with less, guests see I/O errors and phases fail far from the cause",
+            gib(Some(DISK_NEEDED))
+        );
+    }
     let board = Arc::new(Board {
         queue: Mutex::new(VecDeque::from(queue)),
         running: Mutex::new(0),
