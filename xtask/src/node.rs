@@ -3,16 +3,18 @@
 //! runc and the kubelet of the Kubernetes assets (`xtask/src/node.sh`), its images built as
 //! tarballs and imported into node 1's disk before it boots ([`crate::images`]); node 2's disk is a
 //! sparse copy of it. The snapshot CRDs are applied with the control plane, before its snapshot
-//! controller starts. Then the e2e tests `installed::adopt::lvms_left_this_cluster` and
-//! `installed::adopt::csi_driver_lvm::left_this_cluster` build what an uninstalled LVMS and an
-//! uninstalled csi-driver-lvm leave on node 2, `kubectl apply` installs a kustomize overlay of
-//! `deploy/base` that only names the local lvms-rs image, and the e2e tests `installed…` drive it:
-//! the takeover of LVMS's state (ADR 0032) and of csi-driver-lvm's volumes (ADR 0033), an
+//! controller starts. Then the e2e tests `installed::adopt::lvms_left_this_cluster`,
+//! `installed::adopt::csi_driver_lvm::left_this_cluster` and
+//! `installed::adopt::topolvm::left_this_cluster` build what an uninstalled LVMS, csi-driver-lvm
+//! and TopoLVM leave on node 2, `kubectl apply` installs a kustomize overlay of `deploy/base` that
+//! only names the local lvms-rs image, and the e2e tests `installed…` drive it: the takeover of
+//! LVMS's and TopoLVM's state (ADR 0032) and of csi-driver-lvm's volumes (ADR 0033), an
 //! `LVMCluster` to a pod writing its volume (ADR 0018), a shared LUN on both nodes.
 //!
 //! The two nodes ([`NODES`]), `lvms-node` and `lvms-node2`, each have a spare disk of their own
 //! for a node-local class (`virtio-lvms0` on node 1, `virtio-lvms1` on node 2; node 2 has a second
-//! one, `virtio-csilvm`, for csi-driver-lvm's volume group) and both attach one
+//! one, `virtio-csilvm`, for csi-driver-lvm's volume group, and a third, `virtio-topolvm`, for a
+//! plain TopoLVM install's) and both attach one
 //! more disk image, the shared LUN (`virtio-lun0`, as `cargo xtask vm-shared` attaches it), with
 //! a shared class's host services running (softdog, wdmd, sanlock, lvmlockd: node.sh). Both are
 //! slirp guests at 10.0.2.15; each also has an address of its own that is its node IP
@@ -95,14 +97,17 @@ const LUN_MAP: &str = "lun0";
 fn serial(spec: &str) -> &str {
     spec.split_once('=').map_or(spec, |(serial, _)| serial)
 }
-/// The tests that build, before lvms-rs is installed, what an uninstalled LVMS and an uninstalled
-/// csi-driver-lvm leave behind.
-const PRE_INSTALL_TESTS: [&str; 2] = [
+/// The tests that build, before lvms-rs is installed, what an uninstalled LVMS, csi-driver-lvm and
+/// TopoLVM leave behind.
+const PRE_INSTALL_TESTS: [&str; 3] = [
     "installed::adopt::csi_driver_lvm::left_this_cluster",
     "installed::adopt::lvms_left_this_cluster",
+    "installed::adopt::topolvm::left_this_cluster",
 ];
 /// Node 2's second spare disk, where csi-driver-lvm's volume group is built (ADR 0033).
 const CSI_LVM_DISK: &str = "csilvm=4096";
+/// Node 2's third, where a plain TopoLVM install's volume group is built (ADR 0032).
+const TOPOLVM_DISK: &str = "topolvm=2048";
 /// Guest ports: the command server and the API server's CONNECT proxy.
 const EXEC_GUEST_PORT: u16 = guest::GUEST_PORT;
 const CONNECT_GUEST_PORT: u16 = 7001;
@@ -238,6 +243,7 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
         ];
         if node.n == 2 {
             disks.push(vm::disk(repo, CSI_LVM_DISK)?);
+            disks.push(vm::disk(repo, TOPOLVM_DISK)?);
         }
         let node_dir = dir.join(if node.n == 1 {
             "node".to_owned()
@@ -301,6 +307,10 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
             .env(
                 "LVMS_E2E_CSI_LVM_DEVICE",
                 format!("/dev/disk/by-id/virtio-{}", serial(CSI_LVM_DISK)),
+            )
+            .env(
+                "LVMS_E2E_TOPOLVM_DEVICE",
+                format!("/dev/disk/by-id/virtio-{}", serial(TOPOLVM_DISK)),
             )
             // The failover test ends a node as a power loss would: its machine killed; then boots
             // it again through `reboots`.

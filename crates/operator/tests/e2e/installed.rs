@@ -68,6 +68,8 @@ pub(crate) struct SecondNode {
     pub(crate) shared_device: String,
     /// Its second spare disk, for csi-driver-lvm's volume group (`LVMS_E2E_CSI_LVM_DEVICE`).
     pub(crate) csi_lvm_device: Option<String>,
+    /// Its third, for a plain TopoLVM install's volume group (`LVMS_E2E_TOPOLVM_DEVICE`).
+    pub(crate) topolvm_device: Option<String>,
 }
 
 pub(crate) fn env() -> Option<Env> {
@@ -89,6 +91,7 @@ pub(crate) fn env() -> Option<Env> {
                 device: var("LVMS_E2E_DEVICE2")?,
                 shared_device: var("LVMS_E2E_SHARED_DEVICE")?,
                 csi_lvm_device: var("LVMS_E2E_CSI_LVM_DEVICE"),
+                topolvm_device: var("LVMS_E2E_TOPOLVM_DEVICE"),
             })
         })(),
     })

@@ -9,12 +9,14 @@
 //!    VolumeSnapshotClass and `topolvm.io` CSIDriver LVMS renders, the volume group `vg1` tagged
 //!    `lvms` with LVMS's thin pool, and one volume as TopoLVM provisions it (the LV named after its
 //!    `LogicalVolume`'s UID, an xfs filesystem holding a file, the PersistentVolume the
-//!    external-provisioner writes, its claim bound). A stand-in for LVMS's node plugin listens on
+//!    external-provisioner writes, its claim bound) and one VolumeSnapshot of it as the snapshot
+//!    controller and TopoLVM make it. A stand-in for LVMS's node plugin listens on
 //!    its socket (`plugins/topolvm.io/node/csi-topolvm.sock`): it is still running.
 //! 2. [`an_lvms_install_is_taken_over_in_place`], after the install, checks the takeover: the
 //!    cluster becomes Ready on the same volume group and pool (same UUIDs), nothing is taken over
 //!    while the old plugin listens, then the volume is, in place; a Pod reads the old file, the
-//!    claim grows, a snapshot of it restores, a new claim is made beside it, capacity counts both,
+//!    claim grows, a snapshot of it restores and so does the one LVMS made before the switch, a new
+//!    claim is made beside it, capacity counts both,
 //!    every `LogicalVolume` names an LV TopoLVM's node would find (the way back), and deleting the
 //!    claims and the `LVMCluster` removes everything, the old volume and LVMS's finalizers too.
 //!
@@ -39,10 +41,11 @@ use lvms_api::{
 use serde_json::{Value, json};
 
 mod csi_driver_lvm;
+mod topolvm;
 
 use super::{
-    DRIVER, INSTALL_NS, SLOW, delete_pod, env, node_pod_ready, pod, since_apply, wait_log,
-    wait_running,
+    DRIVER, INSTALL_NS, SLOW, SecondNode, delete_pod, env, node_pod_ready, pod, since_apply,
+    wait_log, wait_running,
 };
 use crate::{
     stack::{self, Vm},
@@ -140,30 +143,145 @@ async fn old_plugin_listens(vm: &Vm, socket: &str, pid_file: &str) {
     .await;
 }
 
+/// Step 1 of a takeover on node 2, where `cargo xtask installed` runs it: the second node and a
+/// client, with the namespace `ns` created; `None` (and said) when run elsewhere or not enabled.
+async fn step_one(test: &str, ns: &str) -> Option<(SecondNode, kube::Client)> {
+    if !support::enabled(test) {
+        return None;
+    }
+    let Some(env) = env() else {
+        eprintln!("{test}: skipped (run by `cargo xtask installed`)");
+        return None;
+    };
+    let second = env.node2.expect("the second node (LVMS_E2E_NODE2)");
+    let client = support::client().await;
+    create(
+        &Api::<Namespace>::all(client.clone()),
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+    )
+    .await;
+    Some((second, client))
+}
+
+/// A 1 GiB claim `(namespace, name)` of `storage_class` as the scheduler and PV controller leave it
+/// for `driver`'s external-provisioner, the node chosen.
+fn claim_being_provisioned(
+    driver: &str,
+    (ns, name): (&str, &str),
+    storage_class: &str,
+    node: &str,
+) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": ns, "annotations": {
+            "volume.kubernetes.io/storage-provisioner": driver,
+            "volume.beta.kubernetes.io/storage-provisioner": driver,
+            "volume.kubernetes.io/selected-node": node}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": storage_class,
+                 "volumeMode": "Filesystem", "resources": {"requests": {"storage": "1Gi"}}},
+    })
+}
+
+/// A volume TopoLVM provisioned, as [`Provisioned::by_topolvm`] builds it.
+struct Provisioned {
+    /// The PersistentVolume's name, also its `LogicalVolume`'s: `pvc-<claim uid>`.
+    pv: String,
+    /// The volume id: the `LogicalVolume`'s UID, the LV's name, the PV's handle.
+    id: String,
+}
+
+impl Provisioned {
+    /// One claim `(namespace, claim, StorageClass, deviceClass)` provisioned as TopoLVM does it
+    /// (topolvm internal/driver/controller.go CreateVolume, internal/controller/
+    /// logicalvolume_controller.go createLV, ADR 0032's table): its `LogicalVolume`, the LV that
+    /// `lvcreate(id)` makes in lvmd's group `vg`, named after the object's UID, xfs holding
+    /// `token` in `file`, the status, the PersistentVolume external-provisioner writes, and the
+    /// claim bound.
+    async fn by_topolvm(
+        client: &kube::Client,
+        (vm, node, vg): (&Vm, &str, &str),
+        (ns, claim_name, storage_class, device_class): (&str, &str, &str, &str),
+        lvcreate: impl Fn(&str) -> String,
+        token: &str,
+    ) -> Self {
+        let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns);
+        let claim = create(
+            &pvcs,
+            claim_being_provisioned(DRIVER, (ns, claim_name), storage_class, node),
+        )
+        .await;
+        let pv = format!("pvc-{}", claim.uid().unwrap());
+        let lvs = Api::<LogicalVolume>::all(client.clone());
+        let lv = create(
+            &lvs,
+            json!({
+                "apiVersion": "topolvm.io/v1", "kind": "LogicalVolume",
+                "metadata": {"name": pv, "finalizers": [LOGICAL_VOLUME_FINALIZER],
+                             "labels": {"app.kubernetes.io/created-by": "topolvm-controller"}},
+                "spec": {"name": pv, "nodeName": node, "size": "1Gi",
+                         "deviceClass": device_class},
+            }),
+        )
+        .await;
+        let id = lv.uid().unwrap();
+        let mnt = format!("/run/takeover-{id}");
+        vm.ok(&format!(
+            "set -e; {} >/dev/null; mkfs.xfs -q -f /dev/{vg}/{id}; mkdir -p {mnt}; \
+             mount /dev/{vg}/{id} {mnt}; echo {token} > {mnt}/file; chmod 2777 {mnt}; \
+             umount {mnt}; rmdir {mnt}",
+            lvcreate(&id)
+        ))
+        .await;
+        lvs.patch_status(
+            &pv,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"volumeID": id, "currentSize": "1Gi"}})),
+        )
+        .await
+        .unwrap();
+        create(
+            &Api::<PersistentVolume>::all(client.clone()),
+            json!({
+                "apiVersion": "v1", "kind": "PersistentVolume",
+                "metadata": {"name": pv,
+                             "annotations": {"pv.kubernetes.io/provisioned-by": DRIVER,
+                                 "volume.kubernetes.io/provisioner-deletion-secret-name": "",
+                                 "volume.kubernetes.io/provisioner-deletion-secret-namespace": ""},
+                             "labels": {"kubernetes.io/hostname": node},
+                             "finalizers": ["external-provisioner.volume.kubernetes.io/finalizer"]},
+                "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"},
+                         "persistentVolumeReclaimPolicy": "Delete",
+                         "storageClassName": storage_class, "volumeMode": "Filesystem",
+                         "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                                      "namespace": ns, "name": claim_name,
+                                      "uid": claim.uid().unwrap()},
+                         "csi": {"driver": DRIVER, "volumeHandle": id, "fsType": "xfs",
+                                 "volumeAttributes": {"storage.kubernetes.io/csiProvisionerIdentity":
+                                                      "1764979200000-4242-topolvm.io"}},
+                         "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [{
+                             "key": TOPOLOGY_NODE_KEY, "operator": "In", "values": [node]}]}]}}},
+            }),
+        )
+        .await;
+        bind(&pvcs, claim_name, &pv).await;
+        Self { pv, id }
+    }
+}
+
 #[tokio::test]
 #[ignore = "step 1 of the takeover: run by `cargo xtask installed` before it installs lvms-rs"]
 async fn lvms_left_this_cluster() {
-    const TEST: &str = "lvms_left_this_cluster";
-    if !support::enabled(TEST) {
-        return;
-    }
-    let Some(env) = env() else {
-        eprintln!("{TEST}: skipped (run by `cargo xtask installed`)");
+    let Some((second, client)) = step_one("lvms_left_this_cluster", NS).await else {
         return;
     };
-    let second = env.node2.expect("the second node (LVMS_E2E_NODE2)");
     let (node, vm) = (second.node.as_str(), &second.vm);
-    let client = support::client().await;
     // LVMS's CRDs stay installed when its operator is uninstalled; lvms-rs's are the same ones.
     support::install_crds(&client).await;
-    let namespaces = Api::<Namespace>::all(client.clone());
-    for ns in [INSTALL_NS, NS] {
-        create(
-            &namespaces,
-            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
-        )
-        .await;
-    }
+    create(
+        &Api::<Namespace>::all(client.clone()),
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": INSTALL_NS}}),
+    )
+    .await;
 
     // The volume group and thin pool as LVMS's vg-manager makes them (ADR 0032's table).
     let kname = vm
@@ -272,76 +390,18 @@ async fn lvms_left_this_cluster() {
     )
     .await;
 
-    // One claim, provisioned as TopoLVM does it: its LogicalVolume, the LV named after the
-    // object's UID with an xfs filesystem (LVMS's default) holding a file, then the status, the
-    // PersistentVolume external-provisioner writes, and the claim bound to it.
-    let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), NS);
-    let claim = create(
-        &pvcs,
-        json!({
-            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": OLD_CLAIM, "namespace": NS, "annotations": {
-                "volume.kubernetes.io/storage-provisioner": DRIVER,
-                "volume.beta.kubernetes.io/storage-provisioner": DRIVER,
-                "volume.kubernetes.io/selected-node": node}},
-            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": STORAGE_CLASS,
-                     "volumeMode": "Filesystem", "resources": {"requests": {"storage": "1Gi"}}},
-        }),
-    )
-    .await;
-    let pv_name = format!("pvc-{}", claim.uid().unwrap());
-    let lvs = Api::<LogicalVolume>::all(client.clone());
-    let lv = create(
-        &lvs,
-        json!({
-            "apiVersion": "topolvm.io/v1", "kind": "LogicalVolume",
-            "metadata": {"name": pv_name, "finalizers": [LOGICAL_VOLUME_FINALIZER],
-                         "labels": {"app.kubernetes.io/created-by": "topolvm-controller"}},
-            "spec": {"name": pv_name, "nodeName": node, "size": "1Gi", "deviceClass": CLASS},
-        }),
-    )
-    .await;
-    let id = lv.uid().unwrap();
+    // One claim, provisioned as TopoLVM does it in LVMS's thin pool.
     let token = format!("lvms-wrote-{}", support::suffix());
-    vm.ok(&format!(
-        "set -e; lvm lvcreate -T {CLASS}/{POOL} -n {id} -V {GIB}b -W y -y >/dev/null; \
-         mkfs.xfs -q -f /dev/{CLASS}/{id}; mkdir -p /run/lvms-takeover; \
-         mount /dev/{CLASS}/{id} /run/lvms-takeover; echo {token} > /run/lvms-takeover/file; \
-         chmod 2777 /run/lvms-takeover; umount /run/lvms-takeover"
-    ))
-    .await;
-    lvs.patch_status(
-        &pv_name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"volumeID": id, "currentSize": "1Gi"}})),
-    )
-    .await
-    .unwrap();
-    create(
-        &Api::<PersistentVolume>::all(client.clone()),
-        json!({
-            "apiVersion": "v1", "kind": "PersistentVolume",
-            "metadata": {"name": pv_name,
-                         "annotations": {"pv.kubernetes.io/provisioned-by": DRIVER,
-                             "volume.kubernetes.io/provisioner-deletion-secret-name": "",
-                             "volume.kubernetes.io/provisioner-deletion-secret-namespace": ""},
-                         "labels": {"kubernetes.io/hostname": node},
-                         "finalizers": ["external-provisioner.volume.kubernetes.io/finalizer"]},
-            "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"},
-                     "persistentVolumeReclaimPolicy": "Delete", "storageClassName": STORAGE_CLASS,
-                     "volumeMode": "Filesystem",
-                     "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                                  "namespace": NS, "name": OLD_CLAIM,
-                                  "uid": claim.uid().unwrap()},
-                     "csi": {"driver": DRIVER, "volumeHandle": id, "fsType": "xfs",
-                             "volumeAttributes": {"storage.kubernetes.io/csiProvisionerIdentity":
-                                                  "1764979200000-4242-topolvm.io"}},
-                     "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [{
-                         "key": TOPOLOGY_NODE_KEY, "operator": "In", "values": [node]}]}]}}},
-        }),
+    let old = Provisioned::by_topolvm(
+        &client,
+        (vm, node, CLASS),
+        (NS, OLD_CLAIM, STORAGE_CLASS, CLASS),
+        |id| format!("lvm lvcreate -T {CLASS}/{POOL} -n {id} -V {GIB}b -W y -y"),
+        &token,
     )
     .await;
-    bind(&pvcs, OLD_CLAIM, &pv_name).await;
+    let (pv_name, id) = (old.pv, old.id);
+    let snapshot_id = snapshot_as_topolvm_makes_it(&client, vm, node, &pv_name, &id).await;
 
     // LVMS's node plugin is still running: something accepts connections on its socket.
     old_plugin_listens(vm, OLD_SOCKET, OLD_PID).await;
@@ -355,11 +415,154 @@ async fn lvms_left_this_cluster() {
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": STATE, "namespace": NS},
             "data": {"vgUUID": vg_uuid, "poolUUID": pool_uuid, "volumeID": id,
-                     "token": token, "pv": pv_name},
+                     "snapshotID": snapshot_id, "token": token, "pv": pv_name},
         }),
     )
     .await;
     println!("installed-takeover: LVMS's state built on {node}: volume {id} in {CLASS}/{POOL}");
+}
+
+/// Waits until the volume group `vg` is gone from `device`: no group of that name, no PV label.
+async fn group_removed(vm: &Vm, vg: &str, device: &str) {
+    eventually(
+        &format!("the volume group {vg} is removed from {device}"),
+        SLOW,
+        || async {
+            let (code, out) = vm
+                .sh(&format!("lvm vgs {vg} 2>&1; blkid -p {device} 2>&1"))
+                .await;
+            (!out.contains("LVM2_member") && out.contains("not found"))
+                .then_some(())
+                .ok_or_else(|| format!("exit {code}: {out}"))
+        },
+    )
+    .await;
+}
+
+/// The VolumeSnapshot LVMS made of the old claim.
+const OLD_SNAPSHOT: &str = "old-snap-by-lvms";
+
+/// A VolumeSnapshot of the old claim as it stands after the snapshot controller and TopoLVM made
+/// it (ADR 0032's table; `../shared/research/topolvm-lvms-formats.md` §7): the `VolumeSnapshot`,
+/// its content `snapcontent-<VolumeSnapshot uid>` with the status the snapshotter sidecar wrote
+/// (`snapshotHandle` = the snapshot's volume id, ready), the `LogicalVolume`
+/// `snapshot-<VolumeSnapshot uid>` with `source` the claim's object and `accessType: ro`, and its
+/// LV a thin snapshot named after that object's UID (`lvcreate -s -k n`, then `lvchange -p r`).
+/// The snapshot controller runs here; nothing answers for `topolvm.io`, so nothing but this writes
+/// the content's status. Returns the snapshot's volume id.
+async fn snapshot_as_topolvm_makes_it(
+    client: &kube::Client,
+    vm: &Vm,
+    node: &str,
+    source: &str,
+    source_id: &str,
+) -> String {
+    let resource = |kind: &'static str| async move {
+        stack::resource(client, "snapshot.storage.k8s.io", "v1", kind).await
+    };
+    let snapshots = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        NS,
+        &resource("VolumeSnapshot").await,
+    );
+    let contents =
+        Api::<DynamicObject>::all_with(client.clone(), &resource("VolumeSnapshotContent").await);
+    let snapshot = snapshots
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+                "metadata": {"name": OLD_SNAPSHOT, "namespace": NS},
+                "spec": {"volumeSnapshotClassName": STORAGE_CLASS,
+                         "source": {"persistentVolumeClaimName": OLD_CLAIM}},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let vs_uid = snapshot.uid().unwrap();
+    let content_name = format!("snapcontent-{vs_uid}");
+    // The snapshot controller makes this same content from the VolumeSnapshot; whichever is
+    // first, the other finds it there.
+    let content = json!({
+        "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
+        "metadata": {"name": content_name},
+        "spec": {"deletionPolicy": "Delete", "driver": DRIVER,
+                 "source": {"volumeHandle": source_id}, "sourceVolumeMode": "Filesystem",
+                 "volumeSnapshotClassName": STORAGE_CLASS,
+                 "volumeSnapshotRef": {"apiVersion": "snapshot.storage.k8s.io/v1",
+                                       "kind": "VolumeSnapshot", "name": OLD_SNAPSHOT,
+                                       "namespace": NS, "uid": vs_uid}},
+    });
+    match contents
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(content).unwrap(),
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("creating VolumeSnapshotContent {content_name}: {e}"),
+    }
+    let lvs = Api::<LogicalVolume>::all(client.clone());
+    let name = format!("snapshot-{vs_uid}");
+    let lv = create(
+        &lvs,
+        json!({
+            "apiVersion": "topolvm.io/v1", "kind": "LogicalVolume",
+            "metadata": {"name": name, "finalizers": [LOGICAL_VOLUME_FINALIZER],
+                         "labels": {"app.kubernetes.io/created-by": "topolvm-controller"}},
+            "spec": {"name": name, "nodeName": node, "size": "1Gi", "deviceClass": CLASS,
+                     "source": source, "accessType": "ro"},
+        }),
+    )
+    .await;
+    let id = lv.uid().unwrap();
+    vm.ok(&format!(
+        "lvm lvcreate -q -y -s -k n -n {id} {CLASS}/{source_id} >/dev/null && \
+         lvm lvchange -q -p r {CLASS}/{id}"
+    ))
+    .await;
+    lvs.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"volumeID": id, "currentSize": "1Gi"}})),
+    )
+    .await
+    .unwrap();
+    let created_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        * 1_000_000_000;
+    contents
+        .patch_status(
+            &content_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"snapshotHandle": id, "readyToUse": true,
+                                            "restoreSize": GIB, "creationTime": created_ns}})),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "the snapshot controller binds LVMS's VolumeSnapshot, ready",
+        SLOW,
+        || {
+            let snapshots = snapshots.clone();
+            async move {
+                let s = snapshots
+                    .get(OLD_SNAPSHOT)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                (s.data["status"]["readyToUse"] == true)
+                    .then_some(())
+                    .ok_or_else(|| s.data["status"].to_string())
+            }
+        },
+    )
+    .await;
+    id
 }
 
 /// The LVs of `vg` as `name → (size in bytes, pool, tags)`.
@@ -573,15 +776,29 @@ async fn an_lvms_install_is_taken_over_in_place() {
     )
     .await
     .unwrap();
-    pvcs.create(&PostParams::default(), &pvc(claim("new-data", "1Gi", None)))
-        .await
-        .unwrap();
-    pods.create(
+    // And so does the snapshot LVMS made before the switch.
+    let from_old_snapshot = json!({"apiGroup": "snapshot.storage.k8s.io",
+                                   "kind": "VolumeSnapshot", "name": OLD_SNAPSHOT});
+    pvcs.create(
         &PostParams::default(),
-        &run("restored-reader", "cat /data/file; sleep 3600", "restored"),
+        &pvc(claim("restored-lvms-snap", "1Gi", Some(from_old_snapshot))),
     )
     .await
     .unwrap();
+    pvcs.create(&PostParams::default(), &pvc(claim("new-data", "1Gi", None)))
+        .await
+        .unwrap();
+    for (reader, claim) in [
+        ("restored-reader", "restored"),
+        ("lvms-snap-reader", "restored-lvms-snap"),
+    ] {
+        pods.create(
+            &PostParams::default(),
+            &run(reader, "cat /data/file; sleep 3600", claim),
+        )
+        .await
+        .unwrap();
+    }
     pods.create(
         &PostParams::default(),
         &run(
@@ -599,6 +816,22 @@ async fn an_lvms_install_is_taken_over_in_place() {
     assert_eq!(
         read, state["token"],
         "the restored snapshot of the old volume"
+    );
+    let read = wait_log(
+        &pods,
+        "lvms-snap-reader",
+        "the file in LVMS's snapshot",
+        |l| l.starts_with("lvms-wrote-").then(|| l.to_owned()),
+    )
+    .await;
+    assert_eq!(read, state["token"], "the snapshot LVMS made, restored");
+    let snapshot_lv = lv_table(vm).await.get(&state["snapshotID"]).cloned();
+    assert!(
+        snapshot_lv
+            .as_ref()
+            .is_some_and(|t| t.2.split(',').any(|t| t == "lvms")),
+        "LVMS's snapshot LV {} was taken over in place: {snapshot_lv:?}",
+        state["snapshotID"]
     );
     wait_log(&pods, "new-writer", "the new volume was written", |l| {
         (l == "wrote new").then_some(())
@@ -650,9 +883,13 @@ async fn an_lvms_install_is_taken_over_in_place() {
         .unwrap()
         .items
         .into_iter()
-        .filter(|lv| lv.spec.node_name == node)
+        .filter(|lv| lv.spec.node_name == node && lv.spec.device_class == CLASS)
         .collect();
-    assert_eq!(ours.len(), 4, "old, snapshot, restored, new: {ours:?}");
+    assert_eq!(
+        ours.len(),
+        6,
+        "old, LVMS's snapshot and its restore, snapshot, restored, new: {ours:?}"
+    );
     for lv in &ours {
         let status = lv.status.clone().unwrap_or_default();
         assert_eq!(lv.spec.device_class, CLASS, "{}", lv.name_any());
@@ -668,7 +905,7 @@ async fn an_lvms_install_is_taken_over_in_place() {
 
     // Deleting the claims deletes every volume, the old one too; deleting the LVMCluster then
     // releases LVMS's finalizers and leaves the disk as lvms-rs leaves its own.
-    for p in ["restored-reader", "new-writer"] {
+    for p in ["restored-reader", "lvms-snap-reader", "new-writer"] {
         delete_pod(&pods, p).await;
     }
     Api::<Namespace>::all(client.clone())
@@ -682,7 +919,7 @@ async fn an_lvms_install_is_taken_over_in_place() {
             .map_err(|e| e.to_string())?
             .items
             .iter()
-            .filter(|lv| lv.spec.node_name == node)
+            .filter(|lv| lv.spec.node_name == node && lv.spec.device_class == CLASS)
             .map(ResourceExt::name_any)
             .collect();
         left.is_empty()
@@ -692,6 +929,10 @@ async fn an_lvms_install_is_taken_over_in_place() {
     .await;
     let table = lv_table(vm).await;
     assert!(!table.contains_key(&id), "the old LV is removed: {table:?}");
+    assert!(
+        !table.contains_key(&state["snapshotID"]),
+        "LVMS's snapshot LV is removed with its VolumeSnapshot: {table:?}"
+    );
     clusters
         .delete(CLUSTER, &DeleteParams::default())
         .await
@@ -711,22 +952,7 @@ async fn an_lvms_install_is_taken_over_in_place() {
         },
     )
     .await;
-    eventually(
-        "the volume group is removed from the disk",
-        SLOW,
-        || async {
-            let (code, out) = vm
-                .sh(&format!(
-                    "lvm vgs {CLASS} 2>&1; blkid -p {} 2>&1",
-                    second.device
-                ))
-                .await;
-            (!out.contains("LVM2_member") && out.contains("not found"))
-                .then_some(())
-                .ok_or_else(|| format!("exit {code}: {out}"))
-        },
-    )
-    .await;
+    group_removed(vm, CLASS, &second.device).await;
     println!(
         "installed-takeover: scenario done in {:.0} s",
         started.elapsed().as_secs_f64()

@@ -16,6 +16,8 @@
 //!    listens; then a Pod reads the old file through lvms-rs, the claim grows under it, a new claim
 //!    on `csi-driver-lvm-linear` gets an lvms-rs volume in the same group, deleting the old claim
 //!    removes its LV, and deleting the `LVMCluster` removes csi-driver-lvm's CSIDriver lvms-rs made.
+//!    The same `LVMCluster` holds the class of a plain TopoLVM install taken over on the node's
+//!    third disk (`adopt: topolvm`, [`super::topolvm`]).
 
 use std::time::{Duration, Instant};
 
@@ -30,7 +32,10 @@ use kube::{
 use lvms_api::LVMCluster;
 use serde_json::json;
 
-use super::{bind, create, lvm_field, old_plugin_listens};
+use super::{
+    bind, claim_being_provisioned, create, group_removed, lvm_field, old_plugin_listens, step_one,
+    topolvm,
+};
 use crate::{
     installed::{
         INSTALL_NS, SLOW, delete_pod, env, node_pod_ready, pod, since_apply, wait_log, wait_running,
@@ -56,26 +61,14 @@ const GIB: u64 = 1 << 30;
 #[tokio::test]
 #[ignore = "step 1 of csi-driver-lvm's takeover: run by `cargo xtask installed` before it installs lvms-rs"]
 async fn left_this_cluster() {
-    const TEST: &str = "left_this_cluster";
-    if !support::enabled(TEST) {
-        return;
-    }
-    let Some(env) = env() else {
-        eprintln!("{TEST}: skipped (run by `cargo xtask installed`)");
+    let Some((second, client)) = step_one("left_this_cluster", NS).await else {
         return;
     };
-    let second = env.node2.expect("the second node (LVMS_E2E_NODE2)");
     let device = second
         .csi_lvm_device
         .clone()
         .expect("node 2's second disk (LVMS_E2E_CSI_LVM_DEVICE)");
     let (node, vm) = (second.node.as_str(), &second.vm);
-    let client = support::client().await;
-    create(
-        &Api::<Namespace>::all(client.clone()),
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
-    )
-    .await;
 
     // The volume group as csi-driver-lvm's CreateVG makes it (pkg/lvm/lvm.go).
     let kname = vm
@@ -95,15 +88,7 @@ async fn left_this_cluster() {
     let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), NS);
     let claim = create(
         &pvcs,
-        json!({
-            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": OLD_CLAIM, "namespace": NS, "annotations": {
-                "volume.kubernetes.io/storage-provisioner": DRIVER,
-                "volume.beta.kubernetes.io/storage-provisioner": DRIVER,
-                "volume.kubernetes.io/selected-node": node}},
-            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": LINEAR,
-                     "volumeMode": "Filesystem", "resources": {"requests": {"storage": "1Gi"}}},
-        }),
+        claim_being_provisioned(DRIVER, (NS, OLD_CLAIM), LINEAR, node),
     )
     .await;
     let uid = claim.metadata.uid.clone().unwrap();
@@ -199,6 +184,10 @@ async fn a_volume_is_served_in_place_under_its_name() {
         .as_ref()
         .expect("the second node (LVMS_E2E_NODE2)");
     let device = second.csi_lvm_device.clone().unwrap();
+    let topolvm_device = second
+        .topolvm_device
+        .clone()
+        .expect("node 2's third disk (LVMS_E2E_TOPOLVM_DEVICE)");
     let (node, vm) = (second.node.as_str(), &second.vm);
     let client = support::client().await;
     let state = Api::<ConfigMap>::namespaced(client.clone(), NS)
@@ -211,8 +200,10 @@ async fn a_volume_is_served_in_place_under_its_name() {
         .unwrap_or_default();
     let pv = state["pv"].clone();
     let vg_uuid = lvm_field(vm, &format!("vgs --noheadings -o vg_uuid {VG}")).await;
+    let topolvm_vg_uuid = topolvm::rename_group(vm).await;
 
-    // The LVMCluster a csi-driver-lvm user writes (docs/migration-from-csi-driver-lvm.md).
+    // The LVMCluster a csi-driver-lvm user writes (docs/migration-from-csi-driver-lvm.md), with
+    // the class a TopoLVM user writes beside it (docs/migration-from-lvms.md).
     let clusters = Api::<LVMCluster>::namespaced(client.clone(), INSTALL_NS);
     let created = Instant::now();
     create(
@@ -226,7 +217,7 @@ async fn a_volume_is_served_in_place_under_its_name() {
                 "deviceSelector": {"paths": [device]},
                 "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [{
                     "key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]},
-            }]}}
+            }, topolvm::class(&topolvm_device, node)]}}
         }),
     )
     .await;
@@ -268,6 +259,8 @@ async fn a_volume_is_served_in_place_under_its_name() {
         created.elapsed().as_secs_f64(),
         since_apply(&env)
     );
+
+    topolvm::served_in_place(&env, vm, node, &topolvm_vg_uuid).await;
 
     // A Pod on the old claim: not served while csi-driver-lvm's plugin answers.
     let pods = Api::<Pod>::namespaced(client.clone(), NS);
@@ -442,19 +435,8 @@ async fn a_volume_is_served_in_place_under_its_name() {
         },
     )
     .await;
-    eventually(
-        "the volume group is removed from the disk",
-        SLOW,
-        || async {
-            let (code, out) = vm
-                .sh(&format!("lvm vgs {VG} 2>&1; blkid -p {device} 2>&1"))
-                .await;
-            (!out.contains("LVM2_member") && out.contains("not found"))
-                .then_some(())
-                .ok_or_else(|| format!("exit {code}: {out}"))
-        },
-    )
-    .await;
+    group_removed(vm, VG, &device).await;
+    group_removed(vm, topolvm::CLASS, &topolvm_device).await;
     println!(
         "installed-csi-driver-lvm: scenario done in {:.0} s",
         started.elapsed().as_secs_f64()
