@@ -390,14 +390,11 @@ impl<B: Backend> ControllerService<B> {
             .iter()
             .find(|(c, _)| asked.map_or(c.default, |name| c.name == name))
         {
-            return Err(RpcError::new(
-                Code::Unavailable,
-                format!(
-                    "device class {} is not ready on node {}: {reason}",
-                    class.name,
-                    self.backend.node_id()
-                ),
-            ));
+            return Err(backend(BackendError::class_not_ready(
+                &class.name,
+                self.backend.node_id(),
+                reason,
+            )));
         }
         let known = || {
             classes

@@ -109,6 +109,16 @@ pub enum BackendError {
     Host(#[from] lvms_host::Error),
 }
 
+impl BackendError {
+    /// UNAVAILABLE for a request naming `class`, which failed to converge on `node` for `reason`
+    /// ([`Backend::unserved`]).
+    pub fn class_not_ready(class: &str, node: &str, reason: &str) -> Self {
+        Self::Unavailable(format!(
+            "device class {class} is not ready on node {node}: {reason}"
+        ))
+    }
+}
+
 /// `Result` with [`BackendError`].
 pub type Result<T, E = BackendError> = std::result::Result<T, E>;
 

@@ -65,38 +65,33 @@ impl<B> Switch<B> {
     /// UNAVAILABLE with `class`'s reason when it is unserved.
     fn served(&self, class: &str) -> Result<()> {
         match self.unserved_now().iter().find(|(c, _)| c.name == class) {
-            Some((_, reason)) => Err(BackendError::Unavailable(format!(
-                "device class {class} is not ready on node {}: {reason}",
-                self.node
-            ))),
+            Some((_, reason)) => Err(BackendError::class_not_ready(class, &self.node, reason)),
             None => Ok(()),
         }
     }
 
-    /// `result`, but a NOT_FOUND is UNAVAILABLE ([`Self::found_or_unserved`]) while a class is
-    /// unserved.
-    fn missing_or_unserved<T>(&self, id: &str, result: Result<T>) -> Result<T> {
-        match result {
-            Err(BackendError::NotFound(m)) => match self.found_or_unserved(id, None) {
-                Ok(_) => Err(BackendError::NotFound(m)),
-                Err(e) => Err(e),
-            },
-            other => other,
-        }
+    /// UNAVAILABLE for volume `id`, which no served class holds, while a class is unserved: it
+    /// may be in that one. `None` when every class is served.
+    fn maybe_unserved(&self, id: &str) -> Option<BackendError> {
+        let unserved = self.unserved_now();
+        (!unserved.is_empty()).then(|| {
+            BackendError::Unavailable(format!(
+                "volume {id} is in no ready device class on node {}, and it may be in one that \
+                 is not ready: {}",
+                self.node,
+                describe(&unserved)
+            ))
+        })
     }
 
-    /// `found`, or UNAVAILABLE naming the unserved classes when nothing was found and some are.
-    fn found_or_unserved(&self, id: &str, found: Option<Volume>) -> Result<Option<Volume>> {
-        let unserved = self.unserved_now();
-        if found.is_some() || unserved.is_empty() {
-            return Ok(found);
+    /// `result`, but a NOT_FOUND is [`Self::maybe_unserved`]'s error while a class is unserved.
+    fn missing_or_unserved<T>(&self, id: &str, result: Result<T>) -> Result<T> {
+        match result {
+            Err(BackendError::NotFound(m)) => {
+                Err(self.maybe_unserved(id).unwrap_or(BackendError::NotFound(m)))
+            }
+            other => other,
         }
-        Err(BackendError::Unavailable(format!(
-            "volume {id} is in no ready device class on node {}, and it may be in one that is not \
-             ready: {}",
-            self.node,
-            describe(&unserved)
-        )))
     }
 
     /// `joined_shared` (what `NodeGetInfo` advertises) first waits up to `wait` until `settling`
@@ -203,7 +198,7 @@ impl<B: Backend> Backend for Switch<B> {
     async fn delete(&self, id: &str) -> Result<bool> {
         let removed = self.or_unavailable()?.delete(id).await;
         match self.missing_or_unserved(id, removed)? {
-            false => self.found_or_unserved(id, None).map(|_| false),
+            false => self.maybe_unserved(id).map_or(Ok(false), Err),
             true => Ok(true),
         }
     }

@@ -216,7 +216,9 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
             move |source| PublishError::Ephemeral { step, id, source }
         };
         // Before any volume is made: a target not mounted yet must hold nothing a mount would hide.
-        if find_mount_by_target(&self.mounts().await?, target).is_none() {
+        // Making and activating the LV mounts nothing, so this mount table serves the decision below.
+        let mounts = self.mounts().await?;
+        if find_mount_by_target(&mounts, target).is_none() {
             refuse_to_hide("target path", target).await?;
         }
         let vol = self
@@ -248,7 +250,6 @@ impl<B: Backend, R: Runner> NodeService<B, R> {
             source: io::Error::new(io::ErrorKind::NotFound, "no such device after activation"),
         })?;
         let wanted = asked.or(attrs.fstype);
-        let mounts = self.mounts().await?;
         match table::decide_stage(&mounts, &ids, target, wanted.map(fstype_name), readonly) {
             Stage::Incompatible(m) => return Err(PublishError::Incompatible(m)),
             Stage::AlreadyStaged => {
