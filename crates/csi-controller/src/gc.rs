@@ -2,6 +2,9 @@
 //! to (see [`lvms_engine::gc`] for the rules). It reports each with a Warning event on the object when
 //! first seen, and deletes the object (its node agent then removes the LV) once the safety window, when
 //! one is configured, has passed.
+//!
+//! Of the CSI controller's replicas only the holder of [`LEADER_LEASE`] collects
+//! ([`lvms_k8s::leader`]): two would each report (and count) every unclaimed volume.
 
 use std::{sync::Arc, time::Duration};
 
@@ -15,6 +18,9 @@ use lvms_k8s::{
 };
 
 use crate::view::View;
+
+/// The Lease whose holder, of the CSI controller's replicas, runs the collector.
+pub const LEADER_LEASE: &str = "lvms-csi-controller";
 
 pub struct ControllerCollector {
     view: Arc<View>,

@@ -41,6 +41,15 @@ pub struct CsiControllerArgs {
     /// Port of `/metrics` (the garbage collector's numbers) and `/healthz`.
     #[arg(long, env = "METRICS_PORT", default_value_t = 8082)]
     metrics_port: u16,
+    /// Elect one leader among the replicas by the Lease `lvms-csi-controller` in the namespace: only
+    /// it runs the garbage collector; every replica serves CSI (the sidecars elect their own).
+    /// `false`: this process collects at once; run one replica only then.
+    #[arg(long, env = "LVMS_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_election: bool,
+    /// This replica's name in the leader Lease (the pod's name; the host's name and the process id
+    /// when unset).
+    #[arg(long, env = "POD_NAME")]
+    pod_name: Option<String>,
 }
 
 /// Serves until SIGTERM or Ctrl-C, or until the watches end.
@@ -49,7 +58,7 @@ pub async fn run(args: CsiControllerArgs) -> Result<()> {
         .await
         .context("connecting to the Kubernetes API")?;
     let (view, keep_current) = View::start(client.clone(), &args.namespace, &args.driver_name);
-    let lvs: Api<LogicalVolume> = Api::all(client);
+    let lvs: Api<LogicalVolume> = Api::all(client.clone());
     let metrics = Arc::new(lvms_k8s::metrics::GcMetrics::new(
         "unclaimed_logical_volumes",
     ));
@@ -84,9 +93,39 @@ pub async fn run(args: CsiControllerArgs) -> Result<()> {
         tracing::info!("cluster view ready");
         std::future::pending::<Result<()>>().await
     };
+    let period = std::time::Duration::from_secs(args.gc_period);
+    let collect = async move {
+        tokio::select! {
+            () = collector.run(period) => tracing::error!("the garbage collector ended"),
+            () = crate::shutdown_signal() => {}
+        }
+    };
+    let identity = crate::replica_identity(args.pod_name);
+    // Completes only when leadership is lost: once stopping, the server below ends on the same
+    // signal.
+    let collected = async {
+        if !args.leader_election {
+            collect.await;
+            return std::future::pending::<lvms_k8s::leader::Lost>().await;
+        }
+        let timings = lvms_k8s::leader::Timings::DEFAULT;
+        let lease = lvms_k8s::lease::HeldLease::new(
+            client,
+            &args.namespace,
+            lvms_csi_controller::gc::LEADER_LEASE,
+            &identity,
+            timings.duration,
+        );
+        match lvms_k8s::leader::lead(&lease, timings, collect, crate::shutdown_signal(), || {})
+            .await
+        {
+            Err(lost) => lost,
+            Ok(()) => std::future::pending().await,
+        }
+    };
     tokio::select! {
         () = keep_current => bail!("the cluster watches ended"),
-        () = collector.run(std::time::Duration::from_secs(args.gc_period)) => bail!("the garbage collector ended"),
+        lost = collected => Err(lost).context("leading the garbage collector"),
         served = lvms_k8s::metrics::serve(metrics_listener, metrics) => {
             served.context("serving /metrics")
         }

@@ -178,9 +178,30 @@ struct OperatorArgs {
     /// evicted or unschedulable and it or its claim says `lvms.topolvm.io/is-eviction-allowed:
     /// "true"` (or `metal-stack.io/csi-driver-lvm.is-eviction-allowed`), delete the claim if its
     /// volume's node is gone, out of service or cordoned, so the StatefulSet makes a new one
-    /// elsewhere. Assumes one operator replica.
+    /// elsewhere. Runs in the leader replica only.
     #[arg(long, env = "LVMS_EVICTION_CONTROLLER")]
     eviction_controller: bool,
+    /// Elect one leader among the operator's replicas by the Lease `lvms-operator` in the
+    /// namespace: the leader runs the controllers (LVMCluster, node removal, eviction), every
+    /// replica serves the webhook (`lvms_k8s::leader`). `false`: this process runs the controllers
+    /// at once; run one replica only then.
+    #[arg(long, env = "LVMS_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_election: bool,
+    /// This replica's name in the leader Lease (the pod's name; the host's name and the process id
+    /// when unset).
+    #[arg(long, env = "POD_NAME")]
+    pod_name: Option<String>,
+}
+
+/// The name a replica holds a leader Lease under: `pod_name`, else the host's name and the process
+/// id (unique while the process lives).
+pub(crate) fn replica_identity(pod_name: Option<String>) -> String {
+    pod_name.filter(|n| !n.is_empty()).unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "lvms".to_owned());
+        format!("{host}_{}", std::process::id())
+    })
 }
 
 fn main() -> Result<()> {
@@ -282,7 +303,7 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
     );
     let node_removal = lvms_operator::controller::node_removal::run(
         client.clone(),
-        namespace,
+        namespace.clone(),
         metrics.clone(),
         lvms_operator::controller::node_removal::DeathPolicy {
             driver: driver_name.clone(),
@@ -297,12 +318,42 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
                 tracing::info!(driver = %driver_name, "eviction controller enabled");
                 lvms_operator::controller::eviction::run(client, driver_name, metrics, stop).await;
             }
-            Ok(())
         }
     };
-    let controller = async {
-        lvms_operator::controller::run(client, cfg, metrics, readiness, stopped()).await;
-        Ok(())
+    let leader_metrics = metrics.clone();
+    let controllers = {
+        let controller = lvms_operator::controller::run(
+            client.clone(),
+            cfg,
+            metrics,
+            readiness.clone(),
+            stopped(),
+        );
+        async move {
+            tokio::join!(controller, node_removal, eviction);
+        }
+    };
+    let identity = replica_identity(args.pod_name);
+    let led = async {
+        if !args.leader_election {
+            controllers.await;
+            return Ok(());
+        }
+        readiness.standing_by(true);
+        let timings = lvms_k8s::leader::Timings::DEFAULT;
+        let lease = lvms_k8s::lease::HeldLease::new(
+            client.clone(),
+            &namespace,
+            lvms_operator::LEADER_LEASE,
+            &identity,
+            timings.duration,
+        );
+        lvms_k8s::leader::lead(&lease, timings, controllers, stopped(), || {
+            readiness.standing_by(false);
+            leader_metrics.leading(true);
+        })
+        .await
+        .context("leading the operator's controllers")
     };
     // A webhook that cannot serve (e.g. no certificate) ends the process rather than leaving a
     // controller whose LVMClusters can no longer be admitted.
@@ -314,12 +365,7 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
             webhook.await.context("serving the admission webhook")
         },
         metrics_server,
-        controller,
-        async {
-            node_removal.await;
-            Ok(())
-        },
-        eviction,
+        led,
     )?;
     Ok(())
 }

@@ -62,7 +62,7 @@ use tokio::sync::{Mutex, watch};
 use tracing::{info, instrument, warn};
 
 use crate::{
-    creator_lease::{CreatorLease, Holding},
+    creator_lease::{CreatorLease, Holding, creator_lease},
     finalizers,
     volume_group::{self, Step, vg_status},
 };
@@ -546,7 +546,7 @@ async fn converge<R: Runner, B: Backend, L: NodeHost, S: SharedHost>(
             host_id: *id,
             create_volume_groups: false,
         });
-    let lease = CreatorLease::new(ctx.client.clone(), &ctx.namespace, &class, &ctx.node);
+    let lease = creator_lease(ctx.client.clone(), &ctx.namespace, &class, &ctx.node);
     let hosts = Hosts {
         local: ClassHost {
             inner: local,
@@ -905,7 +905,7 @@ async fn leave<R: Runner, B: Backend, H: SharedLeaveHost>(
         }),
         None => None,
     };
-    let lease = CreatorLease::new(ctx.client.clone(), &ctx.namespace, &class, &ctx.node);
+    let lease = creator_lease(ctx.client.clone(), &ctx.namespace, &class, &ctx.node);
     let hosts = Hosts {
         local: ServingHost {
             inner: &ctx.host,

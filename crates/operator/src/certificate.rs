@@ -129,56 +129,67 @@ pub async fn ensure(
     service: &str,
 ) -> Result<Vec<u8>, Error> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let found = secrets
-        .get_opt(secret)
-        .await
-        .map_err(kube_err(format!("read Secret {secret}")))?;
-    let ca = match found.as_ref().and_then(|s| {
-        key(s, "tls.crt")
-            .zip(key(s, "tls.key"))
-            .map(|(crt, _)| key(s, "ca.crt").unwrap_or(crt))
-    }) {
-        Some(ca) => ca,
-        None => {
-            let pair = generate(service, namespace)?;
-            let data: BTreeMap<String, ByteString> = [
-                ("tls.crt", &pair.cert_pem),
-                ("tls.key", &pair.key_pem),
-                ("ca.crt", &pair.ca_pem),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), ByteString(v.as_bytes().to_vec())))
-            .collect();
-            let mut obj = Secret {
-                data: Some(data),
-                type_: Some("kubernetes.io/tls".to_owned()),
-                ..Secret::default()
-            };
-            obj.metadata.name = Some(secret.to_owned());
-            obj.metadata.namespace = Some(namespace.to_owned());
-            match found {
-                None => {
-                    secrets
-                        .create(&PostParams::default(), &obj)
-                        .await
-                        .map_err(kube_err(format!("create Secret {secret}")))?;
-                }
-                Some(_) => {
-                    secrets
-                        .patch(
-                            secret,
-                            &PatchParams::default(),
-                            &Patch::Merge(json!({"data": obj.data, "type": obj.type_})),
-                        )
-                        .await
-                        .map_err(kube_err(format!("fill Secret {secret}")))?;
-                }
+    // Every replica runs this at its start: of two making a certificate at once, one writes it
+    // (create, or fill on the condition of the resourceVersion read) and the other, refused with
+    // 409, reads it again and trusts the same CA.
+    let mut attempts = 0;
+    let ca = loop {
+        attempts += 1;
+        let found = secrets
+            .get_opt(secret)
+            .await
+            .map_err(kube_err(format!("read Secret {secret}")))?;
+        if let Some(ca) = found.as_ref().and_then(|s| {
+            key(s, "tls.crt")
+                .zip(key(s, "tls.key"))
+                .map(|(crt, _)| key(s, "ca.crt").unwrap_or(crt))
+        }) {
+            break ca;
+        }
+        let pair = generate(service, namespace)?;
+        let data: BTreeMap<String, ByteString> = [
+            ("tls.crt", &pair.cert_pem),
+            ("tls.key", &pair.key_pem),
+            ("ca.crt", &pair.ca_pem),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), ByteString(v.as_bytes().to_vec())))
+        .collect();
+        let mut obj = Secret {
+            data: Some(data),
+            type_: Some("kubernetes.io/tls".to_owned()),
+            ..Secret::default()
+        };
+        obj.metadata.name = Some(secret.to_owned());
+        obj.metadata.namespace = Some(namespace.to_owned());
+        let written = match found {
+            None => secrets
+                .create(&PostParams::default(), &obj)
+                .await
+                .map(|_| ()),
+            Some(found) => secrets
+                .patch(
+                    secret,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({
+                        "metadata": {"resourceVersion": found.metadata.resource_version},
+                        "data": obj.data,
+                        "type": obj.type_,
+                    })),
+                )
+                .await
+                .map(|_| ()),
+        };
+        match written {
+            Ok(()) => {
+                tracing::info!(
+                    secret,
+                    "made a self-signed certificate for the admission webhook"
+                );
+                break pair.ca_pem.into_bytes();
             }
-            tracing::info!(
-                secret,
-                "made a self-signed certificate for the admission webhook"
-            );
-            pair.ca_pem.into_bytes()
+            Err(kube::Error::Api(s)) if s.code == 409 && attempts < 3 => {}
+            Err(e) => return Err(kube_err(format!("write Secret {secret}"))(e)),
         }
     };
     trust::<ValidatingWebhookConfiguration>(client, VALIDATING_WEBHOOK, &ca).await?;

@@ -32,6 +32,10 @@ pub use lvms_api::selector;
 pub mod status;
 pub mod webhook;
 
+/// The Lease whose holder, of the operator's replicas, runs the controllers (the webhook is served
+/// by every replica); see [`lvms_k8s::leader`].
+pub const LEADER_LEASE: &str = "lvms-operator";
+
 pub use finalizer::{DeletionPlan, NodeCleanup, ObjectKey, cluster_deletion, node_removal};
 pub use render::{RenderConfig, RenderError, Rendered, VolumeSnapshotClass, render};
 pub use status::{ResourceSync, aggregate, expected_nodes, nodes_for_class};

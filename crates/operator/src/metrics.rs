@@ -16,7 +16,8 @@
 //! - `eviction_claim_deletions_total`: claims the eviction controller deleted;
 //! - `shared_volume_handovers_total`: volumes of shared classes handed from a gone node to another.
 //! - `dead_node_pod_deletions_total`: pods deleted from nodes dead in a fenced shared class
-//!   (ADR 0029).
+//!   (ADR 0029);
+//! - `leader`: 1 while this replica leads (runs the controllers), 0 while it stands by.
 //!
 //! From the nodes' reports of shared classes (`LVMVolumeGroupNodeStatus`), prefixed `lvms_` like
 //! the node agents' metrics, one series per shared class and node that reports it:
@@ -177,6 +178,7 @@ pub struct Metrics {
     eviction_claim_deletions: Counter,
     shared_volume_handovers: Counter,
     dead_node_pod_deletions: Counter,
+    leader: Gauge,
     shared_joined: Family<SharedLabels, Gauge>,
     shared_renewal_failures: Family<SharedLabels, Gauge>,
     shared_fencing_armed: Family<SharedLabels, Gauge>,
@@ -262,6 +264,12 @@ impl Metrics {
              service or cordoned",
             eviction_claim_deletions.clone(),
         );
+        let leader = Gauge::default();
+        operator.register(
+            "leader",
+            "1 while this replica leads (runs the controllers), 0 while it stands by",
+            leader.clone(),
+        );
         let shared = registry.sub_registry_with_prefix("lvms");
         let shared_joined = Family::<SharedLabels, Gauge>::default();
         shared.register(
@@ -282,6 +290,7 @@ impl Metrics {
             shared_fencing_armed.clone(),
         );
         Self {
+            leader,
             registry,
             reconciles,
             reconcile_duration,
@@ -418,6 +427,11 @@ impl Metrics {
             .inc();
     }
 
+    /// This replica leads (or stands by).
+    pub fn leading(&self, yes: bool) {
+        self.leader.set(i64::from(yes));
+    }
+
     /// Counts nodes whose leftovers were released.
     pub fn node_cleanups(&self, nodes: u64) {
         self.node_cleanups.inc_by(nodes);
@@ -454,6 +468,7 @@ impl Metrics {
 pub struct Readiness {
     controller: Arc<AtomicBool>,
     webhook: Arc<AtomicBool>,
+    standing_by: Arc<AtomicBool>,
 }
 
 impl Readiness {
@@ -469,6 +484,12 @@ impl Readiness {
         self.controller.store(true, Ordering::Release);
     }
 
+    /// This replica stands by (another leads, [`lvms_k8s::leader`]) or not: a standby runs no
+    /// controller, so it is ready once its webhook listens.
+    pub fn standing_by(&self, yes: bool) {
+        self.standing_by.store(yes, Ordering::Release);
+    }
+
     /// The webhook listens.
     pub fn webhook_listening(&self) {
         self.webhook.store(true, Ordering::Release);
@@ -477,7 +498,7 @@ impl Readiness {
     /// What is still awaited, in words; empty when ready.
     pub fn waiting_for(&self) -> Vec<&'static str> {
         let mut waiting = Vec::new();
-        if !self.controller.load(Ordering::Acquire) {
+        if !self.controller.load(Ordering::Acquire) && !self.standing_by.load(Ordering::Acquire) {
             waiting.push("the LVMCluster cache to sync");
         }
         if !self.webhook.load(Ordering::Acquire) {
@@ -584,6 +605,25 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_standby_is_ready_once_its_webhook_listens_and_a_new_leader_once_its_cache_synced() {
+        let readiness = Readiness::default();
+        let router = router(Arc::new(Metrics::new()), readiness.clone());
+        readiness.standing_by(true);
+        let (code, body) = get(router.clone(), "/readyz").await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!body.contains("cache"), "{body}");
+        readiness.webhook_listening();
+        assert_eq!(get(router.clone(), "/readyz").await.0, StatusCode::OK);
+        // Leading: the controller's cache is awaited again.
+        readiness.standing_by(false);
+        let (code, body) = get(router.clone(), "/readyz").await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("the LVMCluster cache to sync"), "{body}");
+        readiness.controller_synced();
+        assert_eq!(get(router, "/readyz").await.0, StatusCode::OK);
+    }
+
+    #[tokio::test]
     async fn metrics_endpoint_exposes_what_was_recorded() {
         let metrics = Arc::new(Metrics::new());
         metrics.reconciled("lvmcluster", true, Duration::from_millis(20));
@@ -592,6 +632,7 @@ mod tests {
         metrics.cluster_status("lvms-system", "my-lvmcluster", false, "Degraded");
         metrics.webhook_request("validate", "denied");
         metrics.node_cleanups(2);
+        metrics.leading(true);
         metrics.shared_volume_handovers(3);
         metrics.eviction_claim_deleted();
         let (code, body) = get(
@@ -609,6 +650,7 @@ mod tests {
             r#"lvms_operator_lvmcluster_state{namespace="lvms-system",name="my-lvmcluster",state="Ready"} 0"#,
             r#"lvms_operator_webhook_requests_total{operation="validate",result="denied"} 1"#,
             "lvms_operator_node_cleanups_total 2",
+            "lvms_operator_leader 1",
             "lvms_operator_shared_volume_handovers_total 3",
             "lvms_operator_eviction_claim_deletions_total 1",
         ] {

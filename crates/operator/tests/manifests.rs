@@ -152,6 +152,14 @@ const OPERATOR_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
         &["get", "create", "update"],
         Scope::Namespace,
     ),
+    // Leader election of the controllers (Lease lvms-operator, and lvms-csi-controller for the
+    // CSI controller's collector): read, created, renewed, taken over and handed back by update.
+    (
+        "coordination.k8s.io",
+        "leases",
+        &["get", "create", "update"],
+        Scope::Namespace,
+    ),
     (
         "admissionregistration.k8s.io",
         "validatingwebhookconfigurations",
@@ -987,6 +995,40 @@ fn operator_learns_its_namespace_pod_name_and_node_image_from_its_env() {
         str_at(container, "/image"),
         "the node agent runs the operator's image"
     );
+}
+
+#[test]
+fn two_replicas_elect_a_leader_spread_over_nodes_and_one_at_a_time_may_be_disrupted() {
+    let deploy = deployment();
+    assert_eq!(at(deploy, "/spec/replicas"), 2);
+    let labels = at(deploy, "/spec/selector/matchLabels");
+    // Both containers that run controllers once per cluster name themselves in their Lease, and
+    // neither turns leader election off.
+    for name in ["operator", "csi-controller"] {
+        let c = container(name);
+        assert_eq!(
+            str_at(env(c, "POD_NAME"), "/valueFrom/fieldRef/fieldPath"),
+            "metadata.name",
+            "{name}"
+        );
+        assert!(
+            c["env"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .all(|e| e["name"] != "LVMS_LEADER_ELECTION"),
+            "{name} elects a leader"
+        );
+    }
+    let spread = at(
+        deploy,
+        "/spec/template/spec/affinity/podAntiAffinity/preferredDuringSchedulingIgnoredDuringExecution/0/podAffinityTerm",
+    );
+    assert_eq!(spread["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(&spread["labelSelector"]["matchLabels"], labels);
+    let budget = find("PodDisruptionBudget", OPERATOR, true);
+    assert_eq!(&budget["spec"]["selector"]["matchLabels"], labels);
+    assert_eq!(budget["spec"]["maxUnavailable"], 1);
 }
 
 #[test]

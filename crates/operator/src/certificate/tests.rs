@@ -128,3 +128,25 @@ fn the_certificate_names_every_address_of_the_service() {
     assert!(pair.ca_pem.contains("BEGIN CERTIFICATE"));
     assert_ne!(pair.ca_pem, pair.cert_pem);
 }
+
+#[tokio::test]
+async fn two_replicas_starting_at_once_store_one_certificate_and_both_trust_its_ca() {
+    let empty = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": WEBHOOK_SECRET, "namespace": NS}});
+    for before in [None, Some(empty)] {
+        let api = world();
+        if let Some(secret) = before {
+            api.insert(SECRET_PATH, secret);
+        }
+        let (a, b) = (api.client(NS), api.client(NS));
+        let (a, b) = tokio::join!(
+            ensure(&a, NS, WEBHOOK_SECRET, WEBHOOK_SERVICE),
+            ensure(&b, NS, WEBHOOK_SECRET, WEBHOOK_SERVICE)
+        );
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(a, b, "both trust one CA");
+        assert_eq!(secret_key(&api, "ca.crt"), a, "the stored one");
+        let ca_b64 = serde_json::to_value(ByteString(a)).unwrap();
+        assert_eq!(bundles(&api), vec![ca_b64; 3]);
+    }
+}

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::{
     apps::v1::{DaemonSet, Deployment},
+    coordination::v1::Lease,
     core::v1::{PersistentVolume, PersistentVolumeClaim, Pod},
     storage::v1::CSINode,
 };
@@ -235,20 +236,23 @@ async fn lvs(vm: &Vm) -> String {
         .await
 }
 
-/// The operator pod's name once its Deployment has a Ready replica of the current template.
+/// The leading operator pod's name (the holder of the Lease `lvms-operator`) once its Deployment
+/// has rolled out: every replica of the current template Ready, none of an older one left.
 pub(crate) async fn operator_ready(client: &Client) -> String {
     let deployments = Api::<Deployment>::namespaced(client.clone(), INSTALL_NS);
     let pods = Api::<Pod>::namespaced(client.clone(), INSTALL_NS);
-    eventually("the operator's pod is Ready", SLOW, || {
-        let (deployments, pods) = (deployments.clone(), pods.clone());
+    let leases = Api::<Lease>::namespaced(client.clone(), INSTALL_NS);
+    eventually("the operator's pods are Ready and one leads", SLOW, || {
+        let (deployments, pods, leases) = (deployments.clone(), pods.clone(), leases.clone());
         async move {
             let d = deployments.get(OPERATOR).await.map_err(|e| e.to_string())?;
             let status = d.status.clone().unwrap_or_default();
             let generation = d.metadata.generation.unwrap_or_default();
+            let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
             if status.observed_generation != Some(generation)
-                || status.updated_replicas != Some(1)
-                || status.ready_replicas != Some(1)
-                || status.replicas != Some(1)
+                || status.updated_replicas != Some(want)
+                || status.ready_replicas != Some(want)
+                || status.replicas != Some(want)
             {
                 return Err(format!("{status:?}"));
             }
@@ -268,9 +272,16 @@ pub(crate) async fn operator_ready(client: &Client) -> String {
                 })
                 .filter_map(|p| p.metadata.name.clone())
                 .collect();
-            match ready.as_slice() {
-                [one] => Ok(one.clone()),
-                other => Err(format!("ready operator pods: {other:?}")),
+            let leader = leases
+                .get_opt(lvms_operator::LEADER_LEASE)
+                .await
+                .map_err(|e| e.to_string())?
+                .and_then(|l| l.spec?.holder_identity)
+                .unwrap_or_default();
+            if ready.len() == usize::try_from(want).unwrap_or(1) && ready.contains(&leader) {
+                Ok(leader)
+            } else {
+                Err(format!("ready operator pods {ready:?}, leader {leader:?}"))
             }
         }
     })
@@ -675,7 +686,8 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
     );
     delete_pod(&pods, "check").await;
 
-    // The operator's pod deleted mid-reconcile: nothing on disk changes.
+    // The leading operator pod deleted mid-reconcile: the other replica leads (the deleted one
+    // hands the Lease back as it stops), nothing on disk changes.
     let on_disk = lvs(&env.vm).await;
     let old_operator = operator_ready(&client).await;
     clusters
@@ -692,6 +704,25 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
         .delete(&old_operator, &DeleteParams::default())
         .await
         .unwrap();
+    let deleted = Instant::now();
+    let leases = Api::<Lease>::namespaced(client.clone(), INSTALL_NS);
+    let next = eventually("another replica leads", SLOW, || async {
+        let holder = leases
+            .get(lvms_operator::LEADER_LEASE)
+            .await
+            .map_err(|e| e.to_string())?
+            .spec
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default();
+        (!holder.is_empty() && holder != old_operator)
+            .then_some(holder)
+            .ok_or_else(|| format!("held by {old_operator}"))
+    })
+    .await;
+    println!(
+        "installed: leading operator pod {old_operator} deleted; {next} leads {:.1} s later",
+        deleted.elapsed().as_secs_f64()
+    );
     let new_operator = eventually("a new operator pod is Ready", SLOW, || {
         let client = client.clone();
         let old = old_operator.clone();
@@ -705,7 +736,7 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
         }
     })
     .await;
-    println!("installed: operator pod {old_operator} replaced by {new_operator}");
+    println!("installed: operator pod {old_operator} replaced; {new_operator} leads");
     support::wait_cluster_ready(&clusters, "e2e", SLOW).await;
     assert_eq!(lvs(&env.vm).await, on_disk, "the LVs on the node");
     let ds = Api::<DaemonSet>::namespaced(client.clone(), INSTALL_NS)

@@ -68,7 +68,7 @@ async fn wait_ready(clusters: &Api<LVMCluster>) {
     support::wait_cluster_ready(clusters, CLUSTER, SLOW).await;
 }
 
-/// The node the operator's pod runs on.
+/// The node the leading operator pod runs on.
 async fn operator_node(client: &Client) -> String {
     let name = operator_ready(client).await;
     Api::<Pod>::namespaced(client.clone(), INSTALL_NS)
@@ -280,8 +280,9 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
         delete_pod(&pods, &format!("both-{i}")).await;
     }
 
-    // Failover: a StatefulSet pod on the node without the operator (which must survive to see
-    // the death; one replica, issue 35) writes to a shared linear and a shared thin volume.
+    // Failover: a StatefulSet pod on the node without the leading operator (the standby dies
+    // with the victim; the leader sees the death at once rather than after its own takeover)
+    // writes to a shared linear and a shared thin volume.
     let survivor_name = operator_node(&client).await;
     let (v, s) = if members[0].name == survivor_name {
         (1, 0)

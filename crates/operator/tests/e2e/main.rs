@@ -17,6 +17,9 @@
 //! - [`operator`]: the LVMCluster controller renders every object, aggregates a hand-written node
 //!   status into `LVMCluster.status`, and runs the deletion flow (PVCs and Retain PVs block it, node
 //!   cleanup finalizers are awaited);
+//! - [`leader`]: two replicas of the `lvms operator` binary with the operator's RBAC elect one
+//!   leader; killed mid-reconcile it is replaced within the Lease's duration and the cluster
+//!   finished, stopped it hands over at once;
 //! - [`node_removal`]: deleting a Node releases its node status and cleanup finalizers;
 //! - [`eviction`]: draining a node deletes the opted-in claim of its evicted StatefulSet pod (not
 //!   another driver's, not one on a healthy node) and the StatefulSet makes it anew; an
@@ -42,6 +45,7 @@ mod eviction;
 mod host_ids;
 mod installed;
 mod installed_shared;
+mod leader;
 mod node_removal;
 mod operator;
 mod provisioning;

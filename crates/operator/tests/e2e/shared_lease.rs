@@ -14,7 +14,7 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use kube::{Api, Client, api::PostParams};
-use lvms_node::creator_lease::{CreatorLease, Holding};
+use lvms_node::creator_lease::{Holding, creator_lease};
 use serde::Deserialize as _;
 use serde_json::{Value, json};
 
@@ -99,8 +99,8 @@ async fn shared_lease_racing_agents_end_with_one_holder_and_an_expired_lease_is_
     for round in 0..5 {
         let class = format!("san{round}");
         let (a, b) = (
-            CreatorLease::new(agent.clone(), &ns.name, &class, "node-a"),
-            CreatorLease::new(agent.clone(), &ns.name, &class, "node-b"),
+            creator_lease(agent.clone(), &ns.name, &class, "node-a"),
+            creator_lease(agent.clone(), &ns.name, &class, "node-b"),
         );
         let (ra, rb) = tokio::join!(a.try_hold(), b.try_hold());
         let (ra, rb) = (ra.unwrap(), rb.unwrap());
@@ -134,11 +134,11 @@ async fn shared_lease_racing_agents_end_with_one_holder_and_an_expired_lease_is_
     }
 
     // A Lease of 2 s held by node-a expires; node-b and node-c race to take it over.
-    let a = CreatorLease::new(agent.clone(), &ns.name, "expiring", "node-a")
+    let a = creator_lease(agent.clone(), &ns.name, "expiring", "node-a")
         .with_duration(Duration::from_secs(2));
     let (b, c) = (
-        CreatorLease::new(agent.clone(), &ns.name, "expiring", "node-b"),
-        CreatorLease::new(agent.clone(), &ns.name, "expiring", "node-c"),
+        creator_lease(agent.clone(), &ns.name, "expiring", "node-b"),
+        creator_lease(agent.clone(), &ns.name, "expiring", "node-c"),
     );
     assert_eq!(a.try_hold().await.unwrap(), Holding::Held);
     assert!(matches!(

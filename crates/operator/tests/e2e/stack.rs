@@ -175,7 +175,7 @@ pub async fn stack(test: &str) -> Option<MutexGuard<'static, Option<Stack>>> {
 }
 
 /// A free port on loopback.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -184,7 +184,7 @@ fn free_port() -> u16 {
 }
 
 /// Server-side applies a manifest of any kind, found by discovery.
-async fn apply(client: &Client, obj: &Value) {
+pub(crate) async fn apply(client: &Client, obj: &Value) {
     let api_version = obj["apiVersion"].as_str().unwrap();
     let kind = obj["kind"].as_str().unwrap();
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
@@ -209,7 +209,7 @@ async fn apply(client: &Client, obj: &Value) {
 }
 
 /// The YAML documents of a file.
-fn documents(path: &Path) -> Vec<Value> {
+pub(crate) fn documents(path: &Path) -> Vec<Value> {
     use serde::Deserialize as _;
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_norway::Deserializer::from_str(&text)
@@ -219,7 +219,7 @@ fn documents(path: &Path) -> Vec<Value> {
 }
 
 /// A kubeconfig for `server` with a bearer token, trusting `ca_pem`.
-fn token_kubeconfig(server: &str, ca_pem: &[u8], token: &str) -> String {
+pub(crate) fn token_kubeconfig(server: &str, ca_pem: &[u8], token: &str) -> String {
     use base64::Engine as _;
     json!({
         "apiVersion": "v1", "kind": "Config",
@@ -234,14 +234,14 @@ fn token_kubeconfig(server: &str, ca_pem: &[u8], token: &str) -> String {
     .to_string()
 }
 
-/// A token of ServiceAccount `name` in [`NAMESPACE`], valid for two hours.
-async fn token(client: &Client, name: &str) -> String {
+/// A token of ServiceAccount `name` in `namespace`, valid for two hours.
+pub(crate) async fn token(client: &Client, namespace: &str, name: &str) -> String {
     let req: TokenRequest = serde_json::from_value(json!({
         "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
         "spec": {"expirationSeconds": 7200}
     }))
     .unwrap();
-    Api::<ServiceAccount>::namespaced(client.clone(), NAMESPACE)
+    Api::<ServiceAccount>::namespaced(client.clone(), namespace)
         .create_token_request(name, &PostParams::default(), &req)
         .await
         .unwrap_or_else(|e| panic!("a token for ServiceAccount {name}: {e}"))
@@ -328,11 +328,18 @@ impl Stack {
         let operator_kubeconfig = work.join("operator.kubeconfig");
         std::fs::write(
             &operator_kubeconfig,
-            token_kubeconfig(&server, &ca_pem, &token(&client, "lvms-operator").await),
+            token_kubeconfig(
+                &server,
+                &ca_pem,
+                &token(&client, NAMESPACE, "lvms-operator").await,
+            ),
         )
         .unwrap();
-        let guest_kubeconfig =
-            token_kubeconfig(&env.vm_server, &ca_pem, &token(&client, "vg-manager").await);
+        let guest_kubeconfig = token_kubeconfig(
+            &env.vm_server,
+            &ca_pem,
+            &token(&client, NAMESPACE, "vg-manager").await,
+        );
 
         // The operator pod's containers.
         let socket = work.join("csi/csi.sock");

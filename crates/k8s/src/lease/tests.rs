@@ -95,13 +95,14 @@ fn a_lease_nobody_holds_or_without_times_is_taken_over() {
     }
 }
 
-#[test]
-fn the_lease_outlasts_vgcreate() {
-    assert!(DURATION > lvms_host::scope::LOCK_TIMEOUT + Duration::from_secs(30));
-}
-
-fn creator(api: &FakeApi, node: &str) -> CreatorLease {
-    CreatorLease::new(api.client("lvms"), "lvms", "san", node)
+fn creator(api: &FakeApi, node: &str) -> HeldLease {
+    HeldLease::new(
+        api.client("lvms"),
+        "lvms",
+        "lvms-shared-create-san",
+        node,
+        Duration::from_secs(360),
+    )
 }
 
 #[tokio::test]
