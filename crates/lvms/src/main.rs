@@ -162,9 +162,24 @@ struct OperatorArgs {
     /// holds none, and write its CA into both webhook configurations' caBundle.
     #[arg(long, env = "LVMS_SELF_SIGNED_WEBHOOK_CERT")]
     self_signed_webhook_cert: bool,
+    /// How long a self-signed webhook certificate is valid (`s`, `m`, `h` or `d`); it is renewed,
+    /// under the same CA, once less than a third of that is left. Its CA is valid ten times as
+    /// long, at least ten years.
+    #[arg(long, env = "LVMS_WEBHOOK_CERT_VALIDITY", default_value = "365d", value_parser = parse_duration)]
+    webhook_cert_validity: std::time::Duration,
     /// The Secret the operator's pod mounts at `--webhook-cert-dir`.
     #[arg(long, env = "WEBHOOK_CERT_SECRET", default_value = lvms_operator::certificate::WEBHOOK_SECRET)]
     webhook_cert_secret: String,
+    /// The ValidatingWebhookConfiguration whose caBundle a self-signed certificate's CA is kept in.
+    #[arg(long, env = "LVMS_VALIDATING_WEBHOOK_CONFIGURATION", default_value = lvms_operator::certificate::VALIDATING_WEBHOOK)]
+    validating_webhook_configuration: String,
+    /// The MutatingWebhookConfiguration whose caBundle a self-signed certificate's CA is kept in.
+    #[arg(long, env = "LVMS_MUTATING_WEBHOOK_CONFIGURATION", default_value = lvms_operator::certificate::MUTATING_WEBHOOK)]
+    mutating_webhook_configuration: String,
+    /// More names (DNS names or IP addresses, comma-separated) for a self-signed certificate: for
+    /// webhook configurations that reach the operator by `url`.
+    #[arg(long, env = "LVMS_WEBHOOK_CERT_EXTRA_NAMES", value_delimiter = ',')]
+    webhook_cert_extra_names: Vec<String>,
     /// The webhook's Service (the certificate's names).
     #[arg(long, env = "WEBHOOK_SERVICE", default_value = lvms_operator::certificate::WEBHOOK_SERVICE)]
     webhook_service: String,
@@ -191,6 +206,28 @@ struct OperatorArgs {
     /// when unset).
     #[arg(long, env = "POD_NAME")]
     pod_name: Option<String>,
+}
+
+/// A duration as `<n>s`, `<n>m`, `<n>h` or `<n>d`.
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?}: a number and s, m, h or d, such as 365d"))?;
+    let secs = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{s:?}: the unit is s, m, h or d, such as 365d")),
+    };
+    Ok(std::time::Duration::from_secs(n.saturating_mul(secs))).and_then(|d| {
+        if d.is_zero() {
+            Err(format!("{s:?}: must be longer than zero"))
+        } else {
+            Ok(d)
+        }
+    })
 }
 
 /// The name a replica holds a leader Lease under: `pod_name`, else the host's name and the process
@@ -239,15 +276,20 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("building a Kubernetes client from the environment")?;
+    let cert_validity =
+        lvms_operator::certificate::Validity::with_certificate(args.webhook_cert_validity);
+    let cert_names = lvms_operator::certificate::Names {
+        secret: args.webhook_cert_secret.clone(),
+        service: args.webhook_service.clone(),
+        validating: args.validating_webhook_configuration.clone(),
+        mutating: args.mutating_webhook_configuration.clone(),
+        extra: args.webhook_cert_extra_names.clone(),
+        ..lvms_operator::certificate::Names::new(&namespace)
+    };
     if args.self_signed_webhook_cert {
-        lvms_operator::certificate::ensure(
-            &client,
-            &namespace,
-            &args.webhook_cert_secret,
-            &args.webhook_service,
-        )
-        .await
-        .context("providing the webhook's certificate")?;
+        lvms_operator::certificate::ensure(&client, &cert_names, cert_validity)
+            .await
+            .context("providing the webhook's certificate")?;
     }
     let mut cfg = lvms_operator::RenderConfig::new(namespace.clone(), args.image);
     let driver_name = args.driver_name.clone();
@@ -329,8 +371,18 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
             readiness.clone(),
             stopped(),
         );
+        let renewal = {
+            let (client, names) = (client.clone(), cert_names.clone());
+            let (self_signed, stop) = (args.self_signed_webhook_cert, stopped());
+            async move {
+                if self_signed {
+                    lvms_operator::certificate::keep_renewed(client, names, cert_validity, stop)
+                        .await;
+                }
+            }
+        };
         async move {
-            tokio::join!(controller, node_removal, eviction);
+            tokio::join!(controller, node_removal, eviction, renewal);
         }
     };
     let identity = replica_identity(args.pod_name);

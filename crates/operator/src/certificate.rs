@@ -1,12 +1,22 @@
 //! The admission webhook's serving certificate when the installation brings none
 //! (`--self-signed-webhook-cert`, on in `deploy/`): at start the operator makes a CA and a certificate
-//! for the webhook Service, stores them in the Secret its pod mounts, and writes the CA into the
-//! `caBundle` of both webhook configurations. The webhook server re-reads the mounted pair every 10 s,
-//! so it serves the new certificate once kubelet has updated the volume.
+//! for the webhook Service, stores them (and the CA's key) in the Secret its pod mounts, marked
+//! [`MADE_HERE`], and writes the CA into the `caBundle` of both webhook configurations. The webhook
+//! server re-reads the mounted pair every 10 s, so it serves a new certificate once kubelet has
+//! updated the volume (within about a minute).
 //!
-//! A Secret that already holds `tls.crt` and `tls.key` (from cert-manager, or an earlier start) is kept;
-//! only the `caBundle`s are brought in line with its `ca.crt` (or `tls.crt` when it has none). Nothing is
-//! rotated: the certificate is valid for ten years.
+//! Renewal ([`keep_renewed`], run by the leader): a certificate of a Secret marked [`MADE_HERE`] is
+//! made anew once less than a third of its lifetime is left ([`Validity`]: a year by default, its CA
+//! ten), signed by the same CA, so the `caBundle`s need no change and admission never sees a
+//! certificate it does not trust. A CA that is itself due (or whose key the Secret lacks) is
+//! replaced the same way, its successor added to the `caBundle`s *before* the Secret changes, so
+//! both the old certificate (still served until kubelet updates the volume) and the new one are
+//! trusted throughout.
+//!
+//! A Secret that holds `tls.crt` and `tls.key` but is not marked (cert-manager's, OpenShift's
+//! service CA's, or one made by an earlier lvms-rs, valid ten years) is never written: only the
+//! `caBundle`s are brought in line with its `ca.crt` (or `tls.crt` when it has none), and only
+//! with `--self-signed-webhook-cert`; with those injectors, turn it off and let them inject.
 
 use std::collections::BTreeMap;
 
@@ -45,65 +55,190 @@ pub enum Error {
     },
 }
 
-/// A certificate, its key and the CA that signed it, in PEM.
+/// Where the webhook's certificate lives and who must trust it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    /// The operator's namespace: the Secret's and the Service's.
+    pub namespace: String,
+    /// The Secret the operator's pods mount.
+    pub secret: String,
+    /// The webhook's Service (the certificate's names).
+    pub service: String,
+    /// The ValidatingWebhookConfiguration and MutatingWebhookConfiguration whose `caBundle`s are
+    /// kept.
+    pub validating: String,
+    pub mutating: String,
+    /// More names (DNS names or IP addresses) the certificate holds: a webhook the API server
+    /// reaches by `url` rather than through the Service.
+    pub extra: Vec<String>,
+}
+
+impl Names {
+    /// `deploy/`'s names in `namespace`.
+    pub fn new(namespace: &str) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+            secret: WEBHOOK_SECRET.to_owned(),
+            service: WEBHOOK_SERVICE.to_owned(),
+            validating: VALIDATING_WEBHOOK.to_owned(),
+            mutating: MUTATING_WEBHOOK.to_owned(),
+            extra: Vec::new(),
+        }
+    }
+
+    /// Every name the certificate holds.
+    fn dns_names(&self) -> Vec<String> {
+        let mut names = service_names(&self.service, &self.namespace);
+        names.extend(self.extra.iter().cloned());
+        names
+    }
+
+    fn common_name(&self) -> String {
+        format!("{}.{}.svc", self.service, self.namespace)
+    }
+}
+
+/// The annotation marking a Secret whose certificate this operator made, and so renews.
+pub const MADE_HERE: &str = "lvms.topolvm.io/self-signed-webhook-cert";
+
+/// How long the certificate and its CA are valid from when they are made; each is made anew once
+/// less than a third of it is left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Validity {
+    pub certificate: std::time::Duration,
+    pub ca: std::time::Duration,
+}
+
+impl Default for Validity {
+    /// A year, and ten for the CA.
+    fn default() -> Self {
+        const DAY: u64 = 24 * 3600;
+        Self {
+            certificate: std::time::Duration::from_secs(365 * DAY),
+            ca: std::time::Duration::from_secs(3650 * DAY),
+        }
+    }
+}
+
+impl Validity {
+    /// A certificate valid `certificate` long, its CA ten times that (at least ten years).
+    pub fn with_certificate(certificate: std::time::Duration) -> Self {
+        Self {
+            certificate,
+            ca: (certificate * 10).max(Self::default().ca),
+        }
+    }
+}
+
+/// A certificate, its key, the CA that signed it and the CA's key, in PEM.
 #[derive(Debug, Clone)]
 pub struct Pair {
     pub cert_pem: String,
     pub key_pem: String,
     pub ca_pem: String,
+    pub ca_key_pem: String,
 }
 
-/// A CA and a certificate for `service` in `namespace` (every name the API server may dial).
+/// The names of the webhook Service `service` in `namespace` (every name the API server may dial).
+fn service_names(service: &str, namespace: &str) -> Vec<String> {
+    vec![
+        service.to_owned(),
+        format!("{service}.{namespace}"),
+        format!("{service}.{namespace}.svc"),
+        format!("{service}.{namespace}.svc.cluster.local"),
+    ]
+}
+
+/// A CA and a certificate for `service` in `namespace`, valid as [`Validity::default`] says.
 pub fn generate(service: &str, namespace: &str) -> Result<Pair, Error> {
-    generate_for(
-        &[
-            service.to_owned(),
-            format!("{service}.{namespace}"),
-            format!("{service}.{namespace}.svc"),
-            format!("{service}.{namespace}.svc.cluster.local"),
-        ],
+    generate_with(
+        &service_names(service, namespace),
         &format!("{service}.{namespace}.svc"),
+        Validity::default(),
+        None,
     )
 }
 
 /// A CA ("lvms webhook CA") and a certificate for `names` (DNS names or IP addresses) with common
-/// name `common_name`, both valid until January 1st ten years from now.
+/// name `common_name`, valid as [`Validity::default`] says.
 pub fn generate_for(names: &[String], common_name: &str) -> Result<Pair, Error> {
+    generate_with(names, common_name, Validity::default(), None)
+}
+
+/// A certificate for `names` with common name `common_name`, valid from a minute ago (clocks
+/// differ) until `validity.certificate` from now, signed by `ca` (its certificate and key in PEM) or, with
+/// none, by a new CA valid for `validity.ca`.
+pub fn generate_with(
+    names: &[String],
+    common_name: &str,
+    validity: Validity,
+    ca: Option<(&str, &str)>,
+) -> Result<Pair, Error> {
     use rcgen::{
-        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair,
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, Issuer, KeyPair,
         KeyUsagePurpose,
     };
     let err = |e: rcgen::Error| Error::Generate(e.to_string());
-    // January 1st, ten years after this year.
-    let year = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(2026, |d| 1970 + d.as_secs() / 31_556_952);
-    let ten_years = rcgen::date_time_ymd(i32::try_from(year + 10).unwrap_or(2036), 1, 1);
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "lvms webhook CA");
-    ca_params.not_after = ten_years;
-    let ca =
-        CertifiedIssuer::self_signed(ca_params, KeyPair::generate().map_err(err)?).map_err(err)?;
+    let now = time::OffsetDateTime::now_utc();
+    let since = now - time::Duration::minutes(1);
+    let until = |d: std::time::Duration| {
+        now + time::Duration::try_from(d).unwrap_or(time::Duration::days(3650))
+    };
     let mut params = CertificateParams::new(names.to_vec()).map_err(err)?;
     params
         .distinguished_name
         .push(DnType::CommonName, common_name);
-    params.not_after = ten_years;
+    params.not_before = since;
+    params.not_after = until(validity.certificate);
     let key = KeyPair::generate().map_err(err)?;
-    let cert = params.signed_by(&key, &ca).map_err(err)?;
+    let (cert, ca_pem, ca_key_pem) = match ca {
+        Some((ca_pem, ca_key_pem)) => {
+            let ca_key = KeyPair::from_pem(ca_key_pem).map_err(err)?;
+            let issuer = Issuer::from_ca_cert_pem(ca_pem, &ca_key).map_err(err)?;
+            let cert = params.signed_by(&key, &issuer).map_err(err)?;
+            (cert, ca_pem.to_owned(), ca_key_pem.to_owned())
+        }
+        None => {
+            let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
+            ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            ca_params.key_usages = vec![
+                KeyUsagePurpose::KeyCertSign,
+                KeyUsagePurpose::CrlSign,
+                KeyUsagePurpose::DigitalSignature,
+            ];
+            ca_params
+                .distinguished_name
+                .push(DnType::CommonName, "lvms webhook CA");
+            ca_params.not_before = since;
+            ca_params.not_after = until(validity.ca);
+            let ca_key = KeyPair::generate().map_err(err)?;
+            let ca_key_pem = ca_key.serialize_pem();
+            let issuer = CertifiedIssuer::self_signed(ca_params, ca_key).map_err(err)?;
+            let cert = params.signed_by(&key, &issuer).map_err(err)?;
+            (cert, issuer.pem(), ca_key_pem)
+        }
+    };
     Ok(Pair {
         cert_pem: cert.pem(),
         key_pem: key.serialize_pem(),
-        ca_pem: ca.pem(),
+        ca_pem,
+        ca_key_pem,
     })
+}
+
+/// The validity of the (first) certificate in `pem`, as Unix seconds (not before, not after).
+pub fn validity_of(pem: &[u8]) -> Option<(i64, i64)> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem).ok()?;
+    let cert = pem.parse_x509().ok()?;
+    let v = cert.validity();
+    Some((v.not_before.timestamp(), v.not_after.timestamp()))
+}
+
+/// Whether a certificate valid from `not_before` to `not_after` is to be made anew at `now`: less
+/// than a third of its lifetime is left.
+pub fn due((not_before, not_after): (i64, i64), now: i64) -> bool {
+    let lifetime = not_after.saturating_sub(not_before).max(0);
+    not_after.saturating_sub(now) < lifetime / 3
 }
 
 fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
@@ -120,15 +255,71 @@ fn key(secret: &Secret, name: &str) -> Option<Vec<u8>> {
         .filter(|b| !b.is_empty())
 }
 
-/// Makes sure the Secret `secret` in `namespace` holds a certificate for `service` (making one when it
-/// holds none) and that both webhook configurations trust its CA; returns the CA in PEM.
-pub async fn ensure(
-    client: &Client,
-    namespace: &str,
-    secret: &str,
-    service: &str,
-) -> Result<Vec<u8>, Error> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+/// The Secret's data for `pair`.
+fn secret_data(pair: &Pair) -> BTreeMap<String, ByteString> {
+    [
+        ("tls.crt", &pair.cert_pem),
+        ("tls.key", &pair.key_pem),
+        ("ca.crt", &pair.ca_pem),
+        ("ca.key", &pair.ca_key_pem),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), ByteString(v.as_bytes().to_vec())))
+    .collect()
+}
+
+/// Writes `pair` into the Secret `found` read (marked [`MADE_HERE`]), on the condition that it has
+/// not changed since; creates it when `found` is `None`. `Ok(false)`: another wrote first (409).
+async fn write_pair(
+    secrets: &Api<Secret>,
+    name: &str,
+    found: Option<&Secret>,
+    pair: &Pair,
+) -> Result<bool, Error> {
+    let data = secret_data(pair);
+    let written = match found {
+        None => {
+            let mut obj = Secret {
+                data: Some(data),
+                type_: Some("kubernetes.io/tls".to_owned()),
+                ..Secret::default()
+            };
+            obj.metadata.name = Some(name.to_owned());
+            obj.metadata.annotations = Some([(MADE_HERE.to_owned(), "true".to_owned())].into());
+            secrets
+                .create(&PostParams::default(), &obj)
+                .await
+                .map(|_| ())
+        }
+        Some(found) => secrets
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({
+                    "metadata": {
+                        "resourceVersion": found.metadata.resource_version,
+                        "annotations": {MADE_HERE: "true"},
+                    },
+                    "data": data,
+                    "type": "kubernetes.io/tls",
+                })),
+            )
+            .await
+            .map(|_| ()),
+    };
+    match written {
+        Ok(()) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(e) => Err(kube_err(format!("write Secret {name}"))(e)),
+    }
+}
+
+/// Makes sure the Secret `secret` in `namespace` holds a certificate for `service` (making one,
+/// valid as `validity` says, when it holds none) and that both webhook configurations trust its CA;
+/// returns the CA in PEM.
+pub async fn ensure(client: &Client, names: &Names, validity: Validity) -> Result<Vec<u8>, Error> {
+    let secret = names.secret.as_str();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &names.namespace);
     // Every replica runs this at its start: of two making a certificate at once, one writes it
     // (create, or fill on the condition of the resourceVersion read) and the other, refused with
     // 409, reads it again and trusts the same CA.
@@ -146,60 +337,145 @@ pub async fn ensure(
         }) {
             break ca;
         }
-        let pair = generate(service, namespace)?;
-        let data: BTreeMap<String, ByteString> = [
-            ("tls.crt", &pair.cert_pem),
-            ("tls.key", &pair.key_pem),
-            ("ca.crt", &pair.ca_pem),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), ByteString(v.as_bytes().to_vec())))
-        .collect();
-        let mut obj = Secret {
-            data: Some(data),
-            type_: Some("kubernetes.io/tls".to_owned()),
-            ..Secret::default()
-        };
-        obj.metadata.name = Some(secret.to_owned());
-        obj.metadata.namespace = Some(namespace.to_owned());
-        let written = match found {
-            None => secrets
-                .create(&PostParams::default(), &obj)
-                .await
-                .map(|_| ()),
-            Some(found) => secrets
-                .patch(
-                    secret,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({
-                        "metadata": {"resourceVersion": found.metadata.resource_version},
-                        "data": obj.data,
-                        "type": obj.type_,
-                    })),
-                )
-                .await
-                .map(|_| ()),
-        };
-        match written {
-            Ok(()) => {
-                tracing::info!(
-                    secret,
-                    "made a self-signed certificate for the admission webhook"
-                );
-                break pair.ca_pem.into_bytes();
-            }
-            Err(kube::Error::Api(s)) if s.code == 409 && attempts < 3 => {}
-            Err(e) => return Err(kube_err(format!("write Secret {secret}"))(e)),
+        let pair = generate_with(&names.dns_names(), &names.common_name(), validity, None)?;
+        if write_pair(&secrets, secret, found.as_ref(), &pair).await? {
+            tracing::info!(
+                secret,
+                "made a self-signed certificate for the admission webhook"
+            );
+            break pair.ca_pem.into_bytes();
+        }
+        if attempts >= 3 {
+            return Err(Error::Generate(format!(
+                "Secret {secret} changed under every one of 3 writes"
+            )));
         }
     };
-    trust::<ValidatingWebhookConfiguration>(client, VALIDATING_WEBHOOK, &ca).await?;
-    trust::<MutatingWebhookConfiguration>(client, MUTATING_WEBHOOK, &ca).await?;
+    trust_both(client, names, &ca, &ca).await?;
     Ok(ca)
 }
 
-/// Sets `caBundle` of every webhook of configuration `name` that does not hold `ca` yet (a JSON patch
-/// per changed entry); a configuration that does not exist is left to the installer.
-async fn trust<K>(client: &Client, name: &str, ca: &[u8]) -> Result<(), Error>
+/// What [`renew_if_due`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Renewal {
+    /// The Secret is not marked [`MADE_HERE`] (or holds no certificate): left alone.
+    NotOurs,
+    /// Not due; the certificate is next renewed at this Unix second.
+    NotDue { at: i64 },
+    /// A new certificate was written (`new_ca`: under a new CA, added to the `caBundle`s first).
+    Renewed { new_ca: bool, not_after: i64 },
+    /// Another wrote the Secret since it was read: looked at again next time.
+    Raced,
+}
+
+/// Renews the certificate of the Secret `secret` when it is ours and due at `now` (Unix seconds);
+/// see the module documentation.
+pub async fn renew_if_due(
+    client: &Client,
+    names: &Names,
+    validity: Validity,
+    now: i64,
+) -> Result<Renewal, Error> {
+    let secret = names.secret.as_str();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &names.namespace);
+    let Some(found) = secrets
+        .get_opt(secret)
+        .await
+        .map_err(kube_err(format!("read Secret {secret}")))?
+    else {
+        return Ok(Renewal::NotOurs);
+    };
+    let ours = found
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.get(MADE_HERE).is_some_and(|v| v == "true"));
+    let (Some(cert), Some(ca)) = (key(&found, "tls.crt"), key(&found, "ca.crt")) else {
+        return Ok(Renewal::NotOurs);
+    };
+    if !ours {
+        return Ok(Renewal::NotOurs);
+    }
+    let cert_validity = validity_of(&cert)
+        .ok_or_else(|| Error::Generate(format!("Secret {secret}: tls.crt does not parse")))?;
+    if !due(cert_validity, now) {
+        let (not_before, not_after) = cert_validity;
+        return Ok(Renewal::NotDue {
+            at: not_after - (not_after - not_before) / 3,
+        });
+    }
+    let ca_key = key(&found, "ca.key");
+    let keep_ca = ca_key.is_some() && validity_of(&ca).is_some_and(|v| !due(v, now));
+    let ca_pem = String::from_utf8_lossy(&ca).into_owned();
+    let ca_key_pem = ca_key.map(|k| String::from_utf8_lossy(&k).into_owned());
+    let pair = generate_with(
+        &names.dns_names(),
+        &names.common_name(),
+        validity,
+        keep_ca
+            .then(|| ca_key_pem.as_deref().map(|k| (ca_pem.as_str(), k)))
+            .flatten(),
+    )?;
+    if !keep_ca {
+        // Both CAs trusted before the Secret (and then the served certificate) changes.
+        let both = format!("{}\n{}", ca_pem.trim_end(), pair.ca_pem);
+        trust_both(client, names, pair.ca_pem.as_bytes(), both.as_bytes()).await?;
+    }
+    if !write_pair(&secrets, secret, Some(&found), &pair).await? {
+        return Ok(Renewal::Raced);
+    }
+    let not_after = validity_of(pair.cert_pem.as_bytes()).map_or(0, |v| v.1);
+    tracing::info!(
+        secret,
+        new_ca = !keep_ca,
+        not_after,
+        "renewed the admission webhook's certificate"
+    );
+    Ok(Renewal::Renewed {
+        new_ca: !keep_ca,
+        not_after,
+    })
+}
+
+/// Renews the certificate (with [`renew_if_due`]) whenever due, looking every twentieth of its
+/// validity (at most hourly, at least every second), until `stop` completes. Run by the leader.
+pub async fn keep_renewed(
+    client: Client,
+    names: Names,
+    validity: Validity,
+    stop: impl Future<Output = ()>,
+) {
+    let every = (validity.certificate / 20).clamp(
+        std::time::Duration::from_secs(1),
+        std::time::Duration::from_secs(3600),
+    );
+    tokio::pin!(stop);
+    loop {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        match renew_if_due(&client, &names, validity, now).await {
+            Ok(Renewal::NotDue { at }) => tracing::debug!(at, "webhook certificate not due"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "renewing the webhook certificate"),
+        }
+        tokio::select! {
+            () = &mut stop => return,
+            () = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// [`trust`] in both webhook configurations.
+async fn trust_both(client: &Client, names: &Names, ca: &[u8], bundle: &[u8]) -> Result<(), Error> {
+    trust::<ValidatingWebhookConfiguration>(client, &names.validating, ca, bundle).await?;
+    trust::<MutatingWebhookConfiguration>(client, &names.mutating, ca, bundle).await
+}
+
+/// Sets `caBundle` to `bundle` in every webhook of configuration `name` whose bundle does not hold
+/// `ca` yet (a JSON patch per changed entry); a configuration that does not exist is left to the
+/// installer.
+async fn trust<K>(client: &Client, name: &str, ca: &[u8], bundle: &[u8]) -> Result<(), Error>
 where
     K: Resource<Scope = k8s_openapi::ClusterResourceScope>
         + Clone
@@ -220,16 +496,22 @@ where
         );
         return Ok(());
     };
-    // Both configuration kinds hold `webhooks[*].clientConfig.caBundle`, compared as serialised.
-    let want = json!(ByteString(ca.to_vec()));
+    // Both configuration kinds hold `webhooks[*].clientConfig.caBundle`.
+    let want = json!(ByteString(bundle.to_vec()));
     let config = serde_json::to_value(&config)
         .map_err(|e| Error::Generate(format!("reading {name}: {e}")))?;
+    let holds_ca = |b: &serde_json::Value| {
+        serde_json::from_value::<ByteString>(b.clone()).is_ok_and(|held| {
+            let ca = String::from_utf8_lossy(ca);
+            String::from_utf8_lossy(&held.0).contains(ca.trim())
+        })
+    };
     let ops: Vec<serde_json::Value> = config["webhooks"]
         .as_array()
         .into_iter()
         .flatten()
         .enumerate()
-        .filter(|(_, w)| w["clientConfig"]["caBundle"] != want)
+        .filter(|(_, w)| !holds_ca(&w["clientConfig"]["caBundle"]))
         .map(|(i, _)| {
             json!({"op": "add", "path": format!("/webhooks/{i}/clientConfig/caBundle"),
                    "value": want})

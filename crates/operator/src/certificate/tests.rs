@@ -67,7 +67,7 @@ fn secret_key(api: &FakeApi, key: &str) -> Vec<u8> {
 async fn without_a_secret_a_certificate_is_made_stored_and_trusted_by_both_configurations() {
     let api = world();
     let client = api.client(NS);
-    let ca = ensure(&client, NS, WEBHOOK_SECRET, WEBHOOK_SERVICE)
+    let ca = ensure(&client, &Names::new(NS), Validity::default())
         .await
         .unwrap();
 
@@ -82,7 +82,7 @@ async fn without_a_secret_a_certificate_is_made_stored_and_trusted_by_both_confi
 
     // A second start keeps the certificate and patches nothing.
     api.clear_requests();
-    let again = ensure(&client, NS, WEBHOOK_SECRET, WEBHOOK_SERVICE)
+    let again = ensure(&client, &Names::new(NS), Validity::default())
         .await
         .unwrap();
     assert_eq!(again, ca);
@@ -105,7 +105,7 @@ async fn an_installed_certificate_is_kept_and_its_ca_trusted() {
                "data": {"tls.crt": ByteString(pair.cert_pem.clone().into_bytes()),
                         "tls.key": ByteString(pair.key_pem.clone().into_bytes())}}),
     );
-    let ca = ensure(&api.client(NS), NS, WEBHOOK_SECRET, WEBHOOK_SERVICE)
+    let ca = ensure(&api.client(NS), &Names::new(NS), Validity::default())
         .await
         .unwrap();
     assert_eq!(
@@ -139,9 +139,10 @@ async fn two_replicas_starting_at_once_store_one_certificate_and_both_trust_its_
             api.insert(SECRET_PATH, secret);
         }
         let (a, b) = (api.client(NS), api.client(NS));
+        let names = Names::new(NS);
         let (a, b) = tokio::join!(
-            ensure(&a, NS, WEBHOOK_SECRET, WEBHOOK_SERVICE),
-            ensure(&b, NS, WEBHOOK_SECRET, WEBHOOK_SERVICE)
+            ensure(&a, &names, Validity::default()),
+            ensure(&b, &names, Validity::default())
         );
         let (a, b) = (a.unwrap(), b.unwrap());
         assert_eq!(a, b, "both trust one CA");
@@ -149,4 +150,138 @@ async fn two_replicas_starting_at_once_store_one_certificate_and_both_trust_its_
         let ca_b64 = serde_json::to_value(ByteString(a)).unwrap();
         assert_eq!(bundles(&api), vec![ca_b64; 3]);
     }
+}
+
+/// Whether `cert` (PEM) is signed by `ca` (PEM).
+fn signed_by(cert: &[u8], ca: &[u8]) -> bool {
+    let (_, cert) = x509_parser::pem::parse_x509_pem(cert).unwrap();
+    let (_, ca) = x509_parser::pem::parse_x509_pem(ca).unwrap();
+    let (cert, ca) = (cert.parse_x509().unwrap(), ca.parse_x509().unwrap());
+    cert.verify_signature(Some(ca.public_key())).is_ok()
+}
+
+fn bundle_text(b: &Value) -> String {
+    String::from_utf8(serde_json::from_value::<ByteString>(b.clone()).unwrap().0).unwrap()
+}
+
+const SHORT: std::time::Duration = std::time::Duration::from_secs(90);
+
+#[test]
+fn a_certificate_is_due_once_less_than_a_third_of_its_lifetime_is_left() {
+    assert!(!due((0, 300), 199));
+    assert!(!due((0, 300), 200));
+    assert!(due((0, 300), 201));
+    assert!(due((0, 300), 400), "expired");
+    assert!(due((10, 10), 11), "no lifetime, expired");
+}
+
+#[tokio::test]
+async fn a_certificate_made_here_is_renewed_under_the_same_ca_once_due() {
+    let api = world();
+    let client = api.client(NS);
+    let validity = Validity::with_certificate(SHORT);
+    let ca = ensure(&client, &Names::new(NS), validity).await.unwrap();
+    let first = secret_key(&api, "tls.crt");
+    let (not_before, not_after) = validity_of(&first).unwrap();
+    assert_eq!(not_after - not_before, 60 + 90);
+    let made = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let made = i64::try_from(made).unwrap();
+    assert!(
+        (made - 62..=made - 58).contains(&not_before),
+        "valid from a minute ago"
+    );
+    let bundles_before = bundles(&api);
+
+    let early = renew_if_due(&client, &Names::new(NS), validity, not_before + 99)
+        .await
+        .unwrap();
+    assert_eq!(early, Renewal::NotDue { at: not_after - 50 });
+    assert_eq!(secret_key(&api, "tls.crt"), first);
+
+    let renewed = renew_if_due(&client, &Names::new(NS), validity, not_after - 29)
+        .await
+        .unwrap();
+    assert!(
+        matches!(renewed, Renewal::Renewed { new_ca: false, .. }),
+        "{renewed:?}"
+    );
+    let second = secret_key(&api, "tls.crt");
+    assert_ne!(second, first);
+    assert_eq!(secret_key(&api, "ca.crt"), ca, "the same CA");
+    assert!(signed_by(&second, &ca));
+    assert_eq!(bundles(&api), bundles_before, "nothing to trust anew");
+    crate::webhook::server_config(&second, &secret_key(&api, "tls.key"))
+        .expect("a usable certificate and key");
+}
+
+#[tokio::test]
+async fn a_ca_without_its_key_is_replaced_after_both_cas_are_trusted() {
+    let api = world();
+    let client = api.client(NS);
+    let validity = Validity::with_certificate(SHORT);
+    let old_ca = ensure(&client, &Names::new(NS), validity).await.unwrap();
+    let mut secret = api.get(SECRET_PATH).unwrap();
+    secret["data"].as_object_mut().unwrap().remove("ca.key");
+    api.insert(SECRET_PATH, secret);
+    let (_, not_after) = validity_of(&secret_key(&api, "tls.crt")).unwrap();
+    let renewed = renew_if_due(&client, &Names::new(NS), validity, not_after)
+        .await
+        .unwrap();
+    assert!(
+        matches!(renewed, Renewal::Renewed { new_ca: true, .. }),
+        "{renewed:?}"
+    );
+    let new_ca = secret_key(&api, "ca.crt");
+    assert_ne!(new_ca, old_ca);
+    assert!(signed_by(&secret_key(&api, "tls.crt"), &new_ca));
+    for b in bundles(&api) {
+        let text = bundle_text(&b);
+        let (old, new) = (
+            String::from_utf8_lossy(&old_ca),
+            String::from_utf8_lossy(&new_ca),
+        );
+        assert!(
+            text.contains(old.trim()) && text.contains(new.trim()),
+            "{text}"
+        );
+    }
+    // A restart during the rollover keeps both trusted.
+    ensure(&client, &Names::new(NS), validity).await.unwrap();
+    for b in bundles(&api) {
+        assert!(bundle_text(&b).contains(String::from_utf8_lossy(&old_ca).trim()));
+    }
+}
+
+#[tokio::test]
+async fn a_certificate_not_made_here_is_never_renewed() {
+    let api = world();
+    let client = api.client(NS);
+    // As cert-manager leaves it: the pair and its CA, no mark of ours.
+    let pair = generate_with(
+        &["elsewhere".to_owned()],
+        "elsewhere",
+        Validity::with_certificate(SHORT),
+        None,
+    )
+    .unwrap();
+    let data: BTreeMap<String, ByteString> = secret_data(&pair);
+    api.insert(
+        SECRET_PATH,
+        json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+               "metadata": {"name": WEBHOOK_SECRET, "namespace": NS}, "data": data}),
+    );
+    api.clear_requests();
+    let (_, not_after) = validity_of(pair.cert_pem.as_bytes()).unwrap();
+    let seen = renew_if_due(&client, &Names::new(NS), Validity::default(), not_after + 1)
+        .await
+        .unwrap();
+    assert_eq!(seen, Renewal::NotOurs);
+    assert!(
+        api.requests().iter().all(|r| r.method == http::Method::GET),
+        "{:?}",
+        api.requests()
+    );
 }

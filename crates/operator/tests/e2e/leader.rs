@@ -27,18 +27,28 @@ use crate::{
     support::{self, TestNamespace, WAIT, eventually},
 };
 
-/// One replica: the process, its ports and log.
-struct Replica {
-    name: String,
+/// One replica of `lvms operator`: the process, its ports and log.
+pub(crate) struct Replica {
+    pub name: String,
     command: Command,
     metrics: u16,
-    log: PathBuf,
+    pub webhook: u16,
+    pub log: PathBuf,
     child: Option<Child>,
 }
 
 impl Replica {
-    fn new(lvms: &Path, work: &Path, name: &str, ns: &str, driver: &str) -> Self {
-        let metrics = free_port();
+    /// Replica `name` in namespace `ns`, its webhook certificate in `work/cert`, its kubeconfig
+    /// `work/operator.kubeconfig` ([`operator_account`]), with `extra` arguments.
+    pub fn new(
+        lvms: &Path,
+        work: &Path,
+        name: &str,
+        ns: &str,
+        driver: &str,
+        extra: &[String],
+    ) -> Self {
+        let (metrics, webhook) = (free_port(), free_port());
         let mut command = Command::new(lvms);
         command
             .args([
@@ -46,24 +56,26 @@ impl Replica {
                 "--image=ghcr.io/lvms-rs/lvms:e2e".to_owned(),
                 format!("--driver-name={driver}"),
                 format!("--webhook-cert-dir={}", work.join("cert").display()),
-                format!("--webhook-port={}", free_port()),
+                format!("--webhook-port={webhook}"),
                 format!("--metrics-port={metrics}"),
             ])
+            .args(extra)
             .env("KUBECONFIG", work.join("operator.kubeconfig"))
             .env("NAMESPACE", ns)
             .env("POD_NAME", name)
-            .env("RUST_LOG", "info");
+            .env("LVMS_LOG", "info");
         Self {
             name: name.to_owned(),
             command,
             metrics,
+            webhook,
             log: work.join(format!("{name}.log")),
             child: None,
         }
     }
 
     /// Starts (or restarts, as kubelet restarts a container) the process.
-    fn start(&mut self) {
+    pub fn start(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -80,7 +92,7 @@ impl Replica {
     }
 
     /// SIGKILL: nothing is handed back.
-    fn kill(&mut self) {
+    pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -130,7 +142,7 @@ impl Replica {
             .sum())
     }
 
-    fn tail(&self) -> String {
+    pub fn tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(30)..].join("\n")
@@ -146,7 +158,7 @@ impl Drop for Replica {
 /// The ServiceAccount `lvms-operator` in `ns`, bound to `deploy/base`'s roles for the operator's
 /// pod (the operator's and the CSI controller's), as the installation binds them in lvms-system;
 /// returns the ClusterRoleBindings made (to delete).
-async fn operator_account(client: &Client, ns: &str) -> Vec<String> {
+pub(crate) async fn operator_account(client: &Client, ns: &str) -> Vec<String> {
     let mut bindings = Vec::new();
     Api::<ServiceAccount>::namespaced(client.clone(), ns)
         .create(
@@ -178,6 +190,22 @@ async fn operator_account(client: &Client, ns: &str) -> Vec<String> {
         }
     }
     bindings
+}
+
+/// `work/operator.kubeconfig`: the API server, with a token of `ns`'s `lvms-operator`.
+pub(crate) async fn write_operator_kubeconfig(client: &Client, ns: &str, work: &Path) {
+    let admin = kube::config::Kubeconfig::read().unwrap();
+    let cluster = admin.clusters[0].cluster.as_ref().unwrap();
+    let ca_pem = std::fs::read(cluster.certificate_authority.as_ref().unwrap()).unwrap();
+    std::fs::write(
+        work.join("operator.kubeconfig"),
+        token_kubeconfig(
+            cluster.server.as_ref().unwrap(),
+            &ca_pem,
+            &token(client, ns, "lvms-operator").await,
+        ),
+    )
+    .unwrap();
 }
 
 async fn holder(leases: &Api<Lease>) -> Result<(String, i32), String> {
@@ -217,23 +245,12 @@ async fn of_two_operator_replicas_one_leads_and_the_other_takes_over_when_it_die
     std::fs::write(work.join("cert/tls.crt"), &pair.cert_pem).unwrap();
     std::fs::write(work.join("cert/tls.key"), &pair.key_pem).unwrap();
     let bindings = operator_account(&client, &ns.name).await;
-    let admin = kube::config::Kubeconfig::read().unwrap();
-    let cluster = admin.clusters[0].cluster.as_ref().unwrap();
-    let ca_pem = std::fs::read(cluster.certificate_authority.as_ref().unwrap()).unwrap();
-    std::fs::write(
-        work.join("operator.kubeconfig"),
-        token_kubeconfig(
-            cluster.server.as_ref().unwrap(),
-            &ca_pem,
-            &token(&client, &ns.name, "lvms-operator").await,
-        ),
-    )
-    .unwrap();
+    write_operator_kubeconfig(&client, &ns.name, &work).await;
 
     let driver = format!("{sfx}.ha.topolvm.io");
     let mut replicas = [
-        Replica::new(&lvms, &work, "replica-a", &ns.name, &driver),
-        Replica::new(&lvms, &work, "replica-b", &ns.name, &driver),
+        Replica::new(&lvms, &work, "replica-a", &ns.name, &driver, &[]),
+        Replica::new(&lvms, &work, "replica-b", &ns.name, &driver, &[]),
     ];
     for r in &mut replicas {
         r.start();

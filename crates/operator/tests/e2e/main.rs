@@ -17,6 +17,8 @@
 //! - [`operator`]: the LVMCluster controller renders every object, aggregates a hand-written node
 //!   status into `LVMCluster.status`, and runs the deletion flow (PVCs and Retain PVs block it, node
 //!   cleanup finalizers are awaited);
+//! - [`cert_renewal`]: the operator binary renews a one-minute self-signed webhook certificate
+//!   under its CA while the API server's admission reviews keep being answered;
 //! - [`leader`]: two replicas of the `lvms operator` binary with the operator's RBAC elect one
 //!   leader; killed mid-reconcile it is replaced within the Lease's duration and the cluster
 //!   finished, stopped it hands over at once;
@@ -38,6 +40,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod bench;
+mod cert_renewal;
 mod cleanup;
 mod crds;
 mod dead_nodes;

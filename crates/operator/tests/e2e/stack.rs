@@ -353,7 +353,7 @@ impl Stack {
             c.args(args)
                 .env("KUBECONFIG", &operator_kubeconfig)
                 .env("NAMESPACE", NAMESPACE)
-                .env("RUST_LOG", "info");
+                .env("LVMS_LOG", "info");
             c
         };
         processes.push(HostProcess::new(
