@@ -1324,3 +1324,130 @@ fn the_pod_monitors_select_the_pods_and_ports_that_serve_metrics() {
         }
     }
 }
+
+/// `kubectl kustomize` of an overlay of `deploy/base` with `component`, written under the
+/// workspace's `target/` (kustomize loads only paths below or beside an overlay, never absolute
+/// ones); `None` without kubectl.
+fn with_component(component: &str) -> Option<Vec<Value>> {
+    let overlay = workspace().join(format!("target/manifests-{component}"));
+    std::fs::create_dir_all(&overlay).expect("target/ is writable");
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            "resources: [../../deploy/base]\ncomponents: [../../deploy/components/{component}]\n"
+        ),
+    )
+    .expect("writing the overlay");
+    let out = match Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&overlay)
+        .output()
+    {
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            assert!(!kubectl_required(), "LVMS_REQUIRE_KUBECTL=1 but no kubectl");
+            return None;
+        }
+        other => other.expect("running kubectl"),
+    };
+    assert!(
+        out.status.success(),
+        "kustomize with {component}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(parse_documents(
+        &String::from_utf8(out.stdout).expect("UTF-8"),
+        component,
+    ))
+}
+
+fn annotation<'a>(objects: &'a [Value], kind: &str, name: &str, key: &str) -> &'a Value {
+    let obj = objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"));
+    &obj["metadata"]["annotations"][key]
+}
+
+fn self_signed_env(objects: &[Value]) -> &Value {
+    let deploy = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .expect("the Deployment");
+    let operator = deploy["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .find(|c| c["name"] == "operator")
+        .expect("the operator container");
+    &env(operator, "LVMS_SELF_SIGNED_WEBHOOK_CERT")["value"]
+}
+
+#[test]
+fn the_cert_manager_component_hands_the_certificate_and_its_injection_to_cert_manager() {
+    let Some(objects) = with_component("cert-manager") else {
+        return;
+    };
+    assert_eq!(self_signed_env(&objects), "false");
+    for (kind, name) in [
+        ("ValidatingWebhookConfiguration", "lvms-validating-webhook"),
+        ("MutatingWebhookConfiguration", "lvms-mutating-webhook"),
+    ] {
+        assert_eq!(
+            annotation(&objects, kind, name, "cert-manager.io/inject-ca-from"),
+            &format!("{NAMESPACE}/{WEBHOOK_CERT_SECRET}")
+        );
+    }
+    let cert = objects
+        .iter()
+        .find(|o| o["kind"] == "Certificate")
+        .expect("a Certificate");
+    assert_eq!(cert["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(
+        cert["metadata"]["name"], WEBHOOK_CERT_SECRET,
+        "inject-ca-from names it"
+    );
+    assert_eq!(cert["spec"]["secretName"], WEBHOOK_CERT_SECRET);
+    assert!(
+        strings(&cert["spec"]["dnsNames"])
+            .contains(&format!("{WEBHOOK_SERVICE}.{NAMESPACE}.svc").as_str())
+    );
+    let issuer = objects
+        .iter()
+        .find(|o| o["kind"] == "Issuer")
+        .expect("an Issuer");
+    assert_eq!(
+        cert["spec"]["issuerRef"]["name"],
+        issuer["metadata"]["name"]
+    );
+}
+
+#[test]
+fn the_openshift_component_hands_the_certificate_and_its_injection_to_the_service_ca() {
+    let Some(objects) = with_component("openshift-service-ca") else {
+        return;
+    };
+    assert_eq!(self_signed_env(&objects), "false");
+    assert_eq!(
+        annotation(
+            &objects,
+            "Service",
+            WEBHOOK_SERVICE,
+            "service.beta.openshift.io/serving-cert-secret-name"
+        ),
+        WEBHOOK_CERT_SECRET
+    );
+    for (kind, name) in [
+        ("ValidatingWebhookConfiguration", "lvms-validating-webhook"),
+        ("MutatingWebhookConfiguration", "lvms-mutating-webhook"),
+    ] {
+        assert_eq!(
+            annotation(
+                &objects,
+                kind,
+                name,
+                "service.beta.openshift.io/inject-cabundle"
+            ),
+            "true"
+        );
+    }
+}
