@@ -230,6 +230,22 @@ pub(crate) async fn delete_pod(pods: &Api<Pod>, name: &str) {
     .await;
 }
 
+/// Per process of lvms-rs and its sidecars on a node: name, first argument, VmRSS and VmHWM (KiB),
+/// CPU seconds (user + system) and age in seconds.
+pub(crate) const USAGE: &str = r#"tick=$(getconf CLK_TCK); up=$(cut -d' ' -f1 /proc/uptime)
+for c in /proc/[0-9]*/comm; do
+  p=${c#/proc/}; p=${p%/comm}
+  case "$(cat $c 2>/dev/null)" in
+    lvms|csi-provisioner|csi-resizer|csi-snapshotter|livenessprobe|csi-node-driver) ;;
+    *) continue ;;
+  esac
+  set -- $(tr '\0' ' ' < /proc/$p/cmdline)
+  rss=$(awk '/^VmRSS/ {print $2}' /proc/$p/status); hwm=$(awk '/^VmHWM/ {print $2}' /proc/$p/status)
+  awk -v n="${1##*/} $2" -v r="$rss" -v h="$hwm" -v t="$tick" -v u="$up" \
+    '{printf "%s rss %d KiB peak %d KiB cpu %.1f s age %.0f s\n", n, r, h, ($14+$15)/t, u-$22/t}' \
+    /proc/$p/stat
+done"#;
+
 /// The LVs of the class's volume group and their sizes, as LVM reports them on the node.
 async fn lvs(vm: &Vm) -> String {
     vm.ok("lvm lvs --noheadings --units b -o vg_name,lv_name,lv_size,lv_attr 2>/dev/null | sort")
@@ -765,12 +781,11 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
             p.spec.as_ref().map_or(0, |s| s.containers.len())
         );
     }
-    let rss = env
-        .vm
-        .ok("for p in $(pgrep -x lvms); do echo \"$(tr '\\0' ' ' < /proc/$p/cmdline)| $(grep VmRSS /proc/$p/status)\"; done")
-        .await;
-    for line in rss.lines() {
-        println!("installed: lvms process {line}");
+    // What the manifests' requests and limits come from: every container process of lvms-rs and
+    // its sidecars on the node, its resident memory now and at its peak, and its CPU time over its
+    // life.
+    for line in env.vm.ok(USAGE).await.lines() {
+        println!("installed: usage {line}");
     }
 
     // Deleting the claims deletes their volumes: no LogicalVolume, no LV left.

@@ -594,6 +594,11 @@ async fn a_shared_lun_on_two_nodes_is_joined_used_by_both_and_a_dead_nodes_pod_m
         token: &token,
     })
     .await;
+    for m in &members {
+        for line in m.vm.ok(installed::USAGE).await.lines() {
+            println!("installed_shared: usage on {}: {line}", m.name);
+        }
+    }
     rollback(&client, &ns.name, &token).await;
     let _ = Api::<StorageClass>::all(client.clone())
         .delete(&thin_name, &DeleteParams::default())
