@@ -716,12 +716,32 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
         )
         .await
         .unwrap();
+    // A claim being provisioned as the pod goes: its pod is scheduled first (WaitForFirstConsumer),
+    // then the leading provisioner makes the volume.
+    pvcs.create(&PostParams::default(), &claim("during", "64Mi", false))
+        .await
+        .unwrap();
+    create_pod(
+        &pods,
+        &env,
+        "during",
+        "echo during > /data/f && sync && echo wrote && sleep 3600",
+        json!({"claim": "during"}),
+    )
+    .await;
+    let leases = Api::<Lease>::namespaced(client.clone(), INSTALL_NS);
+    for l in leases.list(&ListParams::default()).await.unwrap().items {
+        println!(
+            "installed: Lease {} held by {:?}",
+            l.metadata.name.unwrap_or_default(),
+            l.spec.and_then(|s| s.holder_identity)
+        );
+    }
     Api::<Pod>::namespaced(client.clone(), INSTALL_NS)
         .delete(&old_operator, &DeleteParams::default())
         .await
         .unwrap();
     let deleted = Instant::now();
-    let leases = Api::<Lease>::namespaced(client.clone(), INSTALL_NS);
     let next = eventually("another replica leads", SLOW, || async {
         let holder = leases
             .get(lvms_operator::LEADER_LEASE)
@@ -753,8 +773,27 @@ async fn an_installed_lvms_serves_a_pod_its_claim_through_kubelet() {
     })
     .await;
     println!("installed: operator pod {old_operator} replaced; {new_operator} leads");
+    wait_log(
+        &pods,
+        "during",
+        "the claim made during the handover is written",
+        |l| (l == "wrote").then_some(()),
+    )
+    .await;
+    println!(
+        "installed: the claim made as the leader went is served {:.1} s after",
+        deleted.elapsed().as_secs_f64()
+    );
+    delete_pod(&pods, "during").await;
     support::wait_cluster_ready(&clusters, "e2e", SLOW).await;
-    assert_eq!(lvs(&env.vm).await, on_disk, "the LVs on the node");
+    // Every LV there before is as it was (the claim made during the handover added one).
+    let now_on_disk = lvs(&env.vm).await;
+    for lv in on_disk.lines() {
+        assert!(
+            now_on_disk.lines().any(|l| l == lv),
+            "{lv} changed: {now_on_disk}"
+        );
+    }
     let ds = Api::<DaemonSet>::namespaced(client.clone(), INSTALL_NS)
         .get(NODE_DAEMON_SET)
         .await
