@@ -83,6 +83,23 @@ fn start(
     (stop, seen, task)
 }
 
+/// [`start`], waiting until `me` leads (the first replica of a Lease does at once).
+async fn start_leading(
+    api: &FakeApi,
+    me: &str,
+) -> (
+    watch::Sender<bool>,
+    Seen,
+    tokio::task::JoinHandle<Result<(), Lost>>,
+) {
+    let started = start(api, me);
+    until(&format!("{me} leads"), Duration::from_secs(5), || {
+        started.1.working.load(Ordering::SeqCst)
+    })
+    .await;
+    started
+}
+
 async fn until(what: &str, within: Duration, check: impl Fn() -> bool) -> Duration {
     let started = Instant::now();
     while !check() {
@@ -99,11 +116,7 @@ fn holder(api: &FakeApi) -> serde_json::Value {
 #[tokio::test]
 async fn one_replica_leads_and_the_other_takes_over_at_once_when_it_stops() {
     let api = FakeApi::new();
-    let (stop_a, a, task_a) = start(&api, "a");
-    until("a leads", Duration::from_secs(5), || {
-        a.working.load(Ordering::SeqCst)
-    })
-    .await;
+    let (stop_a, a, task_a) = start_leading(&api, "a").await;
     let (stop_b, b, task_b) = start(&api, "b");
     // b stands by while a renews, past the Lease's duration.
     tokio::time::sleep(FAST.duration + Duration::from_millis(500)).await;
@@ -130,11 +143,7 @@ async fn one_replica_leads_and_the_other_takes_over_at_once_when_it_stops() {
 #[tokio::test]
 async fn a_killed_leader_is_replaced_once_its_lease_expired() {
     let api = FakeApi::new();
-    let (_stop_a, a, task_a) = start(&api, "a");
-    until("a leads", Duration::from_secs(5), || {
-        a.working.load(Ordering::SeqCst)
-    })
-    .await;
+    let (_stop_a, _, task_a) = start_leading(&api, "a").await;
     let (_stop_b, b, _task_b) = start(&api, "b");
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Killed: nothing is handed back.
@@ -154,11 +163,7 @@ async fn a_killed_leader_is_replaced_once_its_lease_expired() {
 #[tokio::test]
 async fn a_leader_that_cannot_renew_stops_its_work_by_the_renew_deadline() {
     let api = FakeApi::new();
-    let (_stop, a, task) = start(&api, "a");
-    until("a leads", Duration::from_secs(5), || {
-        a.working.load(Ordering::SeqCst)
-    })
-    .await;
+    let (_stop, a, task) = start_leading(&api, "a").await;
     let cut = Instant::now();
     api.fail(Method::GET, PATH, StatusCode::INTERNAL_SERVER_ERROR, 1000);
     let lost = task.await.unwrap().unwrap_err();
@@ -173,11 +178,7 @@ async fn a_leader_that_cannot_renew_stops_its_work_by_the_renew_deadline() {
 #[tokio::test]
 async fn a_leader_whose_lease_another_holds_stops_at_once() {
     let api = FakeApi::new();
-    let (_stop, a, task) = start(&api, "a");
-    until("a leads", Duration::from_secs(5), || {
-        a.working.load(Ordering::SeqCst)
-    })
-    .await;
+    let (_stop, a, task) = start_leading(&api, "a").await;
     let mut lease = api.get(PATH).unwrap();
     lease["spec"]["holderIdentity"] = json!("b");
     api.insert(PATH, lease);
@@ -192,11 +193,7 @@ async fn a_leader_whose_lease_another_holds_stops_at_once() {
 #[tokio::test]
 async fn a_replica_stopped_while_standing_by_never_runs_its_work() {
     let api = FakeApi::new();
-    let (_stop_a, a, _task_a) = start(&api, "a");
-    until("a leads", Duration::from_secs(5), || {
-        a.working.load(Ordering::SeqCst)
-    })
-    .await;
+    let (_stop_a, _, _task_a) = start_leading(&api, "a").await;
     let (stop_b, b, task_b) = start(&api, "b");
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop_b.send(true).unwrap();

@@ -9,7 +9,6 @@
 
 use std::{
     collections::BTreeSet,
-    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -25,9 +24,9 @@ use lvms_api::LVMCluster;
 use serde_json::json;
 
 use crate::{
-    leader::{Replica, operator_account, write_operator_kubeconfig},
+    leader::{OperatorSetup, Replica},
     stack::{apply, documents},
-    support::{self, TestNamespace, WAIT, eventually},
+    support::{WAIT, eventually},
 };
 
 /// How long the probes run: the one-minute certificate is renewed every 20 s or so.
@@ -43,34 +42,24 @@ fn data(secret: &Secret, key: &str) -> Option<Vec<u8>> {
 
 #[tokio::test]
 async fn a_short_lived_webhook_certificate_is_renewed_while_admission_keeps_answering() {
-    const NAME: &str =
-        "a_short_lived_webhook_certificate_is_renewed_while_admission_keeps_answering";
-    if !support::enabled(NAME) {
-        return;
-    }
-    let Some(lvms) = std::env::var_os("LVMS_E2E_LVMS").map(PathBuf::from) else {
-        eprintln!("{NAME}: skipped (needs LVMS_E2E_LVMS, the lvms binary: `cargo xtask e2e`)");
+    let Some(setup) = OperatorSetup::new(
+        "a_short_lived_webhook_certificate_is_renewed_while_admission_keeps_answering",
+        "cert",
+    )
+    .await
+    else {
         return;
     };
-    let client = support::client().await;
-    support::install_crds(&client).await;
-    let sfx = support::suffix();
-    let ns = TestNamespace::create(&client, &format!("lvms-e2e-cert-{sfx}"), &[]).await;
-    let work = std::env::var_os("LVMS_E2E_WORK")
-        .map_or_else(std::env::temp_dir, PathBuf::from)
-        .join(format!("cert-{sfx}"));
+    let (client, sfx, ns, work) = (&setup.client, &setup.sfx, &setup.ns, &setup.work);
     let cert_dir = work.join("cert");
-    std::fs::create_dir_all(&cert_dir).unwrap();
-    let bindings = operator_account(&client, &ns.name).await;
-    write_operator_kubeconfig(&client, &ns.name, &work).await;
 
     let (validating, mutating) = (
         format!("lvms-e2e-cert-{sfx}-validating"),
         format!("lvms-e2e-cert-{sfx}-mutating"),
     );
     let mut operator = Replica::new(
-        &lvms,
-        &work,
+        &setup.lvms,
+        work,
         "cert",
         &ns.name,
         &format!("{sfx}.cert.topolvm.io"),
@@ -102,7 +91,7 @@ async fn a_short_lived_webhook_certificate_is_renewed_while_admission_keeps_answ
             hook["clientConfig"] =
                 json!({"url": format!("https://127.0.0.1:{}{path}", operator.webhook)});
         }
-        apply(&client, &doc).await;
+        apply(client, &doc).await;
     }
     operator.start();
 
@@ -226,9 +215,5 @@ async fn a_short_lived_webhook_certificate_is_renewed_while_admission_keeps_answ
     assert_eq!(bundles, vec![ca.clone(); 2], "only the one CA, unchanged");
     let _ = v.delete(&validating, &delete).await;
     let _ = m.delete(&mutating, &delete).await;
-    let crbs = Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(client.clone());
-    for b in &bindings {
-        let _ = crbs.delete(b, &delete).await;
-    }
-    ns.delete().await;
+    setup.delete().await;
 }

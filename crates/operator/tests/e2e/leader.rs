@@ -208,6 +208,66 @@ pub(crate) async fn write_operator_kubeconfig(client: &Client, ns: &str, work: &
     .unwrap();
 }
 
+/// What a test of `lvms operator` processes starts from: the binary, a namespace with the
+/// operator's ServiceAccount and RBAC ([`operator_account`]), and a work directory holding its
+/// kubeconfig; `None` (the test skipped) outside `cargo xtask e2e`.
+pub(crate) struct OperatorSetup {
+    pub lvms: PathBuf,
+    pub client: Client,
+    pub sfx: String,
+    pub ns: TestNamespace,
+    pub work: PathBuf,
+    bindings: Vec<String>,
+}
+
+impl OperatorSetup {
+    pub async fn new(test: &str, prefix: &str) -> Option<Self> {
+        if !support::enabled(test) {
+            return None;
+        }
+        let Some(lvms) = std::env::var_os("LVMS_E2E_LVMS").map(PathBuf::from) else {
+            eprintln!("{test}: skipped (needs LVMS_E2E_LVMS, the lvms binary: `cargo xtask e2e`)");
+            return None;
+        };
+        let client = support::client().await;
+        support::install_crds(&client).await;
+        let sfx = support::suffix();
+        let ns = TestNamespace::create(&client, &format!("lvms-e2e-{prefix}-{sfx}"), &[]).await;
+        let work = std::env::var_os("LVMS_E2E_WORK")
+            .map_or_else(std::env::temp_dir, PathBuf::from)
+            .join(format!("{prefix}-{sfx}"));
+        std::fs::create_dir_all(work.join("cert")).unwrap();
+        let bindings = operator_account(&client, &ns.name).await;
+        write_operator_kubeconfig(&client, &ns.name, &work).await;
+        Some(Self {
+            lvms,
+            client,
+            sfx,
+            ns,
+            work,
+            bindings,
+        })
+    }
+
+    /// Deletes the ClusterRoleBindings and the namespace.
+    pub async fn delete(self) {
+        let crbs = Api::<ClusterRoleBinding>::all(self.client.clone());
+        for b in &self.bindings {
+            let _ = crbs.delete(b, &DeleteParams::default()).await;
+        }
+        self.ns.delete().await;
+    }
+}
+
+/// Waits until `who` holds the leader Lease; its `leaseTransitions` then.
+async fn wait_leader(leases: &Api<Lease>, who: &str) -> i32 {
+    eventually(&format!("{who} leads"), WAIT, || async {
+        let (h, t) = holder(leases).await?;
+        (h == who).then_some(t).ok_or(format!("held by {h:?}"))
+    })
+    .await
+}
+
 async fn holder(leases: &Api<Lease>) -> Result<(String, i32), String> {
     let lease = leases
         .get_opt(lvms_operator::LEADER_LEASE)
@@ -223,34 +283,24 @@ async fn holder(leases: &Api<Lease>) -> Result<(String, i32), String> {
 
 #[tokio::test]
 async fn of_two_operator_replicas_one_leads_and_the_other_takes_over_when_it_dies_or_stops() {
-    const NAME: &str =
-        "of_two_operator_replicas_one_leads_and_the_other_takes_over_when_it_dies_or_stops";
-    if !support::enabled(NAME) {
-        return;
-    }
-    let Some(lvms) = std::env::var_os("LVMS_E2E_LVMS").map(PathBuf::from) else {
-        eprintln!("{NAME}: skipped (needs LVMS_E2E_LVMS, the lvms binary: `cargo xtask e2e`)");
+    let Some(setup) = OperatorSetup::new(
+        "of_two_operator_replicas_one_leads_and_the_other_takes_over_when_it_dies_or_stops",
+        "ha",
+    )
+    .await
+    else {
         return;
     };
-    let client = support::client().await;
-    support::install_crds(&client).await;
-    let sfx = support::suffix();
-    let ns = TestNamespace::create(&client, &format!("lvms-e2e-ha-{sfx}"), &[]).await;
-    let work = std::env::var_os("LVMS_E2E_WORK")
-        .map_or_else(std::env::temp_dir, PathBuf::from)
-        .join(format!("ha-{sfx}"));
-    std::fs::create_dir_all(work.join("cert")).unwrap();
+    let (client, sfx, ns, work) = (&setup.client, &setup.sfx, &setup.ns, &setup.work);
     let pair =
         lvms_operator::certificate::generate_for(&["127.0.0.1".to_owned()], "127.0.0.1").unwrap();
     std::fs::write(work.join("cert/tls.crt"), &pair.cert_pem).unwrap();
     std::fs::write(work.join("cert/tls.key"), &pair.key_pem).unwrap();
-    let bindings = operator_account(&client, &ns.name).await;
-    write_operator_kubeconfig(&client, &ns.name, &work).await;
 
     let driver = format!("{sfx}.ha.topolvm.io");
     let mut replicas = [
-        Replica::new(&lvms, &work, "replica-a", &ns.name, &driver, &[]),
-        Replica::new(&lvms, &work, "replica-b", &ns.name, &driver, &[]),
+        Replica::new(&setup.lvms, work, "replica-a", &ns.name, &driver, &[]),
+        Replica::new(&setup.lvms, work, "replica-b", &ns.name, &driver, &[]),
     ];
     for r in &mut replicas {
         r.start();
@@ -281,7 +331,7 @@ async fn of_two_operator_replicas_one_leads_and_the_other_takes_over_when_it_die
         format!("lvms-e2e-{sfx}-ha-b"),
     ];
     for n in &nodes {
-        support::create_node(&client, n, &[("lvms-e2e/pool", &pool)]).await;
+        support::create_node(client, n, &[("lvms-e2e/pool", &pool)]).await;
     }
     let classes = [format!("t{sfx}"), format!("k{sfx}")];
     let selector = json!({"nodeSelectorTerms": [{"matchExpressions": [
@@ -350,13 +400,7 @@ async fn of_two_operator_replicas_one_leads_and_the_other_takes_over_when_it_die
     let status = replicas[leader].terminate();
     let stopped = Instant::now();
     assert!(status.success(), "{status}: {}", replicas[leader].tail());
-    let transitions = eventually("the standby takes over", WAIT, || async {
-        let (h, t) = holder(&leases).await?;
-        (h == replicas[standby].name)
-            .then_some(t)
-            .ok_or(format!("held by {h:?}"))
-    })
-    .await;
+    let transitions = wait_leader(&leases, &replicas[standby].name).await;
     let handed = stopped.elapsed();
     println!(
         "leader: {} took over {:.1} s after {}'s graceful stop",
@@ -416,13 +460,7 @@ async fn of_two_operator_replicas_one_leads_and_the_other_takes_over_when_it_die
     .await;
     replicas[leader].kill();
     let killed = Instant::now();
-    let transitions = eventually("the standby takes over", WAIT, || async {
-        let (h, t) = holder(&leases).await?;
-        (h == replicas[standby].name)
-            .then_some(t)
-            .ok_or(format!("held by {h:?}"))
-    })
-    .await;
+    let transitions = wait_leader(&leases, &replicas[standby].name).await;
     let took = killed.elapsed();
     println!(
         "leader: {} took over {:.1} s after {} was killed mid-deletion",
@@ -459,11 +497,7 @@ async fn of_two_operator_replicas_one_leads_and_the_other_takes_over_when_it_die
         r.kill();
     }
     for n in &nodes {
-        support::delete_node(&client, n).await;
+        support::delete_node(client, n).await;
     }
-    let crbs = Api::<ClusterRoleBinding>::all(client.clone());
-    for b in &bindings {
-        let _ = crbs.delete(b, &DeleteParams::default()).await;
-    }
-    ns.delete().await;
+    setup.delete().await;
 }
