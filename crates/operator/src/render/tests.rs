@@ -150,6 +150,9 @@ metadata:
           initialDelaySeconds: 10
           timeoutSeconds: 3
           periodSeconds: 60
+        resources:
+          requests: {{cpu: 10m, memory: 48Mi}}
+          limits: {{memory: 256Mi}}
         volumeMounts:
         - name: plugin-dir
           mountPath: /csi
@@ -197,6 +200,9 @@ metadata:
           initialDelaySeconds: 10
           timeoutSeconds: 3
           periodSeconds: 60
+        resources:
+          requests: {{cpu: 10m, memory: 32Mi}}
+          limits: {{memory: 128Mi}}
         volumeMounts:
         - name: plugin-dir
           mountPath: /csi
@@ -207,6 +213,9 @@ metadata:
         args:
         - --csi-address=/csi/csi.sock
         - --http-endpoint=:9808
+        resources:
+          requests: {{cpu: 10m, memory: 32Mi}}
+          limits: {{memory: 128Mi}}
         volumeMounts:
         - name: plugin-dir
           mountPath: /csi
@@ -1273,6 +1282,33 @@ storage:
     let vg = json(&r.volume_groups[0]);
     assert_eq!(vg["spec"]["raidConfig"]["type"], "raid1", "{vg}");
     assert_eq!(vg["spec"]["thinPoolConfig"]["name"], "thin-pool-1", "{vg}");
+}
+
+#[test]
+fn every_container_of_the_node_daemon_set_requests_cpu_and_memory_and_has_a_memory_limit() {
+    let spec = format!(
+        "{SINGLE_THIN}  - name: csi-lvm\n    adopt: csi-driver-lvm\n    deviceSelector:\n      \
+         devicePatterns: [\"/dev/nvme[0-9]n1\"]\n"
+    );
+    let r = ok(&cluster(&spec), &cfg());
+    let pod = json(&r.daemon_set)["spec"]["template"]["spec"].take();
+    let containers = pod["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 6, "the agent and five sidecars");
+    for c in containers {
+        let r = &c["resources"];
+        for (path, what) in [
+            ("/requests/cpu", "a CPU request"),
+            ("/requests/memory", "a memory request"),
+            ("/limits/memory", "a memory limit"),
+        ] {
+            assert!(r.pointer(path).is_some(), "{} lacks {what}: {r}", c["name"]);
+        }
+        assert!(
+            r.pointer("/limits/cpu").is_none(),
+            "{}: no CPU limit",
+            c["name"]
+        );
+    }
 }
 
 #[test]
