@@ -51,15 +51,15 @@ async fn work(seen: Seen, mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-/// Starts replica `me`; returns its stop switch, what it does, and its end.
-fn start(
-    api: &FakeApi,
-    me: &str,
-) -> (
+/// A started replica: its stop switch, what it does, and its end.
+type Started = (
     watch::Sender<bool>,
     Seen,
     tokio::task::JoinHandle<Result<(), Lost>>,
-) {
+);
+
+/// Starts replica `me`.
+fn start(api: &FakeApi, me: &str) -> Started {
     let (stop, stopped) = watch::channel(false);
     let seen = Seen::default();
     let lease = replica(api, me);
@@ -84,14 +84,7 @@ fn start(
 }
 
 /// [`start`], waiting until `me` leads (the first replica of a Lease does at once).
-async fn start_leading(
-    api: &FakeApi,
-    me: &str,
-) -> (
-    watch::Sender<bool>,
-    Seen,
-    tokio::task::JoinHandle<Result<(), Lost>>,
-) {
+async fn start_leading(api: &FakeApi, me: &str) -> Started {
     let started = start(api, me);
     until(&format!("{me} leads"), Duration::from_secs(5), || {
         started.1.working.load(Ordering::SeqCst)
