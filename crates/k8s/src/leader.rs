@@ -35,6 +35,11 @@ impl Timings {
         renew_deadline: Duration::from_secs(10),
         retry: Duration::from_secs(2),
     };
+
+    /// The leader Lease `name` in `namespace` for replica `me`, lasting [`Timings::duration`].
+    pub fn lease(&self, client: kube::Client, namespace: &str, name: &str, me: &str) -> HeldLease {
+        HeldLease::new(client, namespace, name, me, self.duration)
+    }
 }
 
 /// Leadership was lost: no renewal of `lease` succeeded for `for_` (at least the renew deadline).

@@ -140,11 +140,6 @@ impl HeldLease {
         &self.me
     }
 
-    /// How long the Lease lasts after each renewal.
-    pub fn duration(&self) -> Duration {
-        self.duration
-    }
-
     /// The Lease's name.
     pub fn name(&self) -> &str {
         &self.name

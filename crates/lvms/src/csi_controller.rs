@@ -109,12 +109,11 @@ pub async fn run(args: CsiControllerArgs) -> Result<()> {
             return std::future::pending::<lvms_k8s::leader::Lost>().await;
         }
         let timings = lvms_k8s::leader::Timings::DEFAULT;
-        let lease = lvms_k8s::lease::HeldLease::new(
+        let lease = timings.lease(
             client,
             &args.namespace,
             lvms_csi_controller::gc::LEADER_LEASE,
             &identity,
-            timings.duration,
         );
         match lvms_k8s::leader::lead(&lease, timings, collect, crate::shutdown_signal(), || {})
             .await

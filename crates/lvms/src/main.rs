@@ -221,13 +221,10 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
         "d" => 86_400,
         _ => return Err(format!("{s:?}: the unit is s, m, h or d, such as 365d")),
     };
-    Ok(std::time::Duration::from_secs(n.saturating_mul(secs))).and_then(|d| {
-        if d.is_zero() {
-            Err(format!("{s:?}: must be longer than zero"))
-        } else {
-            Ok(d)
-        }
-    })
+    if n == 0 {
+        return Err(format!("{s:?}: must be longer than zero"));
+    }
+    Ok(std::time::Duration::from_secs(n.saturating_mul(secs)))
 }
 
 /// The name a replica holds a leader Lease under: `pod_name`, else the host's name and the process
@@ -393,12 +390,11 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
         }
         readiness.standing_by(true);
         let timings = lvms_k8s::leader::Timings::DEFAULT;
-        let lease = lvms_k8s::lease::HeldLease::new(
+        let lease = timings.lease(
             client.clone(),
             &namespace,
             lvms_operator::LEADER_LEASE,
             &identity,
-            timings.duration,
         );
         lvms_k8s::leader::lead(&lease, timings, controllers, stopped(), || {
             readiness.standing_by(false);
@@ -778,4 +774,21 @@ async fn cmd_devices(config: Option<&std::path::Path>, output: Output) -> Result
         println!("{} {}{ids}: {verdict}", d.path, human(d.size));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_take_a_number_and_a_unit() {
+        assert_eq!(parse_duration("60s"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("9m"), Ok(Duration::from_secs(540)));
+        assert_eq!(parse_duration("12h"), Ok(Duration::from_secs(43_200)));
+        assert_eq!(parse_duration("365d"), Ok(Duration::from_secs(31_536_000)));
+        for bad in ["", "d", "365", "0d", "1w", "-1d", "1.5d"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
 }

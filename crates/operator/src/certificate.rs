@@ -86,15 +86,18 @@ impl Names {
         }
     }
 
-    /// Every name the certificate holds.
-    fn dns_names(&self) -> Vec<String> {
-        let mut names = service_names(&self.service, &self.namespace);
+    /// A certificate for the Service (every name the API server may dial, and [`Names::extra`]),
+    /// made as [`generate_with`] makes it.
+    pub fn pair(&self, validity: Validity, ca: Option<(&str, &str)>) -> Result<Pair, Error> {
+        let (service, namespace) = (&self.service, &self.namespace);
+        let mut names = vec![
+            service.clone(),
+            format!("{service}.{namespace}"),
+            format!("{service}.{namespace}.svc"),
+            format!("{service}.{namespace}.svc.cluster.local"),
+        ];
         names.extend(self.extra.iter().cloned());
-        names
-    }
-
-    fn common_name(&self) -> String {
-        format!("{}.{}.svc", self.service, self.namespace)
+        generate_with(&names, &format!("{service}.{namespace}.svc"), validity, ca)
     }
 }
 
@@ -137,26 +140,6 @@ pub struct Pair {
     pub key_pem: String,
     pub ca_pem: String,
     pub ca_key_pem: String,
-}
-
-/// The names of the webhook Service `service` in `namespace` (every name the API server may dial).
-fn service_names(service: &str, namespace: &str) -> Vec<String> {
-    vec![
-        service.to_owned(),
-        format!("{service}.{namespace}"),
-        format!("{service}.{namespace}.svc"),
-        format!("{service}.{namespace}.svc.cluster.local"),
-    ]
-}
-
-/// A CA and a certificate for `service` in `namespace`, valid as [`Validity::default`] says.
-pub fn generate(service: &str, namespace: &str) -> Result<Pair, Error> {
-    generate_with(
-        &service_names(service, namespace),
-        &format!("{service}.{namespace}.svc"),
-        Validity::default(),
-        None,
-    )
 }
 
 /// A CA ("lvms webhook CA") and a certificate for `names` (DNS names or IP addresses) with common
@@ -337,7 +320,7 @@ pub async fn ensure(client: &Client, names: &Names, validity: Validity) -> Resul
         }) {
             break ca;
         }
-        let pair = generate_with(&names.dns_names(), &names.common_name(), validity, None)?;
+        let pair = names.pair(validity, None)?;
         if write_pair(&secrets, secret, found.as_ref(), &pair).await? {
             tracing::info!(
                 secret,
@@ -408,14 +391,8 @@ pub async fn renew_if_due(
     let keep_ca = ca_key.is_some() && validity_of(&ca).is_some_and(|v| !due(v, now));
     let ca_pem = String::from_utf8_lossy(&ca).into_owned();
     let ca_key_pem = ca_key.map(|k| String::from_utf8_lossy(&k).into_owned());
-    let pair = generate_with(
-        &names.dns_names(),
-        &names.common_name(),
-        validity,
-        keep_ca
-            .then(|| ca_key_pem.as_deref().map(|k| (ca_pem.as_str(), k)))
-            .flatten(),
-    )?;
+    let signer = ca_key_pem.as_deref().filter(|_| keep_ca);
+    let pair = names.pair(validity, signer.map(|k| (ca_pem.as_str(), k)))?;
     if !keep_ca {
         // Both CAs trusted before the Secret (and then the served certificate) changes.
         let both = format!("{}\n{}", ca_pem.trim_end(), pair.ca_pem);

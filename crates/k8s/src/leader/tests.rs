@@ -22,13 +22,7 @@ const FAST: Timings = Timings {
 };
 
 fn replica(api: &FakeApi, me: &str) -> HeldLease {
-    HeldLease::new(
-        api.client("lvms"),
-        "lvms",
-        "lvms-operator",
-        me,
-        FAST.duration,
-    )
+    FAST.lease(api.client("lvms"), "lvms", "lvms-operator", me)
 }
 
 /// A replica's leadership as the test sees it: whether it leads, whether its work still runs.

@@ -97,7 +97,12 @@ async fn without_a_secret_a_certificate_is_made_stored_and_trusted_by_both_confi
 #[tokio::test]
 async fn an_installed_certificate_is_kept_and_its_ca_trusted() {
     let api = world();
-    let pair = generate("elsewhere", NS).unwrap();
+    let pair = Names {
+        service: "elsewhere".to_owned(),
+        ..Names::new(NS)
+    }
+    .pair(Validity::default(), None)
+    .unwrap();
     api.insert(
         SECRET_PATH,
         json!({"apiVersion": "v1", "kind": "Secret",
@@ -123,7 +128,12 @@ async fn an_installed_certificate_is_kept_and_its_ca_trusted() {
 
 #[test]
 fn the_certificate_names_every_address_of_the_service() {
-    let pair = generate("svc", "ns").unwrap();
+    let pair = Names {
+        service: "svc".to_owned(),
+        ..Names::new("ns")
+    }
+    .pair(Validity::default(), None)
+    .unwrap();
     crate::webhook::server_config(pair.cert_pem.as_bytes(), pair.key_pem.as_bytes()).unwrap();
     assert!(pair.ca_pem.contains("BEGIN CERTIFICATE"));
     assert_ne!(pair.ca_pem, pair.cert_pem);
