@@ -16,6 +16,7 @@ mod report;
 mod sanity;
 mod shared;
 mod standalone;
+mod turn;
 mod vm;
 mod vm_suite;
 

@@ -46,6 +46,7 @@ use anyhow::{Context, Result, bail};
 use crate::{
     cluster, e2e, guest, images,
     report::Counts,
+    turn::Turn,
     vm::{self, Disk, Kernel, RunningVm, VmSpec},
 };
 
@@ -338,18 +339,33 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
     println!("installed: kubectl apply done");
 
     let reboots = Reboots::start(repo, kernel, specs, vms, dir.join("reboot"))?;
-    // `installed::adopt` (LVMS's install taken over on node 2), `installed::an_…` (the node-local
-    // story on node 1), then `installed_shared::` (one LUN on both nodes; it kills one and boots
-    // it again through `reboots`).
-    let mut cmd = suite_cmd(applied_at, &reboots.dir);
-    cmd.arg("installed");
+    // `installed::adopt` (LVMS's install taken over on node 2) and `installed::an_…` (the
+    // node-local story on node 1); then, with the sanlock turn (`turn`: under `cargo xtask test`
+    // the two-node phases run beside the first pass, never beside the second),
+    // `installed_shared::` (one LUN on both nodes; it kills one and boots it again through
+    // `reboots`).
+    let mut local = suite_cmd(applied_at, &reboots.dir);
+    local.arg("installed::");
     for test in PRE_INSTALL_TESTS {
-        cmd.args(["--skip", test]);
+        local.args(["--skip", test]);
     }
-    let (ok, summary) = e2e::run_pass(repo, cmd, &dir.join("work"))?;
+    let (local_ok, local_summary) = e2e::run_pass(repo, local, &dir.join("work"))?;
+    let waited = Instant::now();
+    let turn = Turn::take_from_env()?;
+    if turn.is_some() {
+        println!(
+            "installed: the sanlock turn taken after {:.0} s",
+            waited.elapsed().as_secs_f64()
+        );
+    }
+    let mut shared = suite_cmd(applied_at, &reboots.dir);
+    shared.arg("installed_shared::");
+    let (shared_ok, shared_summary) = e2e::run_pass(repo, shared, &dir.join("work"))?;
+    let ok = local_ok && shared_ok;
     if !ok {
         diagnose(&kubeconfig, &node_dirs);
     }
+    let summaries: Vec<String> = local_summary.into_iter().chain(shared_summary).collect();
     if keep {
         println!(
             "installed: kept running (KUBECONFIG={}, LVMS_E2E_VM=127.0.0.1:{} on {}, \
@@ -370,16 +386,19 @@ pub fn run(repo: &Path, keep: bool) -> Result<ExitCode> {
     for vm in reboots.stop() {
         let _ = vm.wait();
     }
+    drop(turn);
     drop(control_plane);
     println!(
         "installed: finished in {:.0} s: {}",
         started.elapsed().as_secs_f64(),
-        summary
-            .as_deref()
-            .unwrap_or("the test printed no result (it crashed)")
+        if summaries.len() == 2 {
+            summaries.join("; ")
+        } else {
+            "a pass printed no result (it crashed)".to_owned()
+        }
     );
-    println!("installed: {}", Counts::from_libtest(summary.as_slice()));
-    Ok(if ok && summary.is_some() {
+    println!("installed: {}", Counts::from_libtest(&summaries));
+    Ok(if ok && summaries.len() == 2 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
