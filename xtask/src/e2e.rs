@@ -75,8 +75,17 @@ pub fn run(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
     run_passes(repo, &lvms, &passes, &[])
 }
 
-/// `cargo xtask e2e --bench`: the `bench_` tests with a release build of lvms, their output shown.
-pub fn bench(repo: &Path) -> Result<ExitCode> {
+/// What `cargo xtask scale` runs.
+pub struct Scale {
+    pub nodes: usize,
+    pub volumes: usize,
+    pub stale: usize,
+    pub window: u64,
+    pub debug: bool,
+}
+
+/// The release build of lvms (the benchmarks' figures are a release build's).
+fn release_lvms(repo: &Path) -> Result<PathBuf> {
     let built = Command::new(env!("CARGO"))
         .args(["build", "--release", "-p", "lvms"])
         .current_dir(repo)
@@ -85,7 +94,51 @@ pub fn bench(repo: &Path) -> Result<ExitCode> {
     if !built.success() {
         bail!("building lvms (release) failed");
     }
-    let lvms = crate::artifacts::cargo_target(repo).join("release/lvms");
+    Ok(crate::artifacts::cargo_target(repo).join("release/lvms"))
+}
+
+/// `cargo xtask scale`: the `scale_` test on a control plane of its own, with no VM.
+pub fn scale(repo: &Path, scale: &Scale) -> Result<ExitCode> {
+    let lvms = if scale.debug {
+        crate::artifacts::lvms(repo)
+    } else {
+        release_lvms(repo)?
+    };
+    let suite = suite(repo)?;
+    let started = Instant::now();
+    let (_assets, control_plane) = cluster::start(
+        repo,
+        &repo.join("target/e2e/scale"),
+        &[],
+        &cluster::Options::default(),
+    )?;
+    println!(
+        "scale: control plane up after {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    let mut cmd = Command::new(&suite);
+    cmd.args(["scale_", "--nocapture"])
+        .env("KUBECONFIG", &control_plane.kubeconfig)
+        .env("LVMS_E2E_LVMS", &lvms)
+        .env("LVMS_E2E_AUDIT_LOG", &control_plane.audit_log)
+        .env("LVMS_E2E_SCALE_NODES", scale.nodes.to_string())
+        .env("LVMS_E2E_SCALE_VOLUMES", scale.volumes.to_string())
+        .env("LVMS_E2E_SCALE_STALE", scale.stale.to_string())
+        .env("LVMS_E2E_SCALE_WINDOW", scale.window.to_string())
+        .env("LVMS_E2E_SCALE_SAMPLES", "50");
+    let (ok, summary) = run_pass(repo, cmd, &repo.join("target/e2e/scale-work"))?;
+    drop(control_plane);
+    println!("scale: {}", Counts::from_libtest(summary.as_slice()));
+    Ok(if ok && summary.is_some() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// `cargo xtask e2e --bench`: the `bench_` tests with a release build of lvms, their output shown.
+pub fn bench(repo: &Path) -> Result<ExitCode> {
+    let lvms = release_lvms(repo)?;
     let passes = vec![vec!["bench_", "--test-threads=1", "--nocapture"]];
     run_passes(repo, &lvms, &passes, &[("LVMS_E2E_BENCH", "1")])
 }

@@ -54,8 +54,18 @@ impl ControllerCollector {
         self
     }
 
-    /// One sweep over the view's `LogicalVolume`s.
+    /// One sweep over the view's `LogicalVolume`s; its time goes to
+    /// `lvms_unclaimed_logical_volumes_sweep_seconds`.
     pub async fn sweep_once(&mut self) -> Result<Sweep, String> {
+        let started = std::time::Instant::now();
+        let sweep = self.sweep().await;
+        self.metrics
+            .sweep_seconds
+            .set(started.elapsed().as_secs_f64());
+        sweep
+    }
+
+    async fn sweep(&mut self) -> Result<Sweep, String> {
         let client = self.api.clone().into_client();
         // PVs first: a volume provisioned after this read is younger than any window.
         let referenced = pv_handles(&client, &self.view.driver).await?;

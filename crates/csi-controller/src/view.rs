@@ -1,18 +1,23 @@
 //! What the controller knows of the cluster, from reflector stores kept current by watches:
-//! `LogicalVolume`s (the volumes), `Node`s (their capacity annotations, ADR 0009), and the
+//! `LogicalVolume`s (the volumes), `Node`s' metadata (their capacity annotations, ADR 0009), and the
 //! `LVMVolumeGroup`s and `LVMVolumeGroupNodeStatus`es of the operator's namespace (which classes each node
 //! serves, and how).
+//!
+//! Nothing kept needs `metadata.managedFields`, which three field managers make as large as the
+//! rest of a `LogicalVolume`: each store drops them as objects arrive, and Nodes are watched for
+//! their metadata only (a kubelet's Node status lists its images; issue 39).
 
 use std::{future::Future, sync::Arc};
 
 use futures::{StreamExt, future::join4};
 use k8s_openapi::api::core::v1::Node;
 use kube::{
-    Api, Client, Resource,
+    Api, Client, Resource, ResourceExt,
+    api::PartialObjectMeta,
     runtime::{
         WatchStreamExt,
         reflector::{self, ObjectRef, Store},
-        watcher,
+        watcher::{self, watcher},
     },
 };
 use lvms_api::{
@@ -28,7 +33,7 @@ use serde::de::DeserializeOwned;
 #[derive(Clone)]
 pub struct View {
     pub logical_volumes: Store<LogicalVolume>,
-    pub nodes: Store<Node>,
+    pub nodes: Store<PartialObjectMeta<Node>>,
     pub volume_groups: Store<LVMVolumeGroup>,
     pub node_statuses: Store<LVMVolumeGroupNodeStatus>,
     /// Namespace of the `LVMVolumeGroup`s and node statuses.
@@ -37,14 +42,17 @@ pub struct View {
     pub driver: String,
 }
 
+/// A store of `api`'s objects without their managed fields, and the future that fills it.
 fn reflect<K>(api: Api<K>) -> (Store<K>, impl Future<Output = ()> + Send + use<K>)
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
     let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+    let stream = watcher(api, watcher::Config::default())
         .default_backoff()
+        .modify(|o: &mut K| o.managed_fields_mut().clear())
+        .reflect(writer)
         .touched_objects()
         .for_each(|_| futures::future::ready(()));
     (reader, stream)
@@ -58,7 +66,7 @@ impl View {
         driver: &str,
     ) -> (Arc<Self>, impl Future<Output = ()> + Send + use<>) {
         let (logical_volumes, lvs) = reflect(Api::<LogicalVolume>::all(client.clone()));
-        let (nodes, ns) = reflect(Api::<Node>::all(client.clone()));
+        let (nodes, ns) = reflect(Api::<PartialObjectMeta<Node>>::all(client.clone()));
         let (volume_groups, vgs) =
             reflect(Api::<LVMVolumeGroup>::namespaced(client.clone(), namespace));
         let (node_statuses, sts) = reflect(Api::<LVMVolumeGroupNodeStatus>::namespaced(

@@ -203,6 +203,8 @@ pub struct GcMetrics {
     pub orphans: Gauge,
     /// Orphans removed after their safety window.
     pub removed: Counter,
+    /// What the last sweep took, in seconds.
+    pub sweep_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl GcMetrics {
@@ -220,6 +222,7 @@ impl GcMetrics {
         }
         let orphans = Gauge::default();
         let removed = Counter::default();
+        let sweep_seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         registry.register(
             format!("lvms_{what}"),
             "Found by the garbage collector's last sweep",
@@ -230,10 +233,16 @@ impl GcMetrics {
             "Removed by the garbage collector after the safety window",
             removed.clone(),
         );
+        registry.register(
+            format!("lvms_{what}_sweep_seconds"),
+            "What the garbage collector's last sweep took",
+            sweep_seconds.clone(),
+        );
         Self {
             registry,
             orphans,
             removed,
+            sweep_seconds,
         }
     }
 

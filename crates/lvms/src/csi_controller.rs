@@ -54,7 +54,7 @@ pub struct CsiControllerArgs {
 
 /// Serves until SIGTERM or Ctrl-C, or until the watches end.
 pub async fn run(args: CsiControllerArgs) -> Result<()> {
-    let client = kube::Client::try_default()
+    let client = lvms_k8s::client("csi-controller")
         .await
         .context("connecting to the Kubernetes API")?;
     let (view, keep_current) = View::start(client.clone(), &args.namespace, &args.driver_name);

@@ -270,7 +270,7 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
         None => std::env::var("OPERATOR_NAMESPACE")
             .context("--namespace (or NAMESPACE / OPERATOR_NAMESPACE) is required")?,
     };
-    let client = kube::Client::try_default()
+    let client = lvms_k8s::client("operator")
         .await
         .context("building a Kubernetes client from the environment")?;
     let cert_validity =

@@ -129,7 +129,7 @@ fn parse_fstype(s: &str) -> Result<Fstype, String> {
 
 /// Runs the node agent until SIGTERM or Ctrl-C, or until a watch ends.
 pub async fn run(args: NodeArgs) -> Result<()> {
-    let client = kube::Client::try_default()
+    let client = lvms_k8s::client("node")
         .await
         .context("connecting to the Kubernetes API")?;
     let runner = Arc::new(RealRunner);

@@ -55,6 +55,7 @@ use lvms_core::shared::Release;
 use serde::{Serialize, de::DeserializeOwned};
 use tracing::{debug, info, instrument, warn};
 
+use self::applied::{Applied, Version};
 use crate::{
     finalizer::{DeletionPlan, cluster_deletion},
     host_ids,
@@ -126,6 +127,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// Counts reconciles and records the clusters' states.
     pub metrics: Arc<Metrics>,
+    /// What was last applied of each rendered object: a reconcile applies only what changed.
+    pub applied: Applied,
 }
 
 impl Context {
@@ -136,6 +139,7 @@ impl Context {
             client,
             config,
             metrics: Arc::new(Metrics::new()),
+            applied: Applied::default(),
         }
     }
 
@@ -299,6 +303,14 @@ struct Reconciler<'a> {
 impl Reconciler<'_> {
     fn client(&self) -> Client {
         self.ctx.client.clone()
+    }
+
+    /// Server-side applies `obj` unless it is unchanged since the last apply ([`applied`]).
+    async fn ssa<K>(&self, api: &Api<K>, obj: &K, version: Version) -> Result<()>
+    where
+        K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + Debug,
+    {
+        self.ctx.applied.apply(api, obj, version).await.map(|_| ())
     }
 
     fn clusters(&self) -> Api<LVMCluster> {
@@ -567,15 +579,25 @@ impl Reconciler<'_> {
         let mut failures = Vec::new();
         let client = self.client();
         for vg in &rendered.volume_groups {
-            push_err(&mut failures, ssa(&self.volume_groups(), vg).await);
+            push_err(
+                &mut failures,
+                self.ssa(&self.volume_groups(), vg, Version::Generation)
+                    .await,
+            );
         }
         let scs = Api::<StorageClass>::all(client.clone());
         for sc in &rendered.storage_classes {
-            push_err(&mut failures, ssa(&scs, sc).await);
+            push_err(
+                &mut failures,
+                self.ssa(&scs, sc, Version::ResourceVersion).await,
+            );
         }
         let vscs = Api::<VolumeSnapshotClass>::all(client.clone());
         for vsc in &rendered.snapshot_classes {
-            push_err(&mut failures, ssa(&vscs, vsc).await);
+            push_err(
+                &mut failures,
+                self.ssa(&vscs, vsc, Version::ResourceVersion).await,
+            );
         }
         push_err(
             &mut failures,
@@ -588,9 +610,10 @@ impl Reconciler<'_> {
         push_err(&mut failures, csi_driver_lvm);
         push_err(
             &mut failures,
-            ssa(
+            self.ssa(
                 &Api::<DaemonSet>::namespaced(client, &self.ns),
                 &rendered.daemon_set,
+                Version::Generation,
             )
             .await,
         );
@@ -626,17 +649,13 @@ impl Reconciler<'_> {
     async fn apply_csi_driver(&self, driver: &CSIDriver) -> Result<()> {
         let api = Api::<CSIDriver>::all(self.client());
         let name = driver.name_any();
-        let applied = api
-            .patch(
-                &name,
-                &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(),
-                &Patch::Apply(driver),
-            )
-            .await;
-        match applied {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 422 => {}
-            Err(e) => return Err(kube_err(format!("applying CSIDriver {name}"))(e)),
+        match self.ssa(&api, driver, Version::ResourceVersion).await {
+            Ok(()) => return Ok(()),
+            Err(Error::Kube {
+                source: kube::Error::Api(s),
+                ..
+            }) if s.code == 422 => {}
+            Err(e) => return Err(e),
         }
         let current = api
             .get(&name)
@@ -644,7 +663,7 @@ impl Reconciler<'_> {
             .map_err(kube_err(format!("reading CSIDriver {name}")))?;
         let differ = immutable_csi_driver_fields(&current.spec, &driver.spec);
         if differ.is_empty() {
-            return ssa(&api, driver).await;
+            return self.ssa(&api, driver, Version::ResourceVersion).await;
         }
         delete(&api, &name)
             .await
@@ -661,7 +680,7 @@ impl Reconciler<'_> {
             note,
         )
         .await;
-        ssa(&api, driver).await
+        self.ssa(&api, driver, Version::ResourceVersion).await
     }
 
     /// Deletes the `CSIDriver` of csi-driver-lvm's volumes when this cluster made it (no class
@@ -709,6 +728,17 @@ impl Reconciler<'_> {
             &self.name,
             &shared_series(self.cluster, &node_statuses.items),
         );
+        // Only a status that changed is written: the conditions keep their transition times, so an
+        // idle reconcile computes the status it read.
+        if serde_json::to_value(&status).ok()
+            == self
+                .cluster
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(s).ok())
+        {
+            return Ok(());
+        }
         let patch = serde_json::json!({
             "apiVersion": LVMCluster::api_version(&()),
             "kind": LVMCluster::kind(&()),
@@ -915,22 +945,6 @@ fn push_err(failures: &mut Vec<String>, res: Result<()>) {
     }
 }
 
-/// Server-side applies `obj` (field manager [`OPERATOR_FIELD_MANAGER`], forced).
-async fn ssa<K>(api: &Api<K>, obj: &K) -> Result<()>
-where
-    K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + Debug,
-{
-    let name = obj.meta().name.clone().unwrap_or_default();
-    api.patch(
-        &name,
-        &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(),
-        &Patch::Apply(obj),
-    )
-    .await
-    .map_err(kube_err(format!("applying {} {name}", K::kind(&()))))?;
-    Ok(())
-}
-
 /// Deletes `name`; "not found" counts as done.
 async fn delete<K>(api: &Api<K>, name: &str) -> Result<(), kube::Error>
 where
@@ -943,6 +957,7 @@ where
     }
 }
 
+pub mod applied;
 pub mod dead_nodes;
 pub mod eviction;
 pub mod node_removal;

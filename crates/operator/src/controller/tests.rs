@@ -886,3 +886,103 @@ fn the_legacy_group_warning_names_a_volume_and_the_fix() {
         assert!(note.contains(part), "{part}: {note}");
     }
 }
+
+/// Answers an apply with its body as the stored object, at resourceVersion `rv` and generation 1,
+/// and keeps it by path for later reads.
+fn store_applied(
+    stored: &mut BTreeMap<String, Value>,
+    seen: &Seen,
+    rv: &str,
+) -> (StatusCode, Value) {
+    let mut object = seen.body.clone();
+    object["metadata"]["resourceVersion"] = json!(rv);
+    object["metadata"]["generation"] = json!(1);
+    stored.insert(seen.path.clone(), object.clone());
+    (StatusCode::OK, object)
+}
+
+/// The objects one reconcile of `finalized()` applies, in order (no snapshot API).
+const APPLIED_PATHS: [&str; 4] = [
+    "/apis/lvm.topolvm.io/v1alpha1/namespaces/lvms/lvmvolumegroups/vg1",
+    "/apis/storage.k8s.io/v1/storageclasses/lvms-vg1",
+    "/apis/storage.k8s.io/v1/csidrivers/topolvm.io",
+    "/apis/apps/v1/namespaces/lvms/daemonsets/vg-manager",
+];
+
+#[tokio::test]
+async fn a_second_reconcile_over_unchanged_objects_reads_them_and_writes_nothing() {
+    let (ctx, mut server) = context();
+    let mut stored = BTreeMap::new();
+
+    // The first reconcile applies every object and the status.
+    let task = tokio::spawn(reconcile(Arc::new(finalized()), ctx.clone()));
+    let _ = next(&mut server, |_| not_found()).await; // snapshot API
+    let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await; // storage classes
+    for path in APPLIED_PATHS {
+        let seen = next(&mut server, |s| store_applied(&mut stored, s, "5")).await;
+        assert_ssa(&seen, path);
+        if path.contains("csidrivers") {
+            csi_driver_lvm_absent(&mut server).await;
+        }
+    }
+    legacy_group_absent(&mut server).await;
+    for _ in 0..3 {
+        let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    }
+    let status = next(&mut server, |_| {
+        (StatusCode::OK, serde_json::to_value(finalized()).unwrap())
+    })
+    .await
+    .body["status"]
+        .clone();
+    assert_eq!(task.await.unwrap().unwrap(), Action::requeue(REQUEUE));
+    assert_no_more_requests(&mut server).await;
+
+    // The second, with the status it wrote: each object is read, none written.
+    let mut read = finalized();
+    read.status = Some(serde_json::from_value(status).unwrap());
+    let read = Arc::new(read);
+    let task = tokio::spawn(reconcile(read.clone(), ctx.clone()));
+    let _ = next(&mut server, |_| not_found()).await;
+    let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    for path in APPLIED_PATHS {
+        let seen = next(&mut server, |s| (StatusCode::OK, stored[&s.path].clone())).await;
+        assert_get(&seen, path);
+        if path.contains("csidrivers") {
+            csi_driver_lvm_absent(&mut server).await;
+        }
+    }
+    legacy_group_absent(&mut server).await;
+    for _ in 0..3 {
+        let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    }
+    assert_eq!(task.await.unwrap().unwrap(), Action::requeue(REQUEUE));
+    assert_no_more_requests(&mut server).await;
+
+    // Someone edits the StorageClass (a new resourceVersion) and takes the operator's label off
+    // the DaemonSet: those two are applied again, the others only read.
+    let sc = APPLIED_PATHS[1];
+    stored.get_mut(sc).unwrap()["metadata"]["resourceVersion"] = json!("6");
+    let ds = APPLIED_PATHS[3];
+    stored.get_mut(ds).unwrap()["metadata"]["labels"] = json!({});
+    let task = tokio::spawn(reconcile(read, ctx.clone()));
+    let _ = next(&mut server, |_| not_found()).await;
+    let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    for path in APPLIED_PATHS {
+        let seen = next(&mut server, |s| (StatusCode::OK, stored[&s.path].clone())).await;
+        assert_get(&seen, path);
+        if path == sc || path == ds {
+            let seen = next(&mut server, |s| store_applied(&mut stored, s, "7")).await;
+            assert_ssa(&seen, path);
+        }
+        if path.contains("csidrivers") {
+            csi_driver_lvm_absent(&mut server).await;
+        }
+    }
+    legacy_group_absent(&mut server).await;
+    for _ in 0..3 {
+        let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    }
+    assert_eq!(task.await.unwrap().unwrap(), Action::requeue(REQUEUE));
+    assert_no_more_requests(&mut server).await;
+}

@@ -22,6 +22,7 @@
 //! - [`leader`]: two replicas of the `lvms operator` binary with the operator's RBAC elect one
 //!   leader; killed mid-reconcile it is replaced within the Lease's duration and the cluster
 //!   finished, stopped it hands over at once;
+//! - [`idle`]: an idle minute on the stack has no write from lvms-rs but its Lease renewals;
 //! - [`node_removal`]: deleting a Node releases its node status and cleanup finalizers;
 //! - [`eviction`]: draining a node deletes the opted-in claim of its evicted StatefulSet pod (not
 //!   another driver's, not one on a healthy node) and the StatefulSet makes it anew; an
@@ -30,6 +31,8 @@
 //!   nodes, and deleting a Node releases its id;
 //! - [`provisioning`]: the CSI controller and a node agent's LogicalVolume reconciler (over an in-memory
 //!   backend, no disks) make, grow, snapshot and remove a volume through LogicalVolume objects;
+//! - [`scale`]: the benchmark of `lvms csi-controller` with many simulated nodes and volumes
+//!   (`cargo xtask scale`), run small here;
 //! - [`shared_lease`]: node agents, with the agent's RBAC, racing for a shared class's creator
 //!   Lease end with one holder, and an expired Lease is taken over by exactly one;
 //! - [`shared_stack`]: on the stack, the node agent joins a shared device class with real sanlock
@@ -46,6 +49,7 @@ mod crds;
 mod dead_nodes;
 mod eviction;
 mod host_ids;
+mod idle;
 mod installed;
 mod installed_shared;
 mod leader;
@@ -53,6 +57,7 @@ mod node_removal;
 mod operator;
 mod provisioning;
 mod rules;
+mod scale;
 mod scenarios;
 mod shared_lease;
 mod shared_stack;
