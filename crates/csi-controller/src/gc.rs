@@ -57,12 +57,8 @@ impl ControllerCollector {
     /// One sweep over the view's `LogicalVolume`s; its time goes to
     /// `lvms_unclaimed_logical_volumes_sweep_seconds`.
     pub async fn sweep_once(&mut self) -> Result<Sweep, String> {
-        let started = std::time::Instant::now();
-        let sweep = self.sweep().await;
-        self.metrics
-            .sweep_seconds
-            .set(started.elapsed().as_secs_f64());
-        sweep
+        let metrics = self.metrics.clone();
+        metrics.time_sweep(self.sweep()).await
     }
 
     async fn sweep(&mut self) -> Result<Sweep, String> {

@@ -246,6 +246,14 @@ impl GcMetrics {
         }
     }
 
+    /// Runs `sweep`, and sets `sweep_seconds` to what it took.
+    pub async fn time_sweep<T>(&self, sweep: impl std::future::Future<Output = T>) -> T {
+        let started = std::time::Instant::now();
+        let out = sweep.await;
+        self.sweep_seconds.set(started.elapsed().as_secs_f64());
+        out
+    }
+
     /// The OpenMetrics text.
     pub fn encode(&self) -> String {
         let mut out = String::new();

@@ -942,22 +942,7 @@ async fn a_second_reconcile_over_unchanged_objects_reads_them_and_writes_nothing
     let mut read = finalized();
     read.status = Some(serde_json::from_value(status).unwrap());
     let read = Arc::new(read);
-    let task = tokio::spawn(reconcile(read.clone(), ctx.clone()));
-    let _ = next(&mut server, |_| not_found()).await;
-    let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
-    for path in APPLIED_PATHS {
-        let seen = next(&mut server, |s| (StatusCode::OK, stored[&s.path].clone())).await;
-        assert_get(&seen, path);
-        if path.contains("csidrivers") {
-            csi_driver_lvm_absent(&mut server).await;
-        }
-    }
-    legacy_group_absent(&mut server).await;
-    for _ in 0..3 {
-        let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
-    }
-    assert_eq!(task.await.unwrap().unwrap(), Action::requeue(REQUEUE));
-    assert_no_more_requests(&mut server).await;
+    reconcile_again(&ctx, read.clone(), &mut server, &mut stored, &[]).await;
 
     // Someone edits the StorageClass (a new resourceVersion) and takes the operator's label off
     // the DaemonSet: those two are applied again, the others only read.
@@ -965,24 +950,37 @@ async fn a_second_reconcile_over_unchanged_objects_reads_them_and_writes_nothing
     stored.get_mut(sc).unwrap()["metadata"]["resourceVersion"] = json!("6");
     let ds = APPLIED_PATHS[3];
     stored.get_mut(ds).unwrap()["metadata"]["labels"] = json!({});
-    let task = tokio::spawn(reconcile(read, ctx.clone()));
-    let _ = next(&mut server, |_| not_found()).await;
-    let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+    reconcile_again(&ctx, read, &mut server, &mut stored, &[sc, ds]).await;
+}
+
+/// A reconcile of `cluster` (its status as the last one wrote it) after a first one applied
+/// every object into `stored`: each object is read back from `stored`, those in `reapplied` are
+/// applied again, and nothing else is written.
+async fn reconcile_again(
+    ctx: &Arc<Context>,
+    cluster: Arc<LVMCluster>,
+    server: &mut ApiServer,
+    stored: &mut BTreeMap<String, Value>,
+    reapplied: &[&str],
+) {
+    let task = tokio::spawn(reconcile(cluster, ctx.clone()));
+    let _ = next(server, |_| not_found()).await;
+    let _ = next(server, |_| (StatusCode::OK, list(vec![]))).await;
     for path in APPLIED_PATHS {
-        let seen = next(&mut server, |s| (StatusCode::OK, stored[&s.path].clone())).await;
+        let seen = next(server, |s| (StatusCode::OK, stored[&s.path].clone())).await;
         assert_get(&seen, path);
-        if path == sc || path == ds {
-            let seen = next(&mut server, |s| store_applied(&mut stored, s, "7")).await;
+        if reapplied.contains(&path) {
+            let seen = next(server, |s| store_applied(stored, s, "7")).await;
             assert_ssa(&seen, path);
         }
         if path.contains("csidrivers") {
-            csi_driver_lvm_absent(&mut server).await;
+            csi_driver_lvm_absent(server).await;
         }
     }
-    legacy_group_absent(&mut server).await;
+    legacy_group_absent(server).await;
     for _ in 0..3 {
-        let _ = next(&mut server, |_| (StatusCode::OK, list(vec![]))).await;
+        let _ = next(server, |_| (StatusCode::OK, list(vec![]))).await;
     }
     assert_eq!(task.await.unwrap().unwrap(), Action::requeue(REQUEUE));
-    assert_no_more_requests(&mut server).await;
+    assert_no_more_requests(server).await;
 }

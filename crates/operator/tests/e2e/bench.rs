@@ -370,7 +370,7 @@ async fn standalone_create_volume(stack: &Stack) -> (f64, f64) {
 }
 
 /// `VmRSS` and `VmHWM` of a `/proc/<pid>/status`, in MiB.
-fn rss(status: &str) -> (f64, f64) {
+pub fn rss(status: &str) -> (f64, f64) {
     let kib = |key: &str| {
         status
             .lines()

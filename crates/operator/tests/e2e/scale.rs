@@ -79,15 +79,7 @@ fn cap() -> VolumeCapability {
 
 /// `VmRSS` and `VmHWM` of process `pid`, in MiB.
 fn rss(pid: u32) -> (f64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib = |key: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-            .unwrap_or(f64::NAN)
-    };
-    (kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0)
+    crate::bench::rss(&std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default())
 }
 
 /// One simulated node: its name and what runs for it.
