@@ -24,7 +24,7 @@ use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
     runtime::{
-        Controller, WatchStreamExt,
+        Controller,
         controller::Action,
         events::{Event, EventType},
         watcher,
@@ -116,20 +116,14 @@ pub fn node_selector(node: &str) -> String {
 }
 
 /// Runs the reconciler until the watch ends: the `LogicalVolume`s of this node, selected by the
-/// API server, so an agent holds only its own, and held without their managed fields, which
-/// nothing here reads and which are about as large as the rest of the object (issue 39).
+/// API server, so an agent holds only its own.
 pub async fn run<B: Backend>(ctx: Arc<Context<B>>) {
     let api: Api<LogicalVolume> = Api::all(ctx.client.clone());
     let config = watcher::Config::default()
         .any_semantic()
         .fields(&node_selector(&ctx.node));
-    let (reader, writer) = kube::runtime::reflector::store();
-    let objects = kube::runtime::watcher(api, config)
-        .modify(|lv: &mut LogicalVolume| lv.managed_fields_mut().clear())
-        .reflect(writer)
-        .applied_objects();
     lvms_k8s::reconciler::drive(
-        Controller::for_stream(objects, reader),
+        Controller::new(api, config),
         "LogicalVolume",
         reconcile,
         error_policy,
