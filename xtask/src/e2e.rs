@@ -76,12 +76,23 @@ pub fn run(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
 }
 
 /// What `cargo xtask scale` runs.
+#[derive(clap::Args)]
 pub struct Scale {
-    pub nodes: usize,
-    pub volumes: usize,
-    pub stale: usize,
-    pub window: u64,
-    pub debug: bool,
+    /// Simulated nodes.
+    #[arg(long, default_value_t = 100)]
+    nodes: usize,
+    /// Volumes made through CreateVolume, each with a PersistentVolume.
+    #[arg(long, default_value_t = 10_000)]
+    volumes: usize,
+    /// LogicalVolumes of a gone node with no PersistentVolume.
+    #[arg(long, default_value_t = 1_000)]
+    stale: usize,
+    /// Seconds of the steady-state window whose API requests are counted.
+    #[arg(long, default_value_t = 60)]
+    window: u64,
+    /// The debug build the tests use instead of a release build.
+    #[arg(long)]
+    debug: bool,
 }
 
 /// The release build of lvms (the benchmarks' figures are a release build's).

@@ -417,24 +417,28 @@ impl Board {
             // minutes later, alone). The turn is free here or not at all, so the first that fits
             // is the one to try.
             let mut turn = None;
-            let mut ready = queue.iter().position(|p| p.sanlock && fits(p));
-            if let Some(i) = ready {
-                let skipped = queue[i].after_prepare && prepared == Some(false);
-                turn = if skipped {
-                    None
-                } else {
-                    Turn::try_take(&self.turn).unwrap_or_else(|e| {
-                        // Without the lock nothing can keep the phases apart: run them anyway,
-                        // one after another as the lanes allow, and say so.
-                        println!("test: WARNING: {e:#}");
-                        None
-                    })
-                };
-                if turn.is_none() && !skipped {
-                    ready = None;
-                }
-            }
-            let ready = ready.or_else(|| queue.iter().position(|p| !p.sanlock && fits(p)));
+            let ready = queue
+                .iter()
+                .position(|p| p.sanlock && fits(p))
+                .filter(|&i| {
+                    // Skipped (the build failed), it needs no turn.
+                    if queue[i].after_prepare && prepared == Some(false) {
+                        return true;
+                    }
+                    match Turn::try_take(&self.turn) {
+                        Ok(taken) => {
+                            turn = taken;
+                            turn.is_some()
+                        }
+                        // Without the lock nothing can keep the phases apart: run it anyway, and
+                        // say so.
+                        Err(e) => {
+                            println!("test: WARNING: {e:#}");
+                            true
+                        }
+                    }
+                })
+                .or_else(|| queue.iter().position(|p| !p.sanlock && fits(p)));
             match ready {
                 Some(i) => {
                     let phase = queue.remove(i)?;

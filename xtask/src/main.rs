@@ -112,21 +112,7 @@ enum Task {
     /// `--debug`): `lvms csi-controller` with simulated nodes (node agents over the in-memory
     /// backend, in the test process): CreateVolume p50/p95 at 0 and at N volumes, the controller's
     /// memory, its collector's pass, API requests per minute (crates/operator/tests/e2e/scale.rs).
-    Scale {
-        #[arg(long, default_value_t = 100)]
-        nodes: usize,
-        #[arg(long, default_value_t = 10_000)]
-        volumes: usize,
-        /// LogicalVolumes of a gone node with no PersistentVolume.
-        #[arg(long, default_value_t = 1_000)]
-        stale: usize,
-        /// Seconds of the steady-state window whose API requests are counted.
-        #[arg(long, default_value_t = 60)]
-        window: u64,
-        /// The debug build the tests use instead of a release build.
-        #[arg(long)]
-        debug: bool,
-    },
+    Scale(e2e::Scale),
     /// Inside the e2e VM: execute the host's shell commands (see xtask/src/guest.rs).
     #[command(hide = true)]
     GuestServe { port: u16 },
@@ -253,22 +239,7 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
                 e2e::run(repo, filter.as_deref())
             }
         }
-        Task::Scale {
-            nodes,
-            volumes,
-            stale,
-            window,
-            debug,
-        } => e2e::scale(
-            repo,
-            &e2e::Scale {
-                nodes,
-                volumes,
-                stale,
-                window,
-                debug,
-            },
-        ),
+        Task::Scale(scale) => e2e::scale(repo, &scale),
         Task::GuestServe { port } => guest::serve(port).map(ok),
         Task::GuestConnect { port } => guest::serve_connect(port).map(ok),
         Task::GuestRelay { host } => relay::serve_guest(&host).map(ok),

@@ -28,7 +28,7 @@ pub async fn client(role: &str) -> Result<kube::Client, kube::Error> {
 }
 
 /// `lvms-<role>/<version>`.
-pub fn user_agent(role: &str) -> String {
+fn user_agent(role: &str) -> String {
     format!("lvms-{role}/{}", env!("CARGO_PKG_VERSION"))
 }
 

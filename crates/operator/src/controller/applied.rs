@@ -107,13 +107,12 @@ impl Applied {
 
     /// Server-side applies `obj` (field manager [`OPERATOR_FIELD_MANAGER`], forced) unless the
     /// same body was applied before and the object is unchanged since (see the module's
-    /// documentation). Returns whether it applied.
-    pub async fn apply<K>(&self, api: &Api<K>, obj: &K, version: Version) -> Result<bool>
+    /// documentation).
+    pub async fn apply<K>(&self, api: &Api<K>, obj: &K, version: Version) -> Result<()>
     where
         K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + Debug,
     {
         let name = obj.meta().name.clone().unwrap_or_default();
-        let action = || format!("applying {} {name}", K::kind(&()));
         let body = serde_json::to_vec(obj).map_or(0, |json| {
             let mut h = DefaultHasher::new();
             json.hash(&mut h);
@@ -126,7 +125,7 @@ impl Applied {
                 .await
                 .map_err(kube_err(format!("reading {} {name}", K::kind(&()))))?;
             if live.is_some_and(|live| unchanged(&stamp, version, obj, &live)) {
-                return Ok(false);
+                return Ok(());
             }
         }
         let applied = api
@@ -142,11 +141,11 @@ impl Applied {
                     .of(answer.meta())
                     .map(|version| Stamp { body, version });
                 self.remember(key, stamp);
-                Ok(true)
+                Ok(())
             }
             Err(e) => {
                 self.remember(key, None);
-                Err(kube_err(action())(e))
+                Err(kube_err(format!("applying {} {name}", K::kind(&())))(e))
             }
         }
     }

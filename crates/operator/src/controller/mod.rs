@@ -310,7 +310,7 @@ impl Reconciler<'_> {
     where
         K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + Debug,
     {
-        self.ctx.applied.apply(api, obj, version).await.map(|_| ())
+        self.ctx.applied.apply(api, obj, version).await
     }
 
     fn clusters(&self) -> Api<LVMCluster> {

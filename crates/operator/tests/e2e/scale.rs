@@ -85,7 +85,7 @@ fn rss(pid: u32) -> (f64, f64) {
 /// One simulated node: its name and what runs for it.
 struct SimNode {
     name: String,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    agent: tokio::task::JoinHandle<()>,
 }
 
 /// A Node, its class Ready in a node status, and a node agent's LogicalVolume reconciler and
@@ -116,13 +116,11 @@ async fn sim_node(admin: &Client, ns: &str, name: String) -> SimNode {
         &name,
         backend.clone(),
     ))));
-    let (_keep, rx) = tokio::sync::watch::channel(Some(backend));
+    // The capacity is published once; the backend never changes, so its sender may go.
+    let (_sender, rx) = tokio::sync::watch::channel(Some(backend));
     let mut publisher = Publisher::new(client, &name, DRIVER, rx);
     publisher.publish_once().await.unwrap();
-    SimNode {
-        name,
-        tasks: vec![agent],
-    }
+    SimNode { name, agent }
 }
 
 /// CreateVolume `name` on `node`; its time in seconds.
@@ -463,9 +461,7 @@ async fn scale_create_volume_memory_requests_and_collection_at_many_volumes_and_
         }
     }
     for node in &nodes {
-        for task in &node.tasks {
-            task.abort();
-        }
+        node.agent.abort();
         support::delete_node(&admin, &node.name).await;
     }
     ns.delete().await;
