@@ -39,9 +39,13 @@ pub struct ThinPoolUsage {
 impl ThinPoolUsage {
     /// Gathers the usage of thin pool `pool` from a report of all logical volumes. A pool that reports no
     /// `data_percent` (inactive) counts as full.
-    pub fn from_lvs(pool: &LogicalVolume, lvs: &[LogicalVolume], overprovision_ratio: u32) -> Self {
+    pub fn from_lvs<'a>(
+        pool: &LogicalVolume,
+        lvs: impl IntoIterator<Item = &'a LogicalVolume>,
+        overprovision_ratio: u32,
+    ) -> Self {
         let virtual_used = lvs
-            .iter()
+            .into_iter()
             .filter(|lv| {
                 lv.vg_name == pool.vg_name && lv.pool_lv.as_deref() == Some(pool.name.as_str())
             })

@@ -359,7 +359,11 @@ impl<R: Runner> LocalBackend<R> {
         );
         Ok(Report {
             vgs: vgs.into_iter().filter(|vg| ours(&vg.name)).collect(),
-            lvs: lvs.into_iter().filter(|lv| ours(&lv.vg_name)).collect(),
+            lvs: lvs
+                .into_iter()
+                .filter(|lv| ours(&lv.vg_name))
+                .map(Arc::new)
+                .collect(),
             pvs: None,
             taken,
         })
@@ -591,7 +595,7 @@ impl<R: Runner> LocalBackend<R> {
                 class.name, self.node_id
             )));
         };
-        let usage = ThinPoolUsage::from_lvs(pool, &report.lvs, class.overprovision_ratio());
+        let usage = ThinPoolUsage::from_lvs(pool, report.lvs(), class.overprovision_ratio());
         let available = thin_capacity(&usage).available;
         if more > available {
             return Err(BackendError::InsufficientSpace(format!(
@@ -844,8 +848,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
             self.report().await?
         };
         let mut out: Vec<Volume> = report
-            .lvs
-            .iter()
+            .lvs()
             // csi-driver-lvm's volumes have no `LogicalVolume` and no listing names them: their
             // PersistentVolumes are their only record, so no collector may see them (ADR 0033).
             .filter(|lv| is_ours(lv) && is_our_id(&lv.name) && !ids::is_csi_driver_lvm_id(&lv.name))
@@ -1151,7 +1154,8 @@ impl<R: Runner> Backend for LocalBackend<R> {
         // `converged_report` made sure the volume group (and a thin class's pool) exist.
         let available = match report.pool(class) {
             Some(pool) => {
-                let usage = ThinPoolUsage::from_lvs(pool, &report.lvs, class.overprovision_ratio());
+                let usage =
+                    ThinPoolUsage::from_lvs(pool, report.lvs(), class.overprovision_ratio());
                 thin_capacity(&usage).available
             }
             None if class.shared().is_some() || *layout == Layout::Linear => {
@@ -1293,7 +1297,7 @@ impl<R: Runner> Backend for LocalBackend<R> {
             return Ok(None);
         };
         let pool = report.pool(class).map(|pool| {
-            let usage = ThinPoolUsage::from_lvs(pool, &report.lvs, class.overprovision_ratio());
+            let usage = ThinPoolUsage::from_lvs(pool, report.lvs(), class.overprovision_ratio());
             PoolUsage {
                 size: pool.size,
                 data_percent: pool.data_percent,

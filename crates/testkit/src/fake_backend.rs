@@ -29,6 +29,9 @@ pub struct State {
     /// Pool size of each thin class.
     pub pool_size: BTreeMap<String, u64>,
     pub create_delay: Duration,
+    /// `create_volume` calls running now, and the most that ever ran at once.
+    pub creating: usize,
+    pub most_creating: usize,
     pub calls: Vec<String>,
     /// What [`Backend::usage`] answers per class (none unless a test sets it).
     pub usage: BTreeMap<String, lvms_engine::backend::Usage>,
@@ -66,6 +69,19 @@ impl FakeBackend {
             unserved: Vec::new(),
             state: Mutex::new(state),
         }
+    }
+
+    /// The same backend with one more thin class, `class`, its pool `pool_size` bytes (ratio 2).
+    #[must_use]
+    pub fn with_thin_class(mut self, class: &str, pool_size: u64) -> Self {
+        self.classes
+            .push(DeviceClassConfig::named(class).with_thin_pool("pool", 2));
+        self.state
+            .lock()
+            .unwrap()
+            .pool_size
+            .insert(class.into(), pool_size);
+        self
     }
 
     /// The same backend with `class` configured but not served, for `reason`.
@@ -222,10 +238,13 @@ impl Backend for FakeBackend {
         let delay = {
             let mut s = self.state.lock().unwrap();
             s.calls.push(format!("create_volume {}", req.name));
+            s.creating += 1;
+            s.most_creating = s.most_creating.max(s.creating);
             s.create_delay
         };
         tokio::time::sleep(delay).await;
         let mut s = self.state.lock().unwrap();
+        s.creating -= 1;
         let id = ids::volume_lv_name(&req.name);
         let size = Self::round(req.size);
         if let Some(v) = s.volumes.get_mut(&id) {

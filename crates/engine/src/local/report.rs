@@ -21,8 +21,10 @@ use crate::backend::DeviceClassConfig;
 pub(super) struct Report {
     /// The classes' volume groups that exist.
     pub(super) vgs: Vec<VolumeGroup>,
-    /// The visible logical volumes of those volume groups (ours and others).
-    pub(super) lvs: Vec<LogicalVolume>,
+    /// The visible logical volumes of those volume groups (ours and others), each shared: a
+    /// report patched while another task holds it is copied ([`Arc::make_mut`]), and that copy
+    /// then costs a count per LV, not every LV's strings.
+    pub(super) lvs: Vec<Arc<LogicalVolume>>,
     /// The LVM physical volumes of every group, read the first time a thick class's capacity per
     /// device is asked for ([`LocalBackend::free_space`]) and dropped when a group's free space
     /// changes.
@@ -36,14 +38,17 @@ impl Report {
     }
 
     pub(super) fn lv(&self, vg: &str, name: &str) -> Option<&LogicalVolume> {
-        self.lvs
-            .iter()
-            .find(|lv| lv.vg_name == vg && lv.name == name)
+        self.lvs().find(|lv| lv.vg_name == vg && lv.name == name)
     }
 
     /// The LV called `name` in any of the classes' volume groups.
     pub(super) fn find(&self, name: &str) -> Option<&LogicalVolume> {
-        self.lvs.iter().find(|lv| lv.name == name)
+        self.lvs().find(|lv| lv.name == name)
+    }
+
+    /// The logical volumes.
+    pub(super) fn lvs(&self) -> impl Iterator<Item = &LogicalVolume> {
+        self.lvs.iter().map(Arc::as_ref)
     }
 
     /// The thin pool of a thin class, if it exists.
@@ -66,8 +71,8 @@ impl Report {
             .iter_mut()
             .find(|l| l.vg_name == lv.vg_name && l.name == lv.name)
         {
-            Some(slot) => *slot = lv,
-            None => self.lvs.push(lv),
+            Some(slot) => *slot = Arc::new(lv),
+            None => self.lvs.push(Arc::new(lv)),
         }
     }
 

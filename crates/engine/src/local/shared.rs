@@ -241,8 +241,7 @@ impl<R: Runner> LocalBackend<R> {
                 BackendError::NotFound(format!("thin pool {vg}/{pool} does not exist"))
             })?;
         let promised: u64 = report
-            .lvs
-            .iter()
+            .lvs()
             .filter(|lv| lv.vg_name == vg && lv.pool_lv.as_deref() == Some(pool))
             .map(|lv| lv.size)
             .sum();

@@ -298,6 +298,26 @@ async fn create_volume_twice_runs_one_lvcreate() {
 }
 
 #[tokio::test]
+async fn a_change_while_the_report_is_held_copies_no_unchanged_volume() {
+    let (fake, b) = setup();
+    expect_report(&fake, &[pool(), thin_volume("pvc-0", GIB)]);
+    expect_thin_lvcreate(&fake, "pvc-1", GIB);
+    expect_lv(&fake, &thin_volume("pvc-1", GIB));
+    let held = b.report().await.unwrap();
+    b.create_volume(&new_volume("pvc-1", "thin", GIB))
+        .await
+        .unwrap();
+    fake.assert_done();
+    let patched = b.report().await.unwrap();
+    // The held report is as it was; the patched one shares its volumes, and adds the new one.
+    assert_eq!(held.lvs.len(), 2);
+    assert_eq!(patched.lvs.len(), 3);
+    for (before, after) in held.lvs.iter().zip(&patched.lvs) {
+        assert!(Arc::ptr_eq(before, after), "{} was copied", after.name);
+    }
+}
+
+#[tokio::test]
 async fn a_failed_read_back_marks_the_report_stale() {
     let (fake, b) = setup();
     let made = thin_volume("pvc-1", GIB);

@@ -325,6 +325,31 @@ async fn the_running_agent_lists_and_watches_only_its_nodes_objects() {
 }
 
 #[tokio::test]
+async fn many_new_objects_are_made_a_few_at_a_time() {
+    let w = World::new();
+    let objects = 25;
+    for i in 0..objects {
+        w.insert(object(&format!("pvc-{i}"), "1Gi"));
+    }
+    w.backend.state.lock().unwrap().create_delay = std::time::Duration::from_millis(100);
+    let agent = tokio::spawn(run(w.context()));
+    let settled = async {
+        while (0..objects)
+            .any(|i| w.get(&format!("pvc-{i}")).unwrap()["status"]["volumeID"].is_null())
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(20), settled)
+        .await
+        .expect("the agent makes every volume within 20 s");
+    agent.abort();
+    let state = w.backend.state.lock().unwrap();
+    assert_eq!(state.volumes.len(), objects);
+    assert_eq!(state.most_creating, usize::from(CONCURRENCY));
+}
+
+#[tokio::test]
 async fn before_any_class_is_ready_the_object_is_retried() {
     let w = World::new();
     w.insert(object("pvc-1", "1Gi"));
