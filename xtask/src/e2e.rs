@@ -147,11 +147,13 @@ pub fn scale(repo: &Path, scale: &Scale) -> Result<ExitCode> {
     })
 }
 
-/// `cargo xtask e2e --bench`: the `bench_` tests with a release build of lvms, their output shown.
-pub fn bench(repo: &Path) -> Result<ExitCode> {
+/// `cargo xtask e2e --bench [--memory]`: the `bench_` tests with a release build of lvms, their
+/// output shown.
+pub fn bench(repo: &Path, memory_only: bool) -> Result<ExitCode> {
     let lvms = release_lvms(repo)?;
     let passes = vec![vec!["bench_", "--test-threads=1", "--nocapture"]];
-    run_passes(repo, &lvms, &passes, &[("LVMS_E2E_BENCH", "1")])
+    let mode = if memory_only { "memory" } else { "1" };
+    run_passes(repo, &lvms, &passes, &[("LVMS_E2E_BENCH", mode)])
 }
 
 fn run_passes(

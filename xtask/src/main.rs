@@ -107,6 +107,10 @@ enum Task {
         /// CreateVolume, API requests per idle minute, RSS with 500 volumes.
         #[arg(long, conflicts_with = "filter")]
         bench: bool,
+        /// With `--bench`: only the memory figures (RSS with no volume and with 500, and where it
+        /// is: binary, libraries, heap, stacks).
+        #[arg(long, requires = "bench")]
+        memory: bool,
     },
     /// The scale benchmark on a control plane of its own (no VM; release build of lvms unless
     /// `--debug`): `lvms csi-controller` with simulated nodes (node agents over the in-memory
@@ -232,9 +236,13 @@ fn run_task(task: Task, repo: &Path) -> Result<ExitCode> {
         Task::VmTest { filter, shard } => vm_suite::run(repo, filter.as_deref(), shard),
         Task::VmShared { filter, skip } => shared::run(repo, filter.as_deref(), &skip),
         Task::Demo => standalone::demo(repo),
-        Task::E2e { filter, bench } => {
+        Task::E2e {
+            filter,
+            bench,
+            memory,
+        } => {
             if bench {
-                e2e::bench(repo)
+                e2e::bench(repo, memory)
             } else {
                 e2e::run(repo, filter.as_deref())
             }

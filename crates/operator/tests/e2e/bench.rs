@@ -62,6 +62,12 @@ async fn bench_provisioning_idle_requests_and_memory_on_the_real_control_plane()
     };
     let stack = guard.as_ref().unwrap();
     let (client, ns) = scenario(stack, "lvms-e2e-bench").await;
+    if std::env::var("LVMS_E2E_BENCH").as_deref() == Ok("memory") {
+        // Only the memory figures (`cargo xtask e2e --bench --memory`).
+        memory_with_volumes(stack, &client).await;
+        ns.delete().await;
+        return;
+    }
 
     idle_requests().await;
     let bound = pvc_to_bound(&client, &ns.name).await;
@@ -381,6 +387,46 @@ pub fn rss(status: &str) -> (f64, f64) {
     (kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0)
 }
 
+/// Where a process's resident memory is, in MiB, from its `/proc/<pid>/smaps`: the lvms binary's
+/// pages, other files' (libraries), the heap, thread stacks and other anonymous mappings.
+pub fn rss_parts(smaps: &str) -> String {
+    let mut parts: Vec<(&str, f64)> = vec![
+        ("binary", 0.0),
+        ("libraries", 0.0),
+        ("heap", 0.0),
+        ("anonymous", 0.0),
+        ("stacks", 0.0),
+    ];
+    let mut part = 0;
+    // The first mapping is the executable's; over 9p its other mappings may name another of its
+    // hard links (`deps/lvms-<hash>` for `release/lvms`).
+    let mut exe = None;
+    for line in smaps.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or_default();
+        if first.contains('-') && first.chars().next().is_some_and(|c| c.is_ascii_hexdigit()) {
+            let path = line.split_whitespace().nth(5).unwrap_or("");
+            let exe = *exe.get_or_insert(path);
+            part = match path {
+                p if p == exe || p.rsplit('/').next().is_some_and(|f| f.starts_with("lvms")) => 0,
+                "[heap]" => 2,
+                "" => 3,
+                p if p.starts_with("[stack") => 4,
+                p if p.starts_with('[') => 3,
+                _ => 1,
+            };
+        } else if first == "Rss:" {
+            let kib: f64 = words.next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+            parts[part].1 += kib / 1024.0;
+        }
+    }
+    parts
+        .iter()
+        .map(|(name, mib)| format!("{name} {mib:.1}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// 500 volumes (LogicalVolume objects the agent makes LVs for), then the resident memory of the
 /// agent in the VM and of the operator and the CSI controller here.
 async fn memory_with_volumes(stack: &Stack, client: &Client) {
@@ -390,15 +436,31 @@ async fn memory_with_volumes(stack: &Stack, client: &Client) {
             .ok("cat /proc/$(pgrep -f '[ ]node --metrics-port 8081' | head -n1)/status")
             .await
     };
+    let agent_parts = || async {
+        rss_parts(
+            &stack
+                .vm
+                .ok("cat /proc/$(pgrep -f '[ ]node --metrics-port 8081' | head -n1)/smaps")
+                .await,
+        )
+    };
+    let host_parts = |pid: u32| {
+        rss_parts(&std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default())
+    };
     let (rss_now, hwm) = rss(&agent_status().await);
     println!(
-        "bench: node agent before the volumes: RSS {rss_now:.1} MiB, peak {hwm:.1} MiB (target 12 MiB)"
+        "bench: node agent before the volumes: RSS {rss_now:.1} MiB, peak {hwm:.1} MiB (target \
+         12 MiB; {})",
+        agent_parts().await
     );
     for name in ["operator", "csi-controller"] {
         let pid = stack.pid(name).unwrap_or_else(|| panic!("{name} runs"));
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
         let (rss_now, hwm) = rss(&status);
-        println!("bench: {name} before the volumes: RSS {rss_now:.1} MiB, peak {hwm:.1} MiB");
+        println!(
+            "bench: {name} before the volumes: RSS {rss_now:.1} MiB, peak {hwm:.1} MiB ({})",
+            host_parts(pid)
+        );
     }
     let objects = Api::<LogicalVolume>::all(client.clone());
     let sfx = support::suffix();
@@ -454,7 +516,9 @@ async fn memory_with_volumes(stack: &Stack, client: &Client) {
     tokio::time::sleep(Duration::from_secs(30)).await;
     let (rss_now, hwm) = rss(&agent_status().await);
     println!(
-        "bench: node agent with {VOLUMES} volumes: RSS {rss_now:.1} MiB, peak {hwm:.1} MiB (target 20 MiB)"
+        "bench: node agent with {VOLUMES} volumes: RSS {rss_now:.1} MiB, peak {hwm:.1} MiB (target \
+         20 MiB; {})",
+        agent_parts().await
     );
     for (name, target) in [
         ("operator", "target 20 MiB"),
@@ -464,7 +528,31 @@ async fn memory_with_volumes(stack: &Stack, client: &Client) {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
         let (rss_now, hwm) = rss(&status);
         println!(
-            "bench: {name} with {VOLUMES} volumes: RSS {rss_now:.1} MiB, peak {hwm:.1} MiB ({target})"
+            "bench: {name} with {VOLUMES} volumes: RSS {rss_now:.1} MiB, peak {hwm:.1} MiB \
+             ({target}; {})",
+            host_parts(pid)
         );
     }
+}
+
+#[test]
+fn resident_memory_is_split_by_mapping() {
+    let smaps = "\
+5600-5700 r--p 00000000 08:01 12 /usr/bin/lvms
+Rss:                2048 kB
+5700-5800 r-xp 00001000 08:01 12 /usr/bin/lvms
+Rss:                1024 kB
+5900-5a00 rw-p 00000000 00:00 0 [heap]
+Rss:                 512 kB
+7f00-7f10 rw-p 00000000 00:00 0
+Rss:                 256 kB
+7f10-7f20 r-xp 00000000 08:01 40 /usr/lib/x86_64-linux-gnu/libc.so.6
+Rss:                1024 kB
+7ffc-7ffd rw-p 00000000 00:00 0 [stack]
+Rss:                 128 kB
+";
+    assert_eq!(
+        rss_parts(smaps),
+        "binary 3.0, libraries 1.0, heap 0.5, anonymous 0.2, stacks 0.1"
+    );
 }

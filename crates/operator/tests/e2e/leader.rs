@@ -91,6 +91,11 @@ impl Replica {
         );
     }
 
+    /// The running process's id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// SIGKILL: nothing is handed back.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -134,10 +139,25 @@ impl Replica {
 
     /// The LVMCluster reconciles this replica counted.
     async fn reconciles(&self) -> Result<u64, String> {
+        self.reconciles_with("").await
+    }
+
+    /// The LVMCluster reconciles this replica counted that succeeded.
+    pub async fn successful_reconciles(&self) -> Result<u64, String> {
+        self.reconciles_with("result=\"success\"").await
+    }
+
+    /// The LVMCluster reconciles whose labels contain `labels`.
+    async fn reconciles_with(&self, labels: &str) -> Result<u64, String> {
         let metrics = self.get("/metrics").await?;
         Ok(metrics
             .lines()
             .filter(|l| l.starts_with("lvms_operator_reconciles_total{controller=\"lvmcluster\""))
+            .filter(|l| {
+                l.split(' ')
+                    .next()
+                    .is_some_and(|name| name.contains(labels))
+            })
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .sum())
     }

@@ -9,7 +9,9 @@
 //!   ratios;
 //! - the rate the fill reached (16 CreateVolume calls at a time);
 //! - the CSI controller's resident memory, and its garbage collector's last pass time;
-//! - the API requests of a steady-state window, per user agent.
+//! - the API requests of a steady-state window, per user agent;
+//! - `lvms operator` (the binary) over an LVMCluster on all the nodes: the time from its start to
+//!   its first successful reconcile and its memory, at its first start and after a restart.
 //!
 //! `cargo xtask scale` runs it with 100 nodes, 10,000 volumes and 1,000 stale objects on a control
 //! plane of its own (release build); the e2e suite runs it small (5 nodes, 100 volumes, 20 stale)
@@ -17,17 +19,21 @@
 //! objects; the figures are for people to read.
 
 use std::{
+    path::Path,
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use futures::{StreamExt, stream};
-use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::{
+    core::v1::PersistentVolume,
+    storage::v1::{CSIDriver, StorageClass},
+};
 use kube::{
     Api, Client,
     api::{Patch, PatchParams, PostParams},
 };
-use lvms_api::{LVMVolumeGroup, LVMVolumeGroupNodeStatus, topolvm::LogicalVolume};
+use lvms_api::{LVMCluster, LVMVolumeGroup, LVMVolumeGroupNodeStatus, topolvm::LogicalVolume};
 use lvms_csi::{
     csi::{
         CapacityRange, CreateVolumeRequest, TopologyRequirement, VolumeCapability,
@@ -36,6 +42,7 @@ use lvms_csi::{
     server,
 };
 use lvms_node::{capacity::Publisher, lv_reconciler};
+use lvms_operator::VolumeSnapshotClass;
 use lvms_testkit::{
     csi_requests::{mount, on},
     fake_backend::FakeBackend,
@@ -44,6 +51,7 @@ use serde_json::json;
 
 use crate::{
     idle,
+    leader::Replica,
     support::{self, TestNamespace, eventually},
 };
 
@@ -89,13 +97,14 @@ struct SimNode {
 }
 
 /// A Node, its class Ready in a node status, and a node agent's LogicalVolume reconciler and
-/// capacity publisher over the in-memory backend (a pool of 1 TiB), with a client of its own.
-async fn sim_node(admin: &Client, ns: &str, name: String) -> SimNode {
+/// capacity publisher over the in-memory backend (`class`, a pool of 1 TiB), with a client of its
+/// own.
+async fn sim_node(admin: &Client, ns: &str, class: &str, name: String) -> SimNode {
     support::create_node(admin, &name, &[]).await;
     let status: LVMVolumeGroupNodeStatus = serde_json::from_value(json!({
         "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroupNodeStatus",
         "metadata": {"name": name, "namespace": ns},
-        "spec": {"nodeStatus": [{"name": "thin", "status": "Ready"}]},
+        "spec": {"nodeStatus": [{"name": class, "status": "Ready"}]},
     }))
     .unwrap();
     Api::<LVMVolumeGroupNodeStatus>::namespaced(admin.clone(), ns)
@@ -103,14 +112,7 @@ async fn sim_node(admin: &Client, ns: &str, name: String) -> SimNode {
         .await
         .unwrap();
     let client = support::client().await;
-    let backend = FakeBackend::new();
-    backend
-        .state
-        .lock()
-        .unwrap()
-        .pool_size
-        .insert("thin".into(), 1 << 40);
-    let backend = Arc::new(backend);
+    let backend = Arc::new(FakeBackend::new().with_thin_class(class, 1 << 40));
     let agent = tokio::spawn(lv_reconciler::run(Arc::new(lv_reconciler::Context::fixed(
         client.clone(),
         &name,
@@ -190,11 +192,11 @@ async fn timed(
 }
 
 /// A LogicalVolume of gone node `node` with a volume id and no PersistentVolume.
-async fn stale(lvs: &Api<LogicalVolume>, name: &str, node: &str) {
+async fn stale(lvs: &Api<LogicalVolume>, name: &str, node: &str, class: &str) {
     let lv: LogicalVolume = serde_json::from_value(json!({
         "apiVersion": "topolvm.io/v1", "kind": "LogicalVolume",
         "metadata": {"name": name},
-        "spec": {"name": name, "nodeName": node, "deviceClass": "thin", "size": "16Mi"},
+        "spec": {"name": name, "nodeName": node, "deviceClass": class, "size": "16Mi"},
     }))
     .unwrap();
     lvs.create(&PostParams::default(), &lv).await.unwrap();
@@ -241,9 +243,12 @@ async fn scale_create_volume_memory_requests_and_collection_at_many_volumes_and_
     support::install_crds(&admin).await;
     let sfx = support::suffix();
     let ns = TestNamespace::create(&admin, &format!("lvms-e2e-scale-{sfx}"), &[]).await;
+    // The device class: a name of this run's (its StorageClass, rendered by the operator below,
+    // is cluster-wide).
+    let class = format!("s{sfx}");
     let vg: LVMVolumeGroup = serde_json::from_value(json!({
         "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMVolumeGroup",
-        "metadata": {"name": "thin", "namespace": ns.name},
+        "metadata": {"name": class, "namespace": ns.name},
         "spec": {"deviceSelector": {"paths": ["/dev/sdb"]}, "default": true,
                  "thinPoolConfig": {"name": "pool", "overprovisionRatio": 2}},
     }))
@@ -256,7 +261,7 @@ async fn scale_create_volume_memory_requests_and_collection_at_many_volumes_and_
     let started = Instant::now();
     let mut nodes = Vec::new();
     for i in 0..nodes_wanted {
-        nodes.push(sim_node(&admin, &ns.name, format!("scale-{sfx}-{i:03}")).await);
+        nodes.push(sim_node(&admin, &ns.name, &class, format!("scale-{sfx}-{i:03}")).await);
     }
     println!(
         "scale: {nodes_wanted} simulated nodes up in {:.1} s",
@@ -337,9 +342,9 @@ async fn scale_create_volume_memory_requests_and_collection_at_many_volumes_and_
     let gone = format!("scale-{sfx}-gone");
     stream::iter(0..stale_wanted)
         .map(|i| {
-            let (lvs, gone) = (lvs.clone(), gone.clone());
+            let (lvs, gone, class) = (lvs.clone(), gone.clone(), class.clone());
             let name = format!("scale-{sfx}-stale-{i:05}");
-            async move { stale(&lvs, &name, &gone).await }
+            async move { stale(&lvs, &name, &gone, &class).await }
         })
         .buffer_unordered(FILL_CONCURRENCY)
         .collect::<Vec<()>>()
@@ -460,9 +465,114 @@ async fn scale_create_volume_memory_requests_and_collection_at_many_volumes_and_
             }
         }
     }
+    operator_at_scale(&lvms, &admin, &ns.name, &class, nodes.len()).await;
     for node in &nodes {
         node.agent.abort();
         support::delete_node(&admin, &node.name).await;
     }
     ns.delete().await;
+}
+
+/// `lvms operator` (the binary) over the simulated nodes: an LVMCluster of the run's class on all
+/// of them (each reports the class Ready). Printed: the time from the process's start to its first
+/// successful reconcile, and its memory, at its first start and after a restart (SIGKILL and a new
+/// process: nothing remembered, everything read and applied again).
+async fn operator_at_scale(lvms: &str, admin: &Client, ns: &str, class: &str, nodes: usize) {
+    let work = tempfile::tempdir().unwrap();
+    let cert = work.path().join("cert");
+    std::fs::create_dir_all(&cert).unwrap();
+    let pair =
+        lvms_operator::certificate::generate_for(&["127.0.0.1".to_owned()], "127.0.0.1").unwrap();
+    std::fs::write(cert.join("tls.crt"), &pair.cert_pem).unwrap();
+    std::fs::write(cert.join("tls.key"), &pair.key_pem).unwrap();
+    // As its container runs it, with the admin's kubeconfig instead of its ServiceAccount's.
+    std::fs::copy(
+        std::env::var("KUBECONFIG").unwrap(),
+        work.path().join("operator.kubeconfig"),
+    )
+    .unwrap();
+    let clusters = Api::<LVMCluster>::namespaced(admin.clone(), ns);
+    let cluster: LVMCluster = serde_json::from_value(json!({
+        "apiVersion": "lvm.topolvm.io/v1alpha1", "kind": "LVMCluster",
+        "metadata": {"name": "scale", "namespace": ns},
+        "spec": {
+            // Nodes without a kubelet get the node lifecycle controller's taints.
+            "tolerations": [{"operator": "Exists"}],
+            "storage": {"deviceClasses": [
+                {"name": class, "default": true, "deviceSelector": {"paths": ["/dev/sdb"]},
+                 "thinPoolConfig": {"name": "pool", "overprovisionRatio": 2}}
+            ]}
+        }
+    }))
+    .unwrap();
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap();
+    let mut operator = Replica::new(
+        Path::new(lvms),
+        work.path(),
+        "scale-operator",
+        ns,
+        DRIVER,
+        &["--leader-election=false".to_owned()],
+    );
+    for start in ["its first start", "a restart"] {
+        let started = Instant::now();
+        operator.start();
+        eventually(
+            "the operator reconciles the LVMCluster",
+            support::WAIT,
+            || async {
+                match operator.successful_reconciles().await {
+                    Ok(n) if n > 0 => Ok(()),
+                    other => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        Err(format!("{other:?}; its log:\n{}", operator.tail()))
+                    }
+                }
+            },
+        )
+        .await;
+        let first = started.elapsed().as_secs_f64();
+        // What the reconcile started settles (its status write, the watches' events).
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let (now, peak) = rss(operator.pid().unwrap());
+        let deployed = clusters.get_status("scale").await.unwrap();
+        let reported = deployed
+            .status
+            .map(|s| {
+                s.device_class_statuses
+                    .iter()
+                    .map(|d| d.node_status.len())
+                    .sum::<usize>()
+            })
+            .unwrap_or_default();
+        println!(
+            "scale: operator over {nodes} nodes, after {start}: first reconcile done {first:.2} s \
+             after the process started; {reported} node statuses in the LVMCluster's status; RSS \
+             {now:.1} MiB (peak {peak:.1}; target ≤ 64 MiB)"
+        );
+        operator.kill();
+    }
+    // No node agent takes its finalizers off: the objects go by hand, the cluster-wide ones too.
+    let unfinalized = PatchParams::default();
+    let strip = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+    let groups = Api::<LVMVolumeGroup>::namespaced(admin.clone(), ns);
+    for group in groups.list(&Default::default()).await.unwrap().items {
+        let name = group.metadata.name.unwrap_or_default();
+        let _ = groups.patch(&name, &unfinalized, &strip).await;
+    }
+    let _ = clusters.patch("scale", &unfinalized, &strip).await;
+    let _ = clusters.delete("scale", &Default::default()).await;
+    let name = lvms_api::storage_class_name(class);
+    let _ = Api::<StorageClass>::all(admin.clone())
+        .delete(&name, &Default::default())
+        .await;
+    let _ = Api::<VolumeSnapshotClass>::all(admin.clone())
+        .delete(&name, &Default::default())
+        .await;
+    let _ = Api::<CSIDriver>::all(admin.clone())
+        .delete(DRIVER, &Default::default())
+        .await;
 }
