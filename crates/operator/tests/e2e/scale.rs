@@ -481,10 +481,7 @@ async fn operator_at_scale(lvms: &str, admin: &Client, ns: &str, class: &str, no
     let work = tempfile::tempdir().unwrap();
     let cert = work.path().join("cert");
     std::fs::create_dir_all(&cert).unwrap();
-    let pair =
-        lvms_operator::certificate::generate_for(&["127.0.0.1".to_owned()], "127.0.0.1").unwrap();
-    std::fs::write(cert.join("tls.crt"), &pair.cert_pem).unwrap();
-    std::fs::write(cert.join("tls.key"), &pair.key_pem).unwrap();
+    crate::webhook::certificates(&cert, "127.0.0.1");
     // As its container runs it, with the admin's kubeconfig instead of its ServiceAccount's.
     std::fs::copy(
         std::env::var("KUBECONFIG").unwrap(),

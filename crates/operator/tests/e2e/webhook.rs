@@ -54,7 +54,7 @@ impl ClusterLister for NamespaceLister {
 
 /// A CA and a server certificate for `host`, written as `tls.crt`/`tls.key` into `dir`; returns
 /// the CA's PEM (the caBundle).
-fn certificates(dir: &Path, host: &str) -> String {
+pub(crate) fn certificates(dir: &Path, host: &str) -> String {
     let mut names = vec![host.to_owned()];
     for n in ["127.0.0.1", "localhost"] {
         if !names.iter().any(|h| h == n) {
