@@ -99,6 +99,7 @@ async fn cluster() -> Cluster {
     let socket = dir.path().join("csi.sock");
     let listener = server::bind(&socket).unwrap();
     let services: Services<NodeBackend, NoNode, ClusterController> = Services {
+        snapshot_metadata: None,
         identity: IdentityService::new(
             "topolvm.io",
             true,

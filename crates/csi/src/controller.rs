@@ -90,7 +90,7 @@ impl RpcError {
         }
     }
 
-    fn invalid(message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
         Self::new(Code::InvalidArgument, message)
     }
 
@@ -109,7 +109,7 @@ impl From<RpcError> for Status {
 }
 
 /// The default mapping of a backend failure.
-fn backend(e: BackendError) -> RpcError {
+pub(crate) fn backend(e: BackendError) -> RpcError {
     let message = chain(&e);
     let code = match e {
         BackendError::NotFound(_) => Code::NotFound,
@@ -117,7 +117,9 @@ fn backend(e: BackendError) -> RpcError {
         BackendError::InsufficientSpace(_) => Code::ResourceExhausted,
         BackendError::Conflict(_) => Code::AlreadyExists,
         BackendError::Unavailable(_) => Code::Unavailable,
-        BackendError::Host(lvms_host::Error::InUse(_)) => Code::FailedPrecondition,
+        BackendError::Unsupported(_) | BackendError::Host(lvms_host::Error::InUse(_)) => {
+            Code::FailedPrecondition
+        }
         BackendError::Host(lvms_host::Error::Timeout { .. }) => Code::DeadlineExceeded,
         BackendError::Host(_) => Code::Internal,
     };

@@ -36,6 +36,7 @@ impl Converged {
 pub struct IdentityService<B> {
     driver_name: String,
     controller: bool,
+    snapshot_metadata: bool,
     backend: Arc<B>,
     converged: Converged,
 }
@@ -51,9 +52,17 @@ impl<B: Backend> IdentityService<B> {
         Self {
             driver_name: driver_name.into(),
             controller,
+            snapshot_metadata: false,
             backend,
             converged,
         }
+    }
+
+    /// Advertises the SnapshotMetadata service (`SNAPSHOT_METADATA_SERVICE`): the process serves it.
+    #[must_use]
+    pub fn with_snapshot_metadata(mut self) -> Self {
+        self.snapshot_metadata = true;
+        self
     }
 }
 
@@ -87,6 +96,9 @@ impl<B: Backend> Identity for IdentityService<B> {
             capabilities.push(service(service::Type::ControllerService));
         }
         capabilities.push(service(service::Type::VolumeAccessibilityConstraints));
+        if self.snapshot_metadata {
+            capabilities.push(service(service::Type::SnapshotMetadataService));
+        }
         capabilities.push(PluginCapability {
             r#type: Some(plugin_capability::Type::VolumeExpansion(VolumeExpansion {
                 r#type: volume_expansion::Type::Online as i32,

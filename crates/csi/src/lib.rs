@@ -5,6 +5,8 @@
 //! - [`controller`]: volumes, snapshots, clones, expansion, capacity, over a
 //!   [`lvms_engine::backend::Backend`];
 //! - [`node`]: stage/publish (mount and block), stats, expansion, on this node;
+//! - [`snapshot_metadata`]: changed-block tracking (allocated and changed ranges of thin
+//!   snapshots);
 //! - [`server`]: all of it on a Unix socket; [`params`]: StorageClass-style parameters.
 #![forbid(unsafe_code)]
 
@@ -13,6 +15,7 @@ pub mod identity;
 pub mod node;
 pub mod params;
 pub mod server;
+pub mod snapshot_metadata;
 
 pub use lvms_csi_proto::v1 as csi;
 

@@ -22,8 +22,10 @@ use crate::{
         controller_server::{Controller, ControllerServer},
         identity_server::IdentityServer,
         node_server::{Node, NodeServer},
+        snapshot_metadata_server::SnapshotMetadataServer,
     },
     identity::IdentityService,
+    snapshot_metadata::SnapshotMetadataService,
 };
 use lvms_engine::backend::Backend;
 
@@ -88,6 +90,9 @@ pub struct Services<B, N, C = ControllerService<B>> {
     pub controller: Option<C>,
     /// The Node service, if this process is on a node.
     pub node: Option<N>,
+    /// The SnapshotMetadata service, where this process sees the thin pools (advertise it with
+    /// [`IdentityService::with_snapshot_metadata`]).
+    pub snapshot_metadata: Option<SnapshotMetadataService<B>>,
 }
 
 /// Serves `services` on `listener` until `shutdown` completes.
@@ -104,7 +109,8 @@ where
     let router = Server::builder()
         .add_service(IdentityServer::new(services.identity))
         .add_optional_service(services.controller.map(ControllerServer::new))
-        .add_optional_service(services.node.map(NodeServer::new));
+        .add_optional_service(services.node.map(NodeServer::new))
+        .add_optional_service(services.snapshot_metadata.map(SnapshotMetadataServer::new));
     router
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await?;

@@ -108,6 +108,7 @@ async fn start(s: &Setup, socket: &std::path::Path) -> Driver {
     converged.set(true);
     let listener = server::bind(socket).unwrap();
     let services = Services {
+        snapshot_metadata: None,
         identity: IdentityService::new("topolvm.io", true, backend.clone(), converged),
         controller: Some(ControllerService::new(backend.clone())),
         node: Some(NodeService::new(

@@ -104,6 +104,10 @@ pub enum BackendError {
     /// The operation cannot run now (a volume in use, the class not converged).
     #[error("{0}")]
     Unavailable(String),
+    /// The volume cannot do what was asked, and no retry will change that (changed blocks of a
+    /// thick volume's snapshot).
+    #[error("{0}")]
+    Unsupported(String),
     /// LVM or the host failed.
     #[error(transparent)]
     Host(#[from] lvms_host::Error),
@@ -234,6 +238,44 @@ pub trait Backend: Send + Sync + 'static {
         let _ = class;
         async { Ok(None) }
     }
+
+    /// Changed-block tracking: the ranges of snapshot `id` that hold data (a thin snapshot: the
+    /// chunks its pool maps for it). Backends that do not see the pools refuse.
+    fn allocated(&self, id: &str) -> impl Future<Output = Result<BlockRanges>> + Send {
+        let _ = id;
+        async move {
+            Err(BackendError::Unsupported(format!(
+                "node {} does not serve snapshot metadata",
+                self.node_id()
+            )))
+        }
+    }
+
+    /// Changed-block tracking: the ranges where snapshots `base` and `target` of one volume differ
+    /// (written, or discarded, between the two). Backends that do not see the pools refuse.
+    fn changed(
+        &self,
+        base: &str,
+        target: &str,
+    ) -> impl Future<Output = Result<BlockRanges>> + Send {
+        let _ = (base, target);
+        async move {
+            Err(BackendError::Unsupported(format!(
+                "node {} does not serve snapshot metadata",
+                self.node_id()
+            )))
+        }
+    }
+}
+
+/// Byte ranges of a snapshot ([`Backend::allocated`], [`Backend::changed`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BlockRanges {
+    /// The snapshot's size in bytes.
+    pub volume_size: u64,
+    /// `(offset, length)` in bytes: sorted, apart (adjacent ones merged), each a whole number of the
+    /// pool's chunks but the last, which stops at `volume_size`.
+    pub ranges: Vec<(u64, u64)>,
 }
 
 /// A volume another driver made on this node (TopoLVM or LVMS: an LV named after its

@@ -90,8 +90,8 @@ use tokio::{sync::Mutex, time::Instant};
 use self::report::{Changed, Report, ReportCache};
 use crate::{
     backend::{
-        Backend, BackendError, Capacity, DeviceClassConfig, Layout, NewSnapshot, NewVolume,
-        PoolUsage, Result, Source, TakeOver, Usage, Volume,
+        Backend, BackendError, BlockRanges, Capacity, DeviceClassConfig, Layout, NewSnapshot,
+        NewVolume, PoolUsage, Result, Source, TakeOver, Usage, Volume,
     },
     ids,
 };
@@ -225,6 +225,8 @@ pub struct LocalBackend<R> {
     shared_stage_wait: Duration,
     /// Where a stage that starts waiting says so (the node agent posts it on the volume's claim).
     stage_waits: Option<StageWaits>,
+    /// Reads of a thin pool's metadata run one at a time: a pool keeps one metadata snapshot.
+    metadata_reads: Mutex<()>,
 }
 
 /// A stage of a shared class's volume that waits for another node's lock: the volume and why,
@@ -258,6 +260,7 @@ impl<R: Runner> LocalBackend<R> {
             clock: unix_now,
             shared_stage_wait: DEFAULT_SHARED_STAGE_WAIT,
             stage_waits: None,
+            metadata_reads: Mutex::new(()),
         }
     }
 
@@ -1375,8 +1378,17 @@ impl<R: Runner> Backend for LocalBackend<R> {
         self.read_back_lv(&lv.vg_name, id, "activating").await;
         Ok(format!("/dev/{}/{id}", lv.vg_name))
     }
+
+    async fn allocated(&self, id: &str) -> Result<BlockRanges> {
+        self.allocated_ranges(id).await
+    }
+
+    async fn changed(&self, base: &str, target: &str) -> Result<BlockRanges> {
+        self.changed_ranges(base, target).await
+    }
 }
 
+mod metadata;
 mod report;
 mod shared;
 

@@ -34,6 +34,7 @@
 
 mod errors;
 mod report;
+mod thin;
 
 use std::{collections::BTreeSet, time::Duration};
 
@@ -50,6 +51,7 @@ pub use self::{
         LV_FIELDS, PV_FIELDS, ReportError, VG_FIELDS, group_fields, parse_group, parse_lvs,
         parse_pvs, parse_vgs, split_tags,
     },
+    thin::{ChunkRuns, parse_delta, parse_dump},
 };
 use crate::{
     error::{Error, Result},

@@ -76,6 +76,7 @@ pub async fn run(args: CsiControllerArgs) -> Result<()> {
     );
     let converged = Converged::default();
     let services: Services<NodeBackend, NoNode, ClusterController> = Services {
+        snapshot_metadata: None,
         identity: IdentityService::new(
             args.driver_name,
             true,

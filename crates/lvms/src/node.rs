@@ -221,6 +221,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
     let listener = server::bind(&socket)?;
     tracing::info!(socket = %socket.display(), node = %args.node_name, "serving CSI Identity and Node");
     let services: Services<_, _> = Services {
+        snapshot_metadata: None,
         identity: IdentityService::new(
             args.driver_name.clone(),
             false,
@@ -252,6 +253,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
                 Some(args.csi_driver_lvm_old_socket.clone()),
             ));
             let services: Services<_, _> = Services {
+                snapshot_metadata: None,
                 identity: IdentityService::new(
                     CSI_DRIVER_LVM_DRIVER_NAME,
                     true,

@@ -1,5 +1,6 @@
 //! `lvms standalone`: the CSI driver without Kubernetes. Converges this node's device classes from a
-//! config file (the node engine), then serves Identity, Controller and Node on one Unix socket.
+//! config file (the node engine), then serves Identity, Controller, Node and SnapshotMetadata on one
+//! Unix socket.
 //! The classes that converged are served as soon as they have (the node agent's [`Switch`] over a
 //! backend of those classes, as on Kubernetes); one that failed is retried every 10 s, and until it
 //! converges its reason answers every call that names it (issue 35: one bad LUN no longer keeps a
@@ -18,6 +19,7 @@ use lvms_csi::{
     identity::{Converged, IdentityService},
     node::{NodeOptions, NodeService},
     server::{self, Services},
+    snapshot_metadata::SnapshotMetadataService,
 };
 use lvms_engine::{backend::DeviceClassConfig, local::LocalBackend};
 use lvms_host::{
@@ -193,8 +195,11 @@ pub async fn run(args: StandaloneArgs) -> Result<()> {
         });
     }
 
+    // The pools are on this machine: changed-block tracking is served here too (ADR 0039).
     let services = Services {
-        identity: IdentityService::new(args.driver_name, true, backend.clone(), converged),
+        snapshot_metadata: Some(SnapshotMetadataService::new(backend.clone())),
+        identity: IdentityService::new(args.driver_name, true, backend.clone(), converged)
+            .with_snapshot_metadata(),
         controller: Some(ControllerService::new(backend.clone())),
         node: Some(NodeService::new(
             backend,

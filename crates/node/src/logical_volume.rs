@@ -51,6 +51,7 @@ pub enum Code {
     NotFound = 5,
     AlreadyExists = 6,
     ResourceExhausted = 8,
+    FailedPrecondition = 9,
 }
 
 /// What the agent knows about the object named in `spec.source`.
@@ -418,6 +419,7 @@ pub fn failure_status(
         BackendError::NotFound(_) => Code::NotFound,
         BackendError::Conflict(_) => Code::AlreadyExists,
         BackendError::InsufficientSpace(_) => Code::ResourceExhausted,
+        BackendError::Unsupported(_) => Code::FailedPrecondition,
         BackendError::Unavailable(_) | BackendError::Host(_) => return None,
     };
     Some(LogicalVolumeStatus {

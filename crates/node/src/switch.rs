@@ -11,8 +11,8 @@ use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use lvms_core::layout::FreeSpace;
 use lvms_engine::backend::{
-    Backend, BackendError, Capacity, DeviceClassConfig, Layout, NewSnapshot, NewVolume, Result,
-    TakeOver, Usage, Volume,
+    Backend, BackendError, BlockRanges, Capacity, DeviceClassConfig, Layout, NewSnapshot,
+    NewVolume, Result, TakeOver, Usage, Volume,
 };
 use tokio::sync::watch;
 
@@ -246,6 +246,14 @@ impl<B: Backend> Backend for Switch<B> {
 
     async fn take_over(&self, req: &TakeOver) -> Result<Volume> {
         self.or_unavailable()?.take_over(req).await
+    }
+
+    async fn allocated(&self, id: &str) -> Result<BlockRanges> {
+        self.or_unavailable()?.allocated(id).await
+    }
+
+    async fn changed(&self, base: &str, target: &str) -> Result<BlockRanges> {
+        self.or_unavailable()?.changed(base, target).await
     }
 }
 

@@ -116,6 +116,7 @@ async fn driver<R: Runner + Clone>(
     converged.set(true);
     let services: Services<LocalBackend<R>, lvms_csi::node::NodeService<LocalBackend<R>, R>> =
         Services {
+            snapshot_metadata: None,
             identity: IdentityService::new("topolvm.io", true, backend.clone(), converged),
             controller: Some(ControllerService::new(backend)),
             node: None,

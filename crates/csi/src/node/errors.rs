@@ -28,7 +28,7 @@ fn backend_code(e: &BackendError) -> Code {
         BackendError::NotFound(_) => Code::NotFound,
         BackendError::InvalidArgument(_) => Code::InvalidArgument,
         BackendError::InsufficientSpace(_) => Code::ResourceExhausted,
-        BackendError::Conflict(_) => Code::FailedPrecondition,
+        BackendError::Conflict(_) | BackendError::Unsupported(_) => Code::FailedPrecondition,
         BackendError::Unavailable(_) => Code::Unavailable,
         BackendError::Host(h) => host_code(h),
     }

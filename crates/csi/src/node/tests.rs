@@ -1374,6 +1374,7 @@ async fn node_codes_over_a_real_socket() {
     let socket = s.dir.path().join("csi.sock");
     let listener = server::bind(&socket).unwrap();
     let services: Services<_, _> = Services {
+        snapshot_metadata: None,
         identity: IdentityService::new(
             "topolvm.io",
             false,
@@ -1453,6 +1454,7 @@ async fn serve_on_socket(
     let socket = s.dir.path().join("node.sock");
     let listener = server::bind(&socket).unwrap();
     let services: Services<_, _> = Services {
+        snapshot_metadata: None,
         identity: IdentityService::new(
             "topolvm.io",
             false,

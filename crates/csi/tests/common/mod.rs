@@ -39,6 +39,7 @@ impl Driver {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let listener = server::bind(&socket).unwrap();
         let services: Services<FakeBackend, NoNode> = Services {
+            snapshot_metadata: None,
             identity: IdentityService::new("topolvm.io", true, backend.clone(), converged.clone()),
             controller: Some(ControllerService::new(backend.clone())),
             node: None,

@@ -90,7 +90,7 @@ struct RawLv {
 }
 
 /// The rows of every report section named `key` (`pv`, `vg`, `lv`).
-fn rows<T: DeserializeOwned>(json: &str, key: &str) -> Result<Vec<T>> {
+pub(super) fn rows<T: DeserializeOwned>(json: &str, key: &str) -> Result<Vec<T>> {
     let value: serde_json::Value =
         serde_json::from_str(json).map_err(|e| ReportError(format!("not a JSON report: {e}")))?;
     let sections = value

@@ -133,6 +133,7 @@ impl Stack {
         let socket = dir.path().join("csi.sock");
         let listener = server::bind(&socket).unwrap();
         let services: Services<NodeBackend, NoNode, ClusterController> = Services {
+            snapshot_metadata: None,
             identity: IdentityService::new(
                 "topolvm.io",
                 true,
