@@ -79,6 +79,13 @@ pub fn free_space_annotation(driver: &str) -> String {
     format!("lvms.{driver}/free-space")
 }
 
+/// The Node annotation in which the node agent publishes where it serves the SnapshotMetadata
+/// service (`host:port`, mutual TLS); the CSI controller forwards changed-block requests there
+/// (ADR 0039).
+pub fn snapshot_metadata_annotation(driver: &str) -> String {
+    format!("lvms.{driver}/snapshot-metadata")
+}
+
 // ---------------------------------------------------------------------------------------------
 // Labels
 // ---------------------------------------------------------------------------------------------

@@ -5,10 +5,12 @@
 //! - [`view`]: the cluster as reflector stores (volumes, nodes and their capacity, classes).
 //! - [`backend`]: one node's volumes as a [`lvms_engine::backend::Backend`] over `LogicalVolume`s.
 //! - [`service`]: the Controller service, routing each call to the single-node service of the right node.
+//! - [`metadata`]: changed-block tracking, forwarded to the node agent holding the snapshots.
 //! - [`gc`]: volume `LogicalVolume`s no PersistentVolume refers to, reported and (after a window) removed.
 #![forbid(unsafe_code)]
 
 pub mod backend;
 pub mod gc;
+pub mod metadata;
 pub mod service;
 pub mod view;

@@ -7,6 +7,7 @@
 //! - [`node`]: stage/publish (mount and block), stats, expansion, on this node;
 //! - [`snapshot_metadata`]: changed-block tracking (allocated and changed ranges of thin
 //!   snapshots);
+//! - [`remote`]: the node agent's SnapshotMetadata service over TCP with mutual TLS;
 //! - [`server`]: all of it on a Unix socket; [`params`]: StorageClass-style parameters.
 #![forbid(unsafe_code)]
 
@@ -14,6 +15,7 @@ pub mod controller;
 pub mod identity;
 pub mod node;
 pub mod params;
+pub mod remote;
 pub mod server;
 pub mod snapshot_metadata;
 

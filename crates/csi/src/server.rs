@@ -22,7 +22,7 @@ use crate::{
         controller_server::{Controller, ControllerServer},
         identity_server::IdentityServer,
         node_server::{Node, NodeServer},
-        snapshot_metadata_server::SnapshotMetadataServer,
+        snapshot_metadata_server::{SnapshotMetadata, SnapshotMetadataServer},
     },
     identity::IdentityService,
     snapshot_metadata::SnapshotMetadataService,
@@ -82,8 +82,10 @@ pub fn bind(path: &Path) -> Result<UnixListener> {
 }
 
 /// Which services to serve (`N` is the Node service, [`crate::node`]'s in the driver; `C` the Controller
-/// service, [`ControllerService`] over one node's backend unless a cluster-wide one is given).
-pub struct Services<B, N, C = ControllerService<B>> {
+/// service, [`ControllerService`] over one node's backend unless a cluster-wide one is given; `M` the
+/// SnapshotMetadata service, [`SnapshotMetadataService`] over the backend unless one that forwards
+/// to the nodes is given).
+pub struct Services<B, N, C = ControllerService<B>, M = SnapshotMetadataService<B>> {
     /// Always served.
     pub identity: IdentityService<B>,
     /// The Controller service, if this process is a controller.
@@ -92,19 +94,20 @@ pub struct Services<B, N, C = ControllerService<B>> {
     pub node: Option<N>,
     /// The SnapshotMetadata service, where this process sees the thin pools (advertise it with
     /// [`IdentityService::with_snapshot_metadata`]).
-    pub snapshot_metadata: Option<SnapshotMetadataService<B>>,
+    pub snapshot_metadata: Option<M>,
 }
 
 /// Serves `services` on `listener` until `shutdown` completes.
-pub async fn serve<B, N, C>(
+pub async fn serve<B, N, C, M>(
     listener: UnixListener,
-    services: Services<B, N, C>,
+    services: Services<B, N, C, M>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()>
 where
     B: Backend,
     N: Node,
     C: Controller,
+    M: SnapshotMetadata,
 {
     let router = Server::builder()
         .add_service(IdentityServer::new(services.identity))

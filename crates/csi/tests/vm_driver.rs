@@ -107,7 +107,7 @@ async fn start(s: &Setup, socket: &std::path::Path) -> Driver {
     let converged = Converged::default();
     converged.set(true);
     let listener = server::bind(socket).unwrap();
-    let services = Services {
+    let services: Services<_, _> = Services {
         snapshot_metadata: None,
         identity: IdentityService::new("topolvm.io", true, backend.clone(), converged),
         controller: Some(ControllerService::new(backend.clone())),

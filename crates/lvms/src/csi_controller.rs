@@ -9,10 +9,12 @@ use kube::Api;
 use lvms_api::topolvm::LogicalVolume;
 use lvms_csi::{
     identity::{Converged, IdentityService},
+    remote::Tls,
     server::{self, NoNode, Services},
 };
 use lvms_csi_controller::{
-    backend::NodeBackend, gc::ControllerCollector, service::ClusterController, view::View,
+    backend::NodeBackend, gc::ControllerCollector, metadata::ForwardedMetadata,
+    service::ClusterController, view::View,
 };
 
 /// `lvms csi-controller`'s flags.
@@ -50,6 +52,11 @@ pub struct CsiControllerArgs {
     /// when unset).
     #[arg(long, env = "POD_NAME")]
     pod_name: Option<String>,
+    /// Directory of the certificate (`ca.crt`, `tls.crt`, `tls.key`) with which changed-block
+    /// tracking requests are forwarded to the node agents (mutual TLS, ADR 0039); set: the
+    /// SnapshotMetadata service is served and advertised. Unset or empty: it is not.
+    #[arg(long, env = "LVMS_SNAPSHOT_METADATA_CERT_DIR")]
+    snapshot_metadata_cert_dir: Option<PathBuf>,
 }
 
 /// Serves until SIGTERM or Ctrl-C, or until the watches end.
@@ -75,14 +82,29 @@ pub async fn run(args: CsiControllerArgs) -> Result<()> {
             .unwrap_or(&args.endpoint),
     );
     let converged = Converged::default();
-    let services: Services<NodeBackend, NoNode, ClusterController> = Services {
-        snapshot_metadata: None,
-        identity: IdentityService::new(
-            args.driver_name,
-            true,
-            Arc::new(NodeBackend::new("", view.clone(), lvs.clone())),
-            converged.clone(),
-        ),
+    let metadata = match args
+        .snapshot_metadata_cert_dir
+        .as_deref()
+        .filter(|d| !d.as_os_str().is_empty())
+    {
+        Some(dir) => Some(ForwardedMetadata::new(
+            view.clone(),
+            Tls::read(dir).context("LVMS_SNAPSHOT_METADATA_CERT_DIR")?,
+        )),
+        None => None,
+    };
+    let mut identity = IdentityService::new(
+        args.driver_name,
+        true,
+        Arc::new(NodeBackend::new("", view.clone(), lvs.clone())),
+        converged.clone(),
+    );
+    if metadata.is_some() {
+        identity = identity.with_snapshot_metadata();
+    }
+    let services: Services<NodeBackend, NoNode, ClusterController, ForwardedMetadata> = Services {
+        snapshot_metadata: metadata,
+        identity,
         controller: Some(ClusterController::new(view.clone(), lvs)),
         node: None,
     };

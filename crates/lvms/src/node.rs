@@ -25,6 +25,7 @@ use lvms_csi::{
     identity::{Converged, IdentityService},
     node::{NodeOptions, NodeService},
     server::{self, Services},
+    snapshot_metadata::SnapshotMetadataService,
 };
 use lvms_engine::local::LocalBackend;
 use lvms_host::{
@@ -98,6 +99,57 @@ pub struct NodeArgs {
     /// Empty: install nothing (the admin installs the hook by hand).
     #[arg(long, env = "LVMS_FENCE_HOOK_DIR", default_value = lvms_host::fence::install::DEFAULT_DIR)]
     fence_hook_dir: String,
+    /// Directory of the certificate (`ca.crt`, `tls.crt`, `tls.key`, a mounted TLS Secret) with
+    /// which changed-block tracking is served to the CSI controller over TCP, mutual TLS (ADR
+    /// 0039); unset or empty: not served.
+    #[arg(long, env = "LVMS_SNAPSHOT_METADATA_CERT_DIR")]
+    snapshot_metadata_cert_dir: Option<PathBuf>,
+    /// Port of changed-block tracking, on every address of the node.
+    #[arg(long, env = "LVMS_SNAPSHOT_METADATA_PORT", default_value_t = lvms_csi::remote::DEFAULT_PORT)]
+    snapshot_metadata_port: u16,
+    /// Where the CSI controller reaches that port (`host:port`), published on the Node; default:
+    /// `$POD_IP` and the port (the DaemonSet is on the host network).
+    #[arg(long, env = "LVMS_SNAPSHOT_METADATA_ADDRESS")]
+    snapshot_metadata_address: Option<String>,
+}
+
+/// Changed-block tracking for the CSI controller, when a certificate directory is given: served on
+/// the port with mutual TLS, its address published on this node's Node (ADR 0039).
+async fn serve_snapshot_metadata<B: lvms_engine::backend::Backend>(
+    client: kube::Client,
+    args: &NodeArgs,
+    backend: Arc<B>,
+) -> Result<()> {
+    let Some(dir) = args
+        .snapshot_metadata_cert_dir
+        .as_deref()
+        .filter(|d| !d.as_os_str().is_empty())
+    else {
+        return std::future::pending().await;
+    };
+    let tls = lvms_csi::remote::Tls::read(dir).context("LVMS_SNAPSHOT_METADATA_CERT_DIR")?;
+    let port = args.snapshot_metadata_port;
+    let address = match (&args.snapshot_metadata_address, std::env::var("POD_IP")) {
+        (Some(a), _) if !a.is_empty() => a.clone(),
+        (_, Ok(ip)) if !ip.is_empty() => format!("{ip}:{port}"),
+        _ => bail!(
+            "LVMS_SNAPSHOT_METADATA_CERT_DIR is set but neither LVMS_SNAPSHOT_METADATA_ADDRESS nor \
+             POD_IP says where the CSI controller reaches this node: set one"
+        ),
+    };
+    lvms_node::metadata_address::publish(client, &args.node_name, &args.driver_name, &address)
+        .await
+        .context("publishing the changed-block tracking address on the Node")?;
+    tracing::info!(%address, port, "serving changed-block tracking to the CSI controller");
+    let listen = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+    lvms_csi::remote::serve(
+        listen,
+        &tls,
+        SnapshotMetadataService::new(backend),
+        crate::shutdown_signal(),
+    )
+    .await
+    .context("serving changed-block tracking")
 }
 
 /// The shared classes' host, installing the fence hook in `fence_hook_dir` unless it is empty.
@@ -190,6 +242,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
             .parent()
             .map(|dir| dir.join("node").join("csi-topolvm.sock"))
     });
+    let metadata_client = client.clone();
     let lv_ctx = Arc::new(lv_reconciler::Context {
         client,
         node: args.node_name.clone(),
@@ -297,5 +350,6 @@ pub async fn run(args: NodeArgs) -> Result<()> {
             served.context("serving CSI")
         }
         served = csi_driver_lvm => served.context("serving csi-driver-lvm's volumes"),
+        served = serve_snapshot_metadata(metadata_client, &args, switch) => served,
     }
 }

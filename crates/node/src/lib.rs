@@ -21,6 +21,7 @@ pub use lvms_k8s::finalizers;
 pub mod gc;
 pub mod logical_volume;
 pub mod lv_reconciler;
+pub mod metadata_address;
 pub mod stage_wait;
 pub mod switch;
 pub mod vg_reconciler;
