@@ -38,25 +38,51 @@ const SIDECARS: &[&str] = &[
 const E2E_DISKS: [&str; 3] = ["e2e0=4096", "e2e1=2048", "e2e2=2048"];
 
 /// Boots the VM that plays the node (real LVM, the node agent) and waits for its command server.
-fn start_node_vm(repo: &Path, exec_port: u16) -> Result<vm::RunningVm> {
+/// The guest port on which the node agent serves changed-block tracking in the e2e VM
+/// (`lvms_csi::remote::DEFAULT_PORT`).
+const GUEST_METADATA_PORT: u16 = 9810;
+
+fn start_node_vm(repo: &Path, exec_port: u16, metadata_port: u16) -> Result<vm::RunningVm> {
     let kernel = vm::prepare(repo)?;
     // e2e0 for the LVMCluster; e2e1 for the standalone driver the benchmark compares with; e2e2
     // the LUN of the shared device class (shared_stack).
     let disks = vm::disks(repo, &E2E_DISKS)?;
-    guest::start_served(repo, &kernel, "e2e", disks, 2, exec_port)
+    guest::start_served(
+        repo,
+        &kernel,
+        "e2e",
+        disks,
+        2,
+        exec_port,
+        &[(metadata_port, GUEST_METADATA_PORT)],
+    )
 }
 
-/// The assets, a control plane under `target/e2e/<name>`, and the node VM with its command port.
-fn start_cluster(repo: &Path, name: &str) -> Result<(PathBuf, ControlPlane, u16, vm::RunningVm)> {
+/// The node VM's forwarded ports: its command server's, and the agent's changed-block tracking
+/// (which the CSI controller on the host dials).
+#[derive(Clone, Copy)]
+struct NodePorts {
+    exec: u16,
+    metadata: u16,
+}
+
+/// The assets, a control plane under `target/e2e/<name>`, and the node VM with its ports.
+fn start_cluster(
+    repo: &Path,
+    name: &str,
+) -> Result<(PathBuf, ControlPlane, NodePorts, vm::RunningVm)> {
     let (assets, control_plane) = cluster::start(
         repo,
         &repo.join("target/e2e").join(name),
         SIDECARS,
         &cluster::Options::default(),
     )?;
-    let exec_port = cluster::free_port()?;
-    let node_vm = start_node_vm(repo, exec_port)?;
-    Ok((assets, control_plane, exec_port, node_vm))
+    let ports = NodePorts {
+        exec: cluster::free_port()?,
+        metadata: cluster::free_port()?,
+    };
+    let node_vm = start_node_vm(repo, ports.exec, ports.metadata)?;
+    Ok((assets, control_plane, ports, node_vm))
 }
 
 pub fn run(repo: &Path, filter: Option<&str>) -> Result<ExitCode> {
@@ -164,7 +190,8 @@ fn run_passes(
 ) -> Result<ExitCode> {
     let started = Instant::now();
     let suite = suite(repo)?;
-    let (assets, control_plane, exec_port, node_vm) = start_cluster(repo, "cluster")?;
+    let (assets, control_plane, ports, node_vm) = start_cluster(repo, "cluster")?;
+    let exec_port = ports.exec;
     println!(
         "e2e: node VM up after {:.0} s",
         started.elapsed().as_secs_f64()
@@ -178,6 +205,10 @@ fn run_passes(
             .env("LVMS_K8S_ASSETS", &assets)
             .env("LVMS_E2E_LVMS", lvms)
             .env("LVMS_E2E_VM", format!("127.0.0.1:{exec_port}"))
+            .env(
+                "LVMS_E2E_VM_METADATA",
+                format!("127.0.0.1:{}", ports.metadata),
+            )
             .env(
                 "LVMS_E2E_VM_SERVER",
                 format!("https://{}:{}", cluster::VM_HOST_ADDR, control_plane.port),
@@ -243,13 +274,16 @@ pub fn run_pass(repo: &Path, mut cmd: Command, work: &Path) -> Result<(bool, Opt
 /// `cargo xtask cluster`: the control plane and the node VM, until the process is killed; prints
 /// the environment under which the e2e binary runs against them.
 pub fn serve_cluster(repo: &Path) -> Result<ExitCode> {
-    let (assets, control_plane, exec_port, _node_vm) = start_cluster(repo, "dev")?;
+    let (assets, control_plane, ports, _node_vm) = start_cluster(repo, "dev")?;
+    let exec_port = ports.exec;
     println!(
         "cluster: LVMS_E2E=1 KUBECONFIG={} LVMS_K8S_ASSETS={} LVMS_E2E_LVMS={} \
-         LVMS_E2E_VM=127.0.0.1:{exec_port} LVMS_E2E_VM_SERVER=https://{}:{} LVMS_E2E_WORK={}",
+         LVMS_E2E_VM=127.0.0.1:{exec_port} LVMS_E2E_VM_METADATA=127.0.0.1:{} \
+         LVMS_E2E_VM_SERVER=https://{}:{} LVMS_E2E_WORK={}",
         control_plane.kubeconfig.display(),
         assets.display(),
         crate::artifacts::lvms(repo).display(),
+        ports.metadata,
         cluster::VM_HOST_ADDR,
         control_plane.port,
         repo.join("target/e2e/dev-work").display(),

@@ -20,7 +20,8 @@ use crate::vm::{self, Disk, Kernel, RunningVm, VmSpec};
 pub const GUEST_PORT: u16 = 7000;
 
 /// Boots a VM (user-mode network, `cpus` vCPUs) whose guest runs the command server, reachable at
-/// host loopback port `exec_port`, and waits until it answers.
+/// host loopback port `exec_port`, and waits until it answers; `more_forwards` are further
+/// `(host loopback port, guest port)` forwards.
 pub fn start_served(
     repo: &Path,
     kernel: &Kernel,
@@ -28,6 +29,7 @@ pub fn start_served(
     disks: Vec<Disk>,
     cpus: u32,
     exec_port: u16,
+    more_forwards: &[(u16, u16)],
 ) -> Result<RunningVm> {
     let xtask = std::env::current_exe().context("the xtask executable")?;
     let command = format!(
@@ -37,7 +39,11 @@ pub fn start_served(
     let spec = VmSpec::new(name, repo, command)
         .disks(disks)
         .cpus(cpus)
-        .net(vec![(exec_port, GUEST_PORT)])
+        .net(
+            std::iter::once((exec_port, GUEST_PORT))
+                .chain(more_forwards.iter().copied())
+                .collect(),
+        )
         .env("RUST_BACKTRACE", "1");
     let vm = vm::start(repo, kernel, spec)?;
     Guest::new(name, format!("127.0.0.1:{exec_port}")).wait_ready(Duration::from_secs(300))?;

@@ -50,6 +50,7 @@ fn pair(repo: &Path, kernel: &vm::Kernel, exe: &Path, args: &[&str]) -> Result<(
             disks,
             1,
             ports[i],
+            &[],
         )?);
     }
     let join = |v: Vec<String>| v.join(",");

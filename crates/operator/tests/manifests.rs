@@ -411,6 +411,25 @@ const CSI_CONTROLLER_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
         Scope::Namespace,
     ),
     ("apps", "replicasets", &["get"], Scope::Namespace),
+    // external-snapshot-metadata.
+    (
+        "cbt.storage.k8s.io",
+        "snapshotmetadataservices",
+        &["get", "list", "watch"],
+        Scope::Cluster,
+    ),
+    (
+        "authentication.k8s.io",
+        "tokenreviews",
+        &["create"],
+        Scope::Cluster,
+    ),
+    (
+        "authorization.k8s.io",
+        "subjectaccessreviews",
+        &["create"],
+        Scope::Cluster,
+    ),
     // lvms csi-controller's garbage collector: events about unclaimed LogicalVolumes.
     (
         "events.k8s.io",

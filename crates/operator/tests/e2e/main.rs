@@ -44,6 +44,7 @@
 
 mod bench;
 mod cert_renewal;
+mod changed_blocks;
 mod cleanup;
 mod crds;
 mod dead_nodes;

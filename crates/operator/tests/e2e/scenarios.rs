@@ -25,7 +25,7 @@ const CLUSTER: &str = "lvmcluster";
 /// Its one device class, thin.
 pub const CLASS: &str = "vg1";
 pub const POOL: &str = "thin-pool-1";
-const STORAGE_CLASS: &str = "lvms-vg1";
+pub const STORAGE_CLASS: &str = "lvms-vg1";
 
 /// Creates the scenarios' LVMCluster (through the webhook) unless it exists, and waits until it
 /// is Ready: the agent in the VM has built the volume group and its thin pool.
@@ -329,7 +329,7 @@ pub async fn pv_handle_and_terms(client: &Client, volume: &str) -> (String, Vec<
 
 /// A claim of `size` on the scenarios' class in `ns`, optionally from a data source, and a pod
 /// that uses it (so WaitForFirstConsumer binds it); returns the bound PersistentVolume's name.
-async fn bound_claim(
+pub async fn bound_claim(
     client: &Client,
     ns: &str,
     name: &str,
@@ -375,7 +375,7 @@ async fn bound_claim(
 }
 
 /// The volume handle (the LV's name) of a PersistentVolume.
-async fn handle_of(client: &Client, pv: &str) -> String {
+pub async fn handle_of(client: &Client, pv: &str) -> String {
     Api::<PersistentVolume>::all(client.clone())
         .get(pv)
         .await
@@ -399,6 +399,67 @@ async fn lv_size(stack: &Stack, lv: &str) -> u64 {
         .as_str()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no size in {out}"))
+}
+
+/// Takes VolumeSnapshot `name` of claim `claim` in `ns` on the scenarios' class and waits until it
+/// is ReadyToUse; the namespace's VolumeSnapshots and the snapshot's handle (its LV's name).
+pub async fn ready_snapshot(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    claim: &str,
+) -> (Api<DynamicObject>, String) {
+    let snapshots = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        ns,
+        &stack::resource(client, "snapshot.storage.k8s.io", "v1", "VolumeSnapshot").await,
+    );
+    let snapshot: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"volumeSnapshotClassName": STORAGE_CLASS,
+                 "source": {"persistentVolumeClaimName": claim}},
+    }))
+    .unwrap();
+    snapshots
+        .create(&PostParams::default(), &snapshot)
+        .await
+        .unwrap_or_else(|e| panic!("creating the VolumeSnapshot: {e}"));
+    let handle = eventually(
+        &format!("the VolumeSnapshot {name} is ReadyToUse"),
+        SLOW,
+        || {
+            let snapshots = snapshots.clone();
+            let client = client.clone();
+            async move {
+                let s = snapshots.get(name).await.map_err(|e| e.to_string())?;
+                if s.data["status"]["readyToUse"] != true {
+                    return Err(format!("{}", s.data["status"]));
+                }
+                let content = s.data["status"]["boundVolumeSnapshotContentName"]
+                    .as_str()
+                    .ok_or("no content")?
+                    .to_owned();
+                let contents = Api::<DynamicObject>::all_with(
+                    client.clone(),
+                    &stack::resource(
+                        &client,
+                        "snapshot.storage.k8s.io",
+                        "v1",
+                        "VolumeSnapshotContent",
+                    )
+                    .await,
+                );
+                let c = contents.get(&content).await.map_err(|e| e.to_string())?;
+                c.data["status"]["snapshotHandle"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| format!("{}", c.data["status"]))
+            }
+        },
+    )
+    .await;
+    (snapshots, handle)
 }
 
 #[tokio::test]
@@ -447,52 +508,7 @@ async fn stack_a_claim_grows_is_snapshotted_restored_and_cloned_and_its_lvs_go_w
     );
 
     // A VolumeSnapshot becomes ReadyToUse through snapshot-controller and csi-snapshotter.
-    let snapshots = Api::<DynamicObject>::namespaced_with(
-        client.clone(),
-        &ns.name,
-        &stack::resource(&client, "snapshot.storage.k8s.io", "v1", "VolumeSnapshot").await,
-    );
-    let snapshot: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
-        "metadata": {"name": "snap", "namespace": ns.name},
-        "spec": {"volumeSnapshotClassName": STORAGE_CLASS,
-                 "source": {"persistentVolumeClaimName": "data"}},
-    }))
-    .unwrap();
-    snapshots
-        .create(&PostParams::default(), &snapshot)
-        .await
-        .unwrap_or_else(|e| panic!("creating the VolumeSnapshot: {e}"));
-    let snapshot_handle = eventually("the VolumeSnapshot is ReadyToUse", SLOW, || {
-        let snapshots = snapshots.clone();
-        let client = client.clone();
-        async move {
-            let s = snapshots.get("snap").await.map_err(|e| e.to_string())?;
-            if s.data["status"]["readyToUse"] != true {
-                return Err(format!("{}", s.data["status"]));
-            }
-            let content = s.data["status"]["boundVolumeSnapshotContentName"]
-                .as_str()
-                .ok_or("no content")?
-                .to_owned();
-            let contents = Api::<DynamicObject>::all_with(
-                client.clone(),
-                &stack::resource(
-                    &client,
-                    "snapshot.storage.k8s.io",
-                    "v1",
-                    "VolumeSnapshotContent",
-                )
-                .await,
-            );
-            let c = contents.get(&content).await.map_err(|e| e.to_string())?;
-            c.data["status"]["snapshotHandle"]
-                .as_str()
-                .map(str::to_owned)
-                .ok_or_else(|| format!("{}", c.data["status"]))
-        }
-    })
-    .await;
+    let (snapshots, snapshot_handle) = ready_snapshot(&client, &ns.name, "snap", "data").await;
     assert!(
         stack.vm.lvs(CLASS).await.contains(&snapshot_handle),
         "the snapshot is an LV in the VM"

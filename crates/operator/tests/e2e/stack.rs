@@ -130,7 +130,14 @@ pub struct Stack {
     pub operator_metrics: u16,
     /// The CSI controller's `/metrics` port.
     pub controller_metrics: u16,
+    /// The agent's flags for changed-block tracking (its certificate, and the address the
+    /// controller dials: the VM's forwarded port), when the harness forwards one.
+    agent_metadata_args: String,
 }
+
+/// The audience of the tokens backup clients present to the snapshot-metadata sidecar (the
+/// `SnapshotMetadataService`'s).
+pub const METADATA_AUDIENCE: &str = "lvms-e2e-snapshot-metadata";
 
 static STACK: Mutex<Option<Stack>> = Mutex::const_new(None);
 
@@ -141,6 +148,8 @@ struct Env {
     vm_server: String,
     assets: PathBuf,
     work: PathBuf,
+    /// Host loopback address of the VM's changed-block tracking port.
+    vm_metadata: Option<String>,
 }
 
 fn env() -> Option<Env> {
@@ -151,6 +160,7 @@ fn env() -> Option<Env> {
         vm_server: std::env::var("LVMS_E2E_VM_SERVER").ok()?,
         assets: var("LVMS_K8S_ASSETS")?,
         work: var("LVMS_E2E_WORK")?,
+        vm_metadata: std::env::var("LVMS_E2E_VM_METADATA").ok(),
     })
 }
 
@@ -341,6 +351,42 @@ impl Stack {
             &token(&client, NAMESPACE, "vg-manager").await,
         );
 
+        // Changed-block tracking (ADR 0039): one certificate for the sidecar's TLS API (on
+        // loopback), the agent's server and the controller's client, as the Secret would hold it.
+        let metadata_cert = work.join("snapshot-metadata-cert");
+        std::fs::create_dir_all(&metadata_cert).unwrap();
+        let metadata_pair = lvms_operator::certificate::generate_for(
+            &[
+                "127.0.0.1".to_owned(),
+                "localhost".to_owned(),
+                lvms_csi::remote::SERVER_NAME.to_owned(),
+            ],
+            lvms_csi::remote::SERVER_NAME,
+        )
+        .unwrap();
+        for (file, pem) in [
+            ("ca.crt", &metadata_pair.ca_pem),
+            ("tls.crt", &metadata_pair.cert_pem),
+            ("tls.key", &metadata_pair.key_pem),
+        ] {
+            std::fs::write(metadata_cert.join(file), pem).unwrap();
+        }
+        let sidecar_port = free_port();
+        if env.vm_metadata.is_some() {
+            use base64::Engine as _;
+            let sms = json!({
+                "apiVersion": "cbt.storage.k8s.io/v1beta1", "kind": "SnapshotMetadataService",
+                "metadata": {"name": DRIVER},
+                "spec": {
+                    "address": format!("127.0.0.1:{sidecar_port}"),
+                    "audience": METADATA_AUDIENCE,
+                    "caCert": base64::engine::general_purpose::STANDARD
+                        .encode(&metadata_pair.ca_pem),
+                },
+            });
+            apply(&client, &sms).await;
+        }
+
         // The operator pod's containers.
         let socket = work.join("csi/csi.sock");
         std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
@@ -366,14 +412,18 @@ impl Stack {
                 format!("--metrics-port={operator_metrics}"),
             ]),
         ));
-        processes.push(HostProcess::new(
-            "csi-controller",
-            lvms(&[
-                "csi-controller".into(),
-                format!("--endpoint=unix://{sock}"),
-                format!("--metrics-port={controller_metrics}"),
-            ]),
-        ));
+        let mut controller_args = vec![
+            "csi-controller".into(),
+            format!("--endpoint=unix://{sock}"),
+            format!("--metrics-port={controller_metrics}"),
+        ];
+        if env.vm_metadata.is_some() {
+            controller_args.push(format!(
+                "--snapshot-metadata-cert-dir={}",
+                metadata_cert.display()
+            ));
+        }
+        processes.push(HostProcess::new("csi-controller", lvms(&controller_args)));
         let sidecar = |name: &str, args: &[&str]| {
             let mut c = Command::new(env.assets.join(name));
             c.arg(format!("--csi-address={sock}"))
@@ -410,6 +460,24 @@ impl Stack {
                 &["--extra-create-metadata", "--timeout=120s"],
             ),
         ));
+        if env.vm_metadata.is_some() {
+            // The sidecar has no leader election: one per controller pod.
+            let mut c = Command::new(env.assets.join("csi-snapshot-metadata"));
+            c.arg(format!("--csi-address={sock}"))
+                .arg(format!("--kubeconfig={}", operator_kubeconfig.display()))
+                .arg(format!(
+                    "--tls-cert={}",
+                    metadata_cert.join("tls.crt").display()
+                ))
+                .arg(format!(
+                    "--tls-key={}",
+                    metadata_cert.join("tls.key").display()
+                ))
+                .arg(format!("--port={sidecar_port}"))
+                .arg(format!("--audience={METADATA_AUDIENCE}"))
+                .arg(format!("--http-endpoint=127.0.0.1:{}", free_port()));
+            processes.push(HostProcess::new("csi-snapshot-metadata", c));
+        }
         let mut snapshot_controller = Command::new(env.assets.join("snapshot-controller"));
         snapshot_controller
             .arg(format!(
@@ -436,6 +504,16 @@ impl Stack {
             guest_kubeconfig,
             operator_metrics,
             controller_metrics,
+            agent_metadata_args: env
+                .vm_metadata
+                .as_ref()
+                .map(|address| {
+                    format!(
+                        "--snapshot-metadata-cert-dir {} --snapshot-metadata-address {address}",
+                        metadata_cert.display()
+                    )
+                })
+                .unwrap_or_default(),
         };
         stack.wait_operator_ready().await;
 
@@ -599,9 +677,10 @@ impl Stack {
             .ok(&format!(
                 "cd {GUEST_DIR} && NODE_NAME={NODE} NAMESPACE={NAMESPACE} \
                  KUBECONFIG={GUEST_DIR}/kubeconfig CSI_ENDPOINT=unix://{GUEST_DIR}/csi.sock \
-                 RUST_LOG=info setsid {} node --metrics-port 8081 {} >> {GUEST_DIR}/node.log 2>&1 \
+                 RUST_LOG=info setsid {} node --metrics-port 8081 {} {} >> {GUEST_DIR}/node.log 2>&1 \
                  < /dev/null &",
                 self.lvms.display(),
+                self.agent_metadata_args,
                 extra.join(" ")
             ))
             .await;
