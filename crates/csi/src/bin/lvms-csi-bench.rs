@@ -779,21 +779,25 @@ async fn cbt(device: &str) {
     let allocated_time = started.elapsed();
     sh(&format!("lvm lvchange -ay -K {VG}/{}", target.id));
     let target_dev = format!("/dev/{VG}/{}", target.id);
-    sh("sync; echo 3 > /proc/sys/vm/drop_caches");
-    let started = Instant::now();
-    sh(&format!(
-        "dd if={target_dev} of=/dev/null bs=1M iflag=direct status=none"
-    ));
-    let whole = started.elapsed();
-    let started = Instant::now();
-    for &(offset, length) in &delta.ranges {
-        sh(&format!(
-            "dd if={target_dev} of=/dev/null bs=64k skip={} count={} iflag=direct status=none",
-            offset / CHUNK,
-            length / CHUNK
-        ));
-    }
-    let ranges_only = started.elapsed();
+    // Both reads in this process, each after the guest's page cache is dropped.
+    let read = |ranges: &[(u64, u64)]| {
+        use std::os::unix::fs::FileExt;
+        sh("sync; echo 3 > /proc/sys/vm/drop_caches");
+        let file = std::fs::File::open(&target_dev).unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        let started = Instant::now();
+        for &(offset, length) in ranges {
+            let mut done = 0;
+            while done < length {
+                let n = (length - done).min(buf.len() as u64) as usize;
+                file.read_exact_at(&mut buf[..n], offset + done).unwrap();
+                done += n as u64;
+            }
+        }
+        started.elapsed()
+    };
+    let whole = read(&[(0, SIZE)]);
+    let ranges_only = read(&delta.ranges);
     println!("| 1 GiB thin volume, 1 % changed | time | ÷ reading the whole snapshot |");
     println!("|---|---|---|");
     let ratio = |d: Duration| d.as_secs_f64() / whole.as_secs_f64();
@@ -808,12 +812,9 @@ async fn cbt(device: &str) {
         secs(allocated_time),
         ratio(allocated_time)
     );
+    println!("| reading the whole snapshot | {} | 1× |", secs(whole));
     println!(
-        "| reading the whole snapshot (`dd`, direct) | {} | 1× |",
-        secs(whole)
-    );
-    println!(
-        "| reading only the changed ranges (one `dd` each) | {} | {:.3}× |",
+        "| reading only the changed ranges | {} | {:.3}× |",
         secs(ranges_only),
         ratio(ranges_only)
     );
