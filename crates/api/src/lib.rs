@@ -86,6 +86,10 @@ pub fn snapshot_metadata_annotation(driver: &str) -> String {
     format!("lvms.{driver}/snapshot-metadata")
 }
 
+/// The name the CSI controller checks in a node agent's changed-block tracking certificate (one of
+/// its DNS names).
+pub const SNAPSHOT_METADATA_SERVER_NAME: &str = "lvms-snapshot-metadata-node";
+
 // ---------------------------------------------------------------------------------------------
 // Labels
 // ---------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ use crate::{
 };
 
 /// The name the controller checks in the agent's certificate (one of its DNS names).
-pub const SERVER_NAME: &str = "lvms-snapshot-metadata-node";
+pub const SERVER_NAME: &str = lvms_api::SNAPSHOT_METADATA_SERVER_NAME;
 /// The port the agent serves on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 9810;
 /// How long the controller waits to connect to an agent.

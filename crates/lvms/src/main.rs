@@ -206,6 +206,17 @@ struct OperatorArgs {
     /// when unset).
     #[arg(long, env = "POD_NAME")]
     pod_name: Option<String>,
+    /// Changed-block tracking (ADR 0039, `deploy/components/snapshot-metadata`): make and renew the
+    /// certificate in the Secret `lvms-snapshot-metadata-cert` (the sidecar's, the agents' and the
+    /// CSI controller's), publish the `SnapshotMetadataService` with its CA, and render the node
+    /// agents serving it.
+    #[arg(long, env = "LVMS_SNAPSHOT_METADATA")]
+    snapshot_metadata: bool,
+    /// Where backup clients reach the csi-snapshot-metadata sidecar (`host:port`, written into the
+    /// `SnapshotMetadataService` and named by the certificate); default: its Service,
+    /// `lvms-snapshot-metadata.<namespace>:6443`.
+    #[arg(long, env = "LVMS_SNAPSHOT_METADATA_ADDRESS")]
+    snapshot_metadata_address: Option<String>,
 }
 
 /// A duration as `<n>s`, `<n>m`, `<n>h` or `<n>d`.
@@ -288,6 +299,37 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
             .await
             .context("providing the webhook's certificate")?;
     }
+    let metadata_names = args.snapshot_metadata.then(|| {
+        use lvms_operator::certificate::{
+            MetadataService, Names, SNAPSHOT_METADATA_PORT, SNAPSHOT_METADATA_SERVICE,
+        };
+        let address = args
+            .snapshot_metadata_address
+            .clone()
+            .filter(|a| !a.is_empty())
+            .unwrap_or_else(|| {
+                format!("{SNAPSHOT_METADATA_SERVICE}.{namespace}:{SNAPSHOT_METADATA_PORT}")
+            });
+        let mut names = Names::snapshot_metadata(
+            &namespace,
+            MetadataService {
+                driver: args.driver_name.clone(),
+                address: address.clone(),
+                audience: args.driver_name.clone(),
+            },
+        );
+        // The host the clients dial, when it is not one of the Service's names.
+        let host = address
+            .rsplit_once(':')
+            .map_or(address.as_str(), |(h, _)| h);
+        names.extra.push(host.to_owned());
+        names
+    });
+    if let Some(names) = &metadata_names {
+        lvms_operator::certificate::ensure(&client, names, cert_validity)
+            .await
+            .context("providing the certificate of changed-block tracking")?;
+    }
     let mut cfg = lvms_operator::RenderConfig::new(namespace.clone(), args.image);
     let driver_name = args.driver_name.clone();
     cfg.driver_name = args.driver_name;
@@ -296,6 +338,7 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
     cfg.csi_provisioner_image = args.csi_provisioner_image;
     cfg.csi_resizer_image = args.csi_resizer_image;
     cfg.fence_hook_dir = (!args.fence_hook_dir.is_empty()).then_some(args.fence_hook_dir);
+    cfg.snapshot_metadata_secret = metadata_names.as_ref().map(|n| n.secret.clone());
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {
@@ -378,8 +421,23 @@ async fn cmd_operator(args: OperatorArgs) -> Result<()> {
                 }
             }
         };
+        let metadata_renewal = {
+            let (client, names, stop) = (client.clone(), metadata_names.clone(), stopped());
+            async move {
+                if let Some(names) = names {
+                    lvms_operator::certificate::keep_renewed(client, names, cert_validity, stop)
+                        .await;
+                }
+            }
+        };
         async move {
-            tokio::join!(controller, node_removal, eviction, renewal);
+            tokio::join!(
+                controller,
+                node_removal,
+                eviction,
+                renewal,
+                metadata_renewal
+            );
         }
     };
     let identity = replica_identity(args.pod_name);

@@ -13,6 +13,12 @@
 //! both the old certificate (still served until kubelet updates the volume) and the new one are
 //! trusted throughout.
 //!
+//! The same machinery makes and renews the certificate of changed-block tracking
+//! ([`Names::snapshot_metadata`], ADR 0039): the csi-snapshot-metadata sidecar's TLS API, the node
+//! agents' server and the CSI controller's client share it; its CA is kept in the
+//! `SnapshotMetadataService` (`spec.caCert`, which backup clients trust) instead of webhook
+//! configurations.
+//!
 //! A Secret that holds `tls.crt` and `tls.key` but is not marked (cert-manager's, OpenShift's
 //! service CA's, or one made by an earlier lvms-rs, valid ten years) is never written: only the
 //! `caBundle`s are brought in line with its `ca.crt` (or `tls.crt` when it has none), and only
@@ -42,6 +48,12 @@ pub const MUTATING_WEBHOOK: &str = "lvms-mutating-webhook";
 pub const WEBHOOK_SERVICE: &str = "lvms-webhook-service";
 /// Name of the Secret the operator's pod mounts in `deploy/`.
 pub const WEBHOOK_SECRET: &str = "lvms-webhook-cert";
+/// Name of the Secret of changed-block tracking (`deploy/components/snapshot-metadata`).
+pub const SNAPSHOT_METADATA_SECRET: &str = "lvms-snapshot-metadata-cert";
+/// Name of the csi-snapshot-metadata sidecar's Service (`deploy/components/snapshot-metadata`).
+pub const SNAPSHOT_METADATA_SERVICE: &str = "lvms-snapshot-metadata";
+/// The port of that Service.
+pub const SNAPSHOT_METADATA_PORT: u16 = 6443;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -71,6 +83,22 @@ pub struct Names {
     /// More names (DNS names or IP addresses) the certificate holds: a webhook the API server
     /// reaches by `url` rather than through the Service.
     pub extra: Vec<String>,
+    /// The `SnapshotMetadataService` whose `caCert` is kept (changed-block tracking); `None` for
+    /// the webhook's certificate.
+    pub snapshot_metadata: Option<MetadataService>,
+}
+
+/// The `SnapshotMetadataService` object (`cbt.storage.k8s.io/v1beta1`, named after the CSI driver)
+/// that tells backup clients where the csi-snapshot-metadata sidecar is and which CA it answers
+/// with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetadataService {
+    /// The driver's name (the object's name).
+    pub driver: String,
+    /// `host:port` backup clients dial.
+    pub address: String,
+    /// The audience of the tokens they present.
+    pub audience: String,
 }
 
 impl Names {
@@ -83,6 +111,31 @@ impl Names {
             validating: VALIDATING_WEBHOOK.to_owned(),
             mutating: MUTATING_WEBHOOK.to_owned(),
             extra: Vec::new(),
+            snapshot_metadata: None,
+        }
+    }
+
+    /// The certificate of changed-block tracking in `namespace`: for the sidecar's Service, and
+    /// for [`lvms_api::SNAPSHOT_METADATA_SERVER_NAME`] (the node agents' name the controller checks); its CA
+    /// is kept in `service`, no webhook configuration.
+    pub fn snapshot_metadata(namespace: &str, service: MetadataService) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+            secret: SNAPSHOT_METADATA_SECRET.to_owned(),
+            service: SNAPSHOT_METADATA_SERVICE.to_owned(),
+            validating: String::new(),
+            mutating: String::new(),
+            extra: vec![lvms_api::SNAPSHOT_METADATA_SERVER_NAME.to_owned()],
+            snapshot_metadata: Some(service),
+        }
+    }
+
+    /// What the certificate is for, in log lines.
+    fn purpose(&self) -> &'static str {
+        if self.snapshot_metadata.is_some() {
+            "changed-block tracking"
+        } else {
+            "the admission webhook"
         }
     }
 
@@ -324,7 +377,8 @@ pub async fn ensure(client: &Client, names: &Names, validity: Validity) -> Resul
         if write_pair(&secrets, secret, found.as_ref(), &pair).await? {
             tracing::info!(
                 secret,
-                "made a self-signed certificate for the admission webhook"
+                "made a self-signed certificate for {}",
+                names.purpose()
             );
             break pair.ca_pem.into_bytes();
         }
@@ -406,7 +460,8 @@ pub async fn renew_if_due(
         secret,
         new_ca = !keep_ca,
         not_after,
-        "renewed the admission webhook's certificate"
+        "renewed the certificate of {}",
+        names.purpose()
     );
     Ok(Renewal::Renewed {
         new_ca: !keep_ca,
@@ -443,10 +498,68 @@ pub async fn keep_renewed(
     }
 }
 
-/// [`trust`] in both webhook configurations.
+/// [`trust`] in both webhook configurations (those named), and the `SnapshotMetadataService`'s
+/// `caCert` set to `bundle` (when there is one).
 async fn trust_both(client: &Client, names: &Names, ca: &[u8], bundle: &[u8]) -> Result<(), Error> {
-    trust::<ValidatingWebhookConfiguration>(client, &names.validating, ca, bundle).await?;
-    trust::<MutatingWebhookConfiguration>(client, &names.mutating, ca, bundle).await
+    if !names.validating.is_empty() {
+        trust::<ValidatingWebhookConfiguration>(client, &names.validating, ca, bundle).await?;
+    }
+    if !names.mutating.is_empty() {
+        trust::<MutatingWebhookConfiguration>(client, &names.mutating, ca, bundle).await?;
+    }
+    if let Some(service) = &names.snapshot_metadata {
+        publish_metadata_service(client, service, bundle).await?;
+    }
+    Ok(())
+}
+
+/// Server-side applies the `SnapshotMetadataService` of `service` with `ca_bundle` as its
+/// `caCert`; without its CRD (the external-snapshot-metadata release not installed) it is left out,
+/// with a warning.
+pub async fn publish_metadata_service(
+    client: &Client,
+    service: &MetadataService,
+    ca_bundle: &[u8],
+) -> Result<(), Error> {
+    use kube::{api::DynamicObject, discovery::ApiResource};
+    let resource = ApiResource {
+        group: "cbt.storage.k8s.io".to_owned(),
+        version: "v1beta1".to_owned(),
+        api_version: "cbt.storage.k8s.io/v1beta1".to_owned(),
+        kind: "SnapshotMetadataService".to_owned(),
+        plural: "snapshotmetadataservices".to_owned(),
+    };
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let object = json!({
+        "apiVersion": resource.api_version, "kind": resource.kind,
+        "metadata": {"name": service.driver},
+        "spec": {
+            "address": service.address,
+            "audience": service.audience,
+            "caCert": ByteString(ca_bundle.to_vec()),
+        },
+    });
+    match api
+        .patch(
+            &service.driver,
+            &PatchParams::apply("lvms-operator").force(),
+            &Patch::Apply(&object),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            tracing::warn!(
+                "the SnapshotMetadataService CRD is not installed: install the \
+                 external-snapshot-metadata release's CRD for backup clients to find the service"
+            );
+            Ok(())
+        }
+        Err(e) => Err(kube_err(format!(
+            "apply SnapshotMetadataService {}",
+            service.driver
+        ))(e)),
+    }
 }
 
 /// Sets `caBundle` to `bundle` in every webhook of configuration `name` whose bundle does not hold

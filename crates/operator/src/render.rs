@@ -117,6 +117,12 @@ pub const ENV_CSI_DRIVER_LVM_ENDPOINT: &str = "LVMS_CSI_DRIVER_LVM_ENDPOINT";
 pub const ENV_CSI_DRIVER_LVM_OLD_SOCKET: &str = "LVMS_CSI_DRIVER_LVM_OLD_SOCKET";
 /// The node agent's fence hook directory (empty: none), from [`RenderConfig::fence_hook_dir`].
 pub const ENV_FENCE_HOOK_DIR: &str = "LVMS_FENCE_HOOK_DIR";
+/// The node agent's changed-block tracking certificate directory (ADR 0039).
+pub const ENV_SNAPSHOT_METADATA_CERT_DIR: &str = "LVMS_SNAPSHOT_METADATA_CERT_DIR";
+/// The node pod's IP: where the CSI controller reaches its changed-block tracking.
+pub const ENV_POD_IP: &str = "POD_IP";
+/// Where the node agent mounts the changed-block tracking Secret.
+pub const SNAPSHOT_METADATA_CERT_DIR: &str = "/etc/lvms/snapshot-metadata-cert";
 
 /// API group of `VolumeSnapshotClass`.
 pub const SNAPSHOT_GROUP: &str = "snapshot.storage.k8s.io";
@@ -171,6 +177,10 @@ pub struct RenderConfig {
     /// default [`DEFAULT_FENCE_HOOK_DIR`]); `None`: they install nothing and the admin does it by
     /// hand.
     pub fence_hook_dir: Option<String>,
+    /// Changed-block tracking (ADR 0039): the Secret the node agents serve it with (mounted, its
+    /// directory in `LVMS_SNAPSHOT_METADATA_CERT_DIR`, their address `POD_IP`); `None`: not
+    /// served.
+    pub snapshot_metadata_secret: Option<String>,
 }
 
 impl RenderConfig {
@@ -190,6 +200,7 @@ impl RenderConfig {
             snapshot_api_available: false,
             existing_default_storage_class: None,
             fence_hook_dir: Some(DEFAULT_FENCE_HOOK_DIR.to_owned()),
+            snapshot_metadata_secret: None,
         }
     }
 
@@ -1043,6 +1054,21 @@ fn daemon_set(owner: &Owner<'_>, cfg: &RenderConfig, cluster: &LVMCluster) -> Da
         ..Container::default()
     };
 
+    if cfg.snapshot_metadata_secret.is_some() {
+        let env = node.env.get_or_insert_with(Vec::new);
+        env.push(env_value(
+            ENV_SNAPSHOT_METADATA_CERT_DIR,
+            SNAPSHOT_METADATA_CERT_DIR.to_owned(),
+        ));
+        env.push(env_from_field(ENV_POD_IP, "status.podIP"));
+        node.volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(VolumeMount {
+                read_only: Some(true),
+                ..mount("snapshot-metadata-cert", SNAPSHOT_METADATA_CERT_DIR, None)
+            });
+    }
+
     if adopts {
         let endpoint = format!("unix://{CSI_DRIVER_LVM_SOCKET_DIR}/{CSI_SOCKET_NAME}");
         let env = node.env.get_or_insert_with(Vec::new);
@@ -1121,6 +1147,16 @@ fn daemon_set(owner: &Owner<'_>, cfg: &RenderConfig, cluster: &LVMCluster) -> Da
             }),
             ..Volume::default()
         })
+        .chain(cfg.snapshot_metadata_secret.as_ref().map(|secret| Volume {
+            name: "snapshot-metadata-cert".into(),
+            // Optional: the operator makes it at start, kubelet brings it in once it is there.
+            secret: Some(k8s_openapi::api::core::v1::SecretVolumeSource {
+                secret_name: Some(secret.clone()),
+                optional: Some(true),
+                ..Default::default()
+            }),
+            ..Volume::default()
+        }))
         .collect();
 
     let tolerations = &cluster.spec.tolerations;

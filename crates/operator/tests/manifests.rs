@@ -411,25 +411,6 @@ const CSI_CONTROLLER_PERMISSIONS: &[(&str, &str, &[&str], Scope)] = &[
         Scope::Namespace,
     ),
     ("apps", "replicasets", &["get"], Scope::Namespace),
-    // external-snapshot-metadata.
-    (
-        "cbt.storage.k8s.io",
-        "snapshotmetadataservices",
-        &["get", "list", "watch"],
-        Scope::Cluster,
-    ),
-    (
-        "authentication.k8s.io",
-        "tokenreviews",
-        &["create"],
-        Scope::Cluster,
-    ),
-    (
-        "authorization.k8s.io",
-        "subjectaccessreviews",
-        &["create"],
-        Scope::Cluster,
-    ),
     // lvms csi-controller's garbage collector: events about unclaimed LogicalVolumes.
     (
         "events.k8s.io",
@@ -1467,6 +1448,124 @@ fn the_openshift_component_hands_the_certificate_and_its_injection_to_the_servic
                 "service.beta.openshift.io/inject-cabundle"
             ),
             "true"
+        );
+    }
+}
+
+#[test]
+fn the_snapshot_metadata_component_runs_the_sidecar_beside_the_controller_with_one_certificate() {
+    use lvms_operator::certificate::{
+        SNAPSHOT_METADATA_PORT, SNAPSHOT_METADATA_SECRET, SNAPSHOT_METADATA_SERVICE,
+    };
+    let Some(objects) = with_component("snapshot-metadata") else {
+        return;
+    };
+    let deploy = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .expect("the Deployment");
+    let pod = &deploy["spec"]["template"]["spec"];
+    let container = |name: &str| {
+        pod["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no container {name}"))
+    };
+    assert_eq!(
+        env(container("operator"), "LVMS_SNAPSHOT_METADATA")["value"],
+        "true"
+    );
+    let cert_dir = "/etc/lvms/snapshot-metadata-cert";
+    assert_eq!(
+        env(
+            container("csi-controller"),
+            "LVMS_SNAPSHOT_METADATA_CERT_DIR"
+        )["value"],
+        cert_dir
+    );
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["secret"]["secretName"] == SNAPSHOT_METADATA_SECRET)
+        .expect("a volume of the operator's Secret");
+    assert_eq!(
+        volume["secret"]["optional"], true,
+        "the operator makes it after the pod starts"
+    );
+    let sidecar = container("csi-snapshot-metadata");
+    for name in ["csi-controller", "csi-snapshot-metadata"] {
+        let mounts = container(name)["volumeMounts"].as_array().unwrap().clone();
+        assert!(
+            mounts
+                .iter()
+                .any(|m| m["name"] == volume["name"] && m["mountPath"] == cert_dir),
+            "{name} does not mount the certificate"
+        );
+    }
+    let args = strings(&sidecar["args"]);
+    for arg in [
+        "--csi-address=/run/csi/csi.sock".to_owned(),
+        format!("--tls-cert={cert_dir}/tls.crt"),
+        format!("--tls-key={cert_dir}/tls.key"),
+        // The operator's SnapshotMetadataService names the driver as the audience.
+        format!("--audience={}", lvms_api::DEFAULT_DRIVER_NAME),
+    ] {
+        assert!(args.contains(&arg.as_str()), "{arg} not in {args:?}");
+    }
+    // Its HTTP endpoint takes no port another container of the pod listens on.
+    let http = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--http-endpoint=:"))
+        .expect("an --http-endpoint (its default :8080 is the operator's metrics port)");
+    let ports: Vec<i64> = pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| c["ports"].as_array().cloned().unwrap_or_default())
+        .map(|p| p["containerPort"].as_i64().unwrap())
+        .collect();
+    assert!(
+        !ports.contains(&http.parse().unwrap()),
+        "{http} in {ports:?}"
+    );
+    // The Service the SnapshotMetadataService's default address names reaches the sidecar.
+    let service = objects
+        .iter()
+        .find(|o| o["kind"] == "Service" && o["metadata"]["name"] == SNAPSHOT_METADATA_SERVICE)
+        .expect("the sidecar's Service");
+    let port = &service["spec"]["ports"][0];
+    assert_eq!(port["port"], i64::from(SNAPSHOT_METADATA_PORT));
+    let target = port["targetPort"].as_str().unwrap();
+    assert!(
+        sidecar["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == target
+                && args.contains(&format!("--port={}", p["containerPort"]).as_str())),
+        "the Service's {target} is not the sidecar's --port"
+    );
+    // The operator pod's account may publish the SnapshotMetadataService and check clients.
+    let role = objects
+        .iter()
+        .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == "lvms-snapshot-metadata")
+        .expect("the component's ClusterRole");
+    let rules = role["rules"].as_array().unwrap();
+    for (resource, verb) in [
+        ("snapshotmetadataservices", "patch"),
+        ("snapshotmetadataservices", "create"),
+        ("tokenreviews", "create"),
+        ("subjectaccessreviews", "create"),
+    ] {
+        assert!(
+            rules
+                .iter()
+                .any(|r| strings(&r["resources"]).contains(&resource)
+                    && strings(&r["verbs"]).contains(&verb)),
+            "{verb} {resource}"
         );
     }
 }

@@ -295,3 +295,59 @@ async fn a_certificate_not_made_here_is_never_renewed() {
         api.requests()
     );
 }
+
+#[tokio::test]
+async fn the_changed_block_tracking_certificate_names_the_agents_and_lands_in_its_service() {
+    let api = world();
+    let client = api.client(NS);
+    let names = Names::snapshot_metadata(
+        NS,
+        MetadataService {
+            driver: "topolvm.io".into(),
+            address: "lvms-snapshot-metadata.lvms-system:6443".into(),
+            audience: "topolvm.io".into(),
+        },
+    );
+    let ca = ensure(&client, &names, Validity::default()).await.unwrap();
+
+    let path = format!("/api/v1/namespaces/{NS}/secrets/{SNAPSHOT_METADATA_SECRET}");
+    let secret = api.get(&path).unwrap();
+    let cert: ByteString = serde_json::from_value(secret["data"]["tls.crt"].clone()).unwrap();
+    let (_, parsed) = x509_parser::pem::parse_x509_pem(&cert.0).unwrap();
+    let parsed = parsed.parse_x509().unwrap();
+    let dns: Vec<String> = parsed
+        .subject_alternative_name()
+        .unwrap()
+        .unwrap()
+        .value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            x509_parser::extensions::GeneralName::DNSName(d) => Some((*d).to_owned()),
+            _ => None,
+        })
+        .collect();
+    for name in [
+        lvms_api::SNAPSHOT_METADATA_SERVER_NAME,
+        "lvms-snapshot-metadata.lvms-system",
+    ] {
+        assert!(dns.iter().any(|d| d == name), "{name} not in {dns:?}");
+    }
+    let service = api
+        .get("/apis/cbt.storage.k8s.io/v1beta1/snapshotmetadataservices/topolvm.io")
+        .unwrap();
+    assert_eq!(
+        service["spec"]["caCert"],
+        serde_json::to_value(ByteString(ca)).unwrap()
+    );
+    assert_eq!(
+        service["spec"]["address"],
+        "lvms-snapshot-metadata.lvms-system:6443"
+    );
+    // The webhook configurations are not this certificate's business.
+    assert!(
+        bundles(&api).iter().all(Value::is_null),
+        "{:?}",
+        bundles(&api)
+    );
+}

@@ -856,6 +856,45 @@ fn a_fence_hook_installed_by_hand_mounts_no_hook_directory_and_a_bad_one_is_refu
 }
 
 #[test]
+fn with_changed_block_tracking_the_agents_mount_its_secret_and_know_their_address() {
+    let off =
+        json(&ok(&cluster(SINGLE_THIN), &cfg()).daemon_set)["spec"]["template"]["spec"].take();
+    let on_cfg = RenderConfig {
+        snapshot_metadata_secret: Some("lvms-snapshot-metadata-cert".into()),
+        ..cfg()
+    };
+    let on =
+        json(&ok(&cluster(SINGLE_THIN), &on_cfg).daemon_set)["spec"]["template"]["spec"].take();
+    let env = |pod: &Value| pod["containers"][0]["env"].as_array().unwrap().clone();
+    assert!(
+        !env(&off)
+            .iter()
+            .any(|e| e["name"] == "LVMS_SNAPSHOT_METADATA_CERT_DIR")
+    );
+    let on_env = env(&on);
+    assert!(
+        on_env.contains(&json!({"name": "LVMS_SNAPSHOT_METADATA_CERT_DIR",
+                                    "value": "/etc/lvms/snapshot-metadata-cert"}))
+    );
+    assert!(on_env.contains(&json!({"name": "POD_IP",
+                                    "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})));
+    assert!(
+        on["containers"][0]["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "snapshot-metadata-cert",
+                              "mountPath": "/etc/lvms/snapshot-metadata-cert", "readOnly": true}))
+    );
+    assert!(
+        on["volumes"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "snapshot-metadata-cert",
+                    "secret": {"secretName": "lvms-snapshot-metadata-cert", "optional": true}}))
+    );
+}
+
+#[test]
 fn namespaced_objects_have_owner_references_cluster_scoped_ones_owned_by_labels() {
     let r = ok(&cluster(MULTI), &cfg());
     let c = cluster(MULTI);

@@ -135,9 +135,31 @@ pub struct Stack {
     agent_metadata_args: String,
 }
 
-/// The audience of the tokens backup clients present to the snapshot-metadata sidecar (the
-/// `SnapshotMetadataService`'s).
-pub const METADATA_AUDIENCE: &str = "lvms-e2e-snapshot-metadata";
+/// Waits for the Secret `name` of the namespace and writes its keys as files into `dir`, as
+/// kubelet's secret volume would.
+async fn mount_secret(client: &Client, name: &str, dir: &Path) {
+    let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), NAMESPACE);
+    let secret = eventually(
+        &format!("the operator makes the Secret {name}"),
+        SLOW,
+        || {
+            let secrets = secrets.clone();
+            async move {
+                secrets
+                    .get_opt(name)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .and_then(|s| s.data)
+                    .filter(|d| d.contains_key("tls.crt"))
+                    .ok_or_else(|| "not yet".to_owned())
+            }
+        },
+    )
+    .await;
+    for (key, value) in secret {
+        std::fs::write(dir.join(key), value.0).unwrap();
+    }
+}
 
 static STACK: Mutex<Option<Stack>> = Mutex::const_new(None);
 
@@ -351,40 +373,17 @@ impl Stack {
             &token(&client, NAMESPACE, "vg-manager").await,
         );
 
-        // Changed-block tracking (ADR 0039): one certificate for the sidecar's TLS API (on
-        // loopback), the agent's server and the controller's client, as the Secret would hold it.
+        // Changed-block tracking (ADR 0039), as deploy/components/snapshot-metadata sets it up:
+        // its RBAC; the operator makes the Secret (for the sidecar's address on loopback too) and
+        // the SnapshotMetadataService; its files are written below where the pods would mount it.
         let metadata_cert = work.join("snapshot-metadata-cert");
         std::fs::create_dir_all(&metadata_cert).unwrap();
-        let metadata_pair = lvms_operator::certificate::generate_for(
-            &[
-                "127.0.0.1".to_owned(),
-                "localhost".to_owned(),
-                lvms_csi::remote::SERVER_NAME.to_owned(),
-            ],
-            lvms_csi::remote::SERVER_NAME,
-        )
-        .unwrap();
-        for (file, pem) in [
-            ("ca.crt", &metadata_pair.ca_pem),
-            ("tls.crt", &metadata_pair.cert_pem),
-            ("tls.key", &metadata_pair.key_pem),
-        ] {
-            std::fs::write(metadata_cert.join(file), pem).unwrap();
-        }
         let sidecar_port = free_port();
         if env.vm_metadata.is_some() {
-            use base64::Engine as _;
-            let sms = json!({
-                "apiVersion": "cbt.storage.k8s.io/v1beta1", "kind": "SnapshotMetadataService",
-                "metadata": {"name": DRIVER},
-                "spec": {
-                    "address": format!("127.0.0.1:{sidecar_port}"),
-                    "audience": METADATA_AUDIENCE,
-                    "caCert": base64::engine::general_purpose::STANDARD
-                        .encode(&metadata_pair.ca_pem),
-                },
-            });
-            apply(&client, &sms).await;
+            let component = base.join("../components/snapshot-metadata/rbac.yaml");
+            for doc in documents(&component) {
+                apply(&client, &doc).await;
+            }
         }
 
         // The operator pod's containers.
@@ -402,16 +401,20 @@ impl Stack {
                 .env("LVMS_LOG", "info");
             c
         };
-        processes.push(HostProcess::new(
-            "operator",
-            lvms(&[
-                "operator".into(),
-                "--image=ghcr.io/lvms-rs/lvms:e2e".into(),
-                format!("--webhook-cert-dir={}", cert_dir.display()),
-                format!("--webhook-port={webhook_port}"),
-                format!("--metrics-port={operator_metrics}"),
-            ]),
-        ));
+        let mut operator_args = vec![
+            "operator".into(),
+            "--image=ghcr.io/lvms-rs/lvms:e2e".into(),
+            format!("--webhook-cert-dir={}", cert_dir.display()),
+            format!("--webhook-port={webhook_port}"),
+            format!("--metrics-port={operator_metrics}"),
+        ];
+        if env.vm_metadata.is_some() {
+            operator_args.push("--snapshot-metadata".into());
+            operator_args.push(format!(
+                "--snapshot-metadata-address=127.0.0.1:{sidecar_port}"
+            ));
+        }
+        processes.push(HostProcess::new("operator", lvms(&operator_args)));
         let mut controller_args = vec![
             "csi-controller".into(),
             format!("--endpoint=unix://{sock}"),
@@ -474,7 +477,7 @@ impl Stack {
                     metadata_cert.join("tls.key").display()
                 ))
                 .arg(format!("--port={sidecar_port}"))
-                .arg(format!("--audience={METADATA_AUDIENCE}"))
+                .arg(format!("--audience={DRIVER}"))
                 .arg(format!("--http-endpoint=127.0.0.1:{}", free_port()));
             processes.push(HostProcess::new("csi-snapshot-metadata", c));
         }
@@ -487,7 +490,17 @@ impl Stack {
             .arg("--leader-election=false");
         processes.push(HostProcess::new("snapshot-controller", snapshot_controller));
 
-        for p in &mut processes {
+        // The operator first: the others mount what it makes.
+        processes[0].start(&work);
+        if env.vm_metadata.is_some() {
+            mount_secret(
+                &client,
+                lvms_operator::certificate::SNAPSHOT_METADATA_SECRET,
+                &metadata_cert,
+            )
+            .await;
+        }
+        for p in processes.iter_mut().skip(1) {
             p.start(&work);
         }
         let processes = Arc::new(std::sync::Mutex::new(processes));
