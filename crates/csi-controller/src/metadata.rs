@@ -69,23 +69,11 @@ impl ForwardedMetadata {
         let channel = remote::connect(&address, &self.tls).await.map_err(|e| {
             Status::unavailable(format!(
                 "cannot reach the agent of node {node} at {address}: {}",
-                lvms_csi_chain(&e)
+                lvms_csi::chain(&e)
             ))
         })?;
         Ok(SnapshotMetadataClient::new(channel))
     }
-}
-
-/// An error and its causes, joined.
-fn lvms_csi_chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        source = s.source();
-    }
-    msg
 }
 
 #[tonic::async_trait]

@@ -26,7 +26,7 @@ pub const DEFAULT_DRIVER_NAME: &str = "topolvm.io";
 /// The topology key of the node a volume lives on.
 pub const TOPOLOGY_NODE_KEY: &str = "topology.topolvm.io/node";
 /// The message of an error and its causes, each once, joined with ": " (what a gRPC status says).
-pub(crate) fn chain(err: &dyn std::error::Error) -> String {
+pub fn chain(err: &dyn std::error::Error) -> String {
     let mut msg = err.to_string();
     let mut source = err.source();
     while let Some(s) = source {

@@ -152,7 +152,7 @@ impl Driver {
         start: i64,
         max: i32,
     ) -> Result<(u64, Vec<(u64, u64)>), tonic::Status> {
-        let mut stream = self
+        let stream = self
             .metadata
             .get_metadata_delta(GetMetadataDeltaRequest {
                 base_snapshot_id: base.into(),
@@ -163,14 +163,14 @@ impl Driver {
             })
             .await?
             .into_inner();
-        let mut pages = Vec::new();
-        while let Some(m) = stream.message().await? {
-            pages.push((
+        let pages = collect(stream, |m| {
+            (
                 m.block_metadata_type,
                 m.volume_capacity_bytes,
                 m.block_metadata,
-            ));
-        }
+            )
+        })
+        .await?;
         Ok(checked(pages, start, max))
     }
 
@@ -179,7 +179,7 @@ impl Driver {
         id: &str,
         start: i64,
     ) -> Result<(u64, Vec<(u64, u64)>), tonic::Status> {
-        let mut stream = self
+        let stream = self
             .metadata
             .get_metadata_allocated(GetMetadataAllocatedRequest {
                 snapshot_id: id.into(),
@@ -189,19 +189,31 @@ impl Driver {
             })
             .await?
             .into_inner();
-        let mut pages = Vec::new();
-        while let Some(m) = stream.message().await? {
-            pages.push((
+        let pages = collect(stream, |m| {
+            (
                 m.block_metadata_type,
                 m.volume_capacity_bytes,
                 m.block_metadata,
-            ));
-        }
+            )
+        })
+        .await?;
         Ok(checked(pages, start, 0))
     }
 }
 
 type Page = (i32, i64, Vec<lvms_csi::csi::BlockMetadata>);
+
+/// Every message of a response stream, as pages.
+async fn collect<T>(
+    mut stream: tonic::Streaming<T>,
+    page: fn(T) -> Page,
+) -> Result<Vec<Page>, tonic::Status> {
+    let mut pages = Vec::new();
+    while let Some(m) = stream.message().await? {
+        pages.push(page(m));
+    }
+    Ok(pages)
+}
 
 fn checked(pages: Vec<Page>, start: i64, max: i32) -> (u64, Vec<(u64, u64)>) {
     assert!(!pages.is_empty(), "a stream with no message");
