@@ -130,12 +130,12 @@ impl Names {
         }
     }
 
-    /// What the certificate is for, in log lines.
+    /// Which certificate it is, in log lines ("the admission webhook's certificate").
     fn purpose(&self) -> &'static str {
         if self.snapshot_metadata.is_some() {
-            "changed-block tracking"
+            "changed-block tracking's certificate"
         } else {
-            "the admission webhook"
+            "the admission webhook's certificate"
         }
     }
 
@@ -375,11 +375,7 @@ pub async fn ensure(client: &Client, names: &Names, validity: Validity) -> Resul
         }
         let pair = names.pair(validity, None)?;
         if write_pair(&secrets, secret, found.as_ref(), &pair).await? {
-            tracing::info!(
-                secret,
-                "made a self-signed certificate for {}",
-                names.purpose()
-            );
+            tracing::info!(secret, "made {} (self-signed)", names.purpose());
             break pair.ca_pem.into_bytes();
         }
         if attempts >= 3 {
@@ -460,7 +456,7 @@ pub async fn renew_if_due(
         secret,
         new_ca = !keep_ca,
         not_after,
-        "renewed the certificate of {}",
+        "renewed {}",
         names.purpose()
     );
     Ok(Renewal::Renewed {
