@@ -98,6 +98,15 @@ fn required(field: &str, value: &str) -> Result<(), RpcError> {
 
 type Stream<T> = tokio_stream::Iter<std::vec::IntoIter<Result<T, Status>>>;
 
+/// One message per page, each made by `message`.
+fn stream<T>(
+    pages: Vec<Vec<BlockMetadata>>,
+    message: impl Fn(Vec<BlockMetadata>) -> T,
+) -> Response<Stream<T>> {
+    let messages: Vec<_> = pages.into_iter().map(|p| Ok(message(p))).collect();
+    Response::new(tokio_stream::iter(messages))
+}
+
 #[tonic::async_trait]
 impl<B: Backend> SnapshotMetadata for SnapshotMetadataService<B> {
     type GetMetadataAllocatedStream = Stream<GetMetadataAllocatedResponse>;
@@ -118,17 +127,13 @@ impl<B: Backend> SnapshotMetadata for SnapshotMetadataService<B> {
             .map_err(backend)?;
         let what = format!("snapshot {}", req.snapshot_id);
         let (capacity, pages) = pages(&what, ranges, start, max)?;
-        let messages = pages
-            .into_iter()
-            .map(|block_metadata| {
-                Ok(GetMetadataAllocatedResponse {
-                    block_metadata_type: BlockMetadataType::VariableLength as i32,
-                    volume_capacity_bytes: capacity,
-                    block_metadata,
-                })
-            })
-            .collect::<Vec<_>>();
-        Ok(Response::new(tokio_stream::iter(messages)))
+        Ok(stream(pages, |block_metadata| {
+            GetMetadataAllocatedResponse {
+                block_metadata_type: BlockMetadataType::VariableLength as i32,
+                volume_capacity_bytes: capacity,
+                block_metadata,
+            }
+        }))
     }
 
     #[tracing::instrument(skip_all, fields(base = %request.get_ref().base_snapshot_id, target = %request.get_ref().target_snapshot_id))]
@@ -155,17 +160,11 @@ impl<B: Backend> SnapshotMetadata for SnapshotMetadataService<B> {
             .map_err(backend)?;
         let what = format!("snapshot {}", req.target_snapshot_id);
         let (capacity, pages) = pages(&what, ranges, start, max)?;
-        let messages = pages
-            .into_iter()
-            .map(|block_metadata| {
-                Ok(GetMetadataDeltaResponse {
-                    block_metadata_type: BlockMetadataType::VariableLength as i32,
-                    volume_capacity_bytes: capacity,
-                    block_metadata,
-                })
-            })
-            .collect::<Vec<_>>();
-        Ok(Response::new(tokio_stream::iter(messages)))
+        Ok(stream(pages, |block_metadata| GetMetadataDeltaResponse {
+            block_metadata_type: BlockMetadataType::VariableLength as i32,
+            volume_capacity_bytes: capacity,
+            block_metadata,
+        }))
     }
 }
 

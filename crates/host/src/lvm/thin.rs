@@ -186,9 +186,11 @@ fn holds_metadata_snapshot(status: &str) -> bool {
 }
 
 impl<R: Runner> Lvm<R> {
-    /// The thin device id of each thin volume of `vg` named in `names`.
+    /// The thin device id of each thin volume of `vg` named in `names` (one `lvs` of those LVs
+    /// only, not of the whole group).
     async fn thin_ids(&self, vg: &str, names: &[&str]) -> Result<Vec<u64>> {
-        let args = report_args("lvs", "lv_name,thin_id", Some(vg.to_owned()));
+        let mut args = report_args("lvs", "lv_name,thin_id", None);
+        args.extend(names.iter().map(|name| lv_path(vg, name)));
         let found: BTreeMap<String, String> = self
             .report(args, |json| rows::<ThinIdRow>(json, "lv"))
             .await?
